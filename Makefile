@@ -1,0 +1,42 @@
+# fp4moe — thin wrapper around CMake.
+#   make run    install missing dependencies, build, run the main job
+#   make test   build and run every test
+BUILD ?= build
+JOBS  ?= $(shell nproc)
+CMAKE_FLAGS ?=
+FP4MOE = $(BUILD)/fp4moe
+
+.PHONY: all deps build run test test-asan fuzz clean
+
+all: build
+
+deps:
+	@scripts/deps.sh
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+build: $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: deps build
+	@scripts/main_job.sh $(FP4MOE)
+
+test: deps build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The same suite with AddressSanitizer + UBSan (CPU code; CUDA off).
+test-asan: deps
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DFM_SANITIZE=ON -DFM_CUDA=OFF
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
+
+# libFuzzer targets, each run for FUZZ_SECONDS.
+FUZZ_SECONDS ?= 30
+fuzz: deps
+	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DFM_FUZZ=ON -DFM_CUDA=OFF
+	cmake --build build-fuzz -j $(JOBS)
+	scripts/run_fuzz.sh build-fuzz $(FUZZ_SECONDS)
+
+clean:
+	rm -rf $(BUILD) build-asan build-fuzz

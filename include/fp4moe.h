@@ -1,0 +1,412 @@
+/*
+ * fp4moe — decode-time Mixture-of-Experts with 4-bit float experts.
+ *
+ * One public header. Every name carries the prefix fm_ / FM_. Every function
+ * that can fail returns an fm_status; fm_last_error() then holds a message
+ * that names the problem (thread-local, valid until the next failing call on
+ * the same thread).
+ *
+ * Modules (one folder each under src/):
+ *   util     errors, RNG, clocks, thread pool, small helpers
+ *   formats  E2M1, E4M3, E8M0, BF16, F16 and NVFP4 / MXFP4 (de)quantization
+ *   io       safetensors, sharded checkpoints, config.json, expert binding, gen
+ *   route    router math for every family (FP32)
+ *   cpu      float64 reference and the fast CPU engine
+ *   cuda     the CUDA backend (optional; built when nvcc is found)
+ *   tune     kernel configs, tuned-config files, explain
+ *   prof     phases, telemetry (NVML), roofline model, Chrome trace, HTML report
+ *   trace    analysis of other engines' PyTorch-profiler traces
+ *   dist     tensor- / expert-parallel sharding (CPU simulation and NCCL)
+ */
+#ifndef FP4MOE_H
+#define FP4MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FM_VERSION "0.1.0"
+
+/* ------------------------------------------------------------------ errors */
+
+typedef enum {
+    FM_OK = 0,
+    FM_E_ARG,         /* bad argument from the caller                     */
+    FM_E_IO,          /* open / read / write / mmap failed                */
+    FM_E_FORMAT,      /* malformed file or value (safetensors, JSON, ...) */
+    FM_E_RANGE,       /* value out of range (k > E, sizes, overflow)      */
+    FM_E_NOMEM,       /* allocation failed                                */
+    FM_E_NOTFOUND,    /* missing tensor / file / key                      */
+    FM_E_UNSUPPORTED, /* not built in or not supported on this device     */
+    FM_E_CUDA,        /* a CUDA call failed                               */
+    FM_E_NUMERIC      /* non-finite input or result                       */
+} fm_status;
+
+const char *fm_status_name(fm_status s);
+/* Message of the last failure on this thread ("" if none). */
+const char *fm_last_error(void);
+/* Records a failure message (printf-style) and returns s. */
+fm_status fm_error(fm_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void fm_clear_error(void);
+
+/* ----------------------------------------------------------------- dtypes */
+
+typedef enum {
+    FM_DT_INVALID = 0,
+    FM_DT_BOOL,
+    FM_DT_U8,
+    FM_DT_I8,
+    FM_DT_F8_E5M2,
+    FM_DT_F8_E4M3,
+    FM_DT_F8_E8M0,
+    FM_DT_I16,
+    FM_DT_U16,
+    FM_DT_F16,
+    FM_DT_BF16,
+    FM_DT_I32,
+    FM_DT_U32,
+    FM_DT_F32,
+    FM_DT_F64,
+    FM_DT_I64,
+    FM_DT_U64,
+    FM_DT_F4, /* E2M1, two per byte; shape counts elements */
+    FM_DT_COUNT_
+} fm_dtype;
+
+const char *fm_dtype_name(fm_dtype dt);     /* "F32", as safetensors spells it */
+fm_dtype fm_dtype_from_name(const char *s); /* FM_DT_INVALID if unknown       */
+/* Size in bits of one element (4 for F4). */
+int fm_dtype_bits(fm_dtype dt);
+
+/* ---------------------------------------------------------------- formats */
+
+float fm_e2m1_to_f32(uint8_t code);     /* low 4 bits used                */
+uint8_t fm_f32_to_e2m1(float x);        /* RNE, saturates at +-6, NaN->+6? see formats.c */
+float fm_e4m3_to_f32(uint8_t code);     /* float8_e4m3fn                  */
+uint8_t fm_f32_to_e4m3(float x);        /* RNE, saturates at +-448, NaN->0x7F */
+float fm_e8m0_to_f32(uint8_t code);     /* 2^(e-127), 0xFF -> NaN         */
+uint8_t fm_f32_to_e8m0_floor(float x);  /* largest 2^e <= x (x > 0)       */
+float fm_bf16_to_f32(uint16_t h);
+uint16_t fm_f32_to_bf16(float x);       /* RNE, NaN stays NaN             */
+float fm_f16_to_f32(uint16_t h);
+uint16_t fm_f32_to_f16(float x);        /* RNE, overflow -> inf           */
+
+/* Quantized formats of expert weights. */
+typedef enum {
+    FM_QF_NONE = 0,
+    FM_QF_NVFP4, /* E2M1 + E4M3 scale per 16 along K + FP32 per-tensor scale */
+    FM_QF_MXFP4, /* E2M1 + E8M0 scale per 32 along K                         */
+    FM_QF_BF16   /* unquantized BF16 weights                                 */
+} fm_qformat;
+
+const char *fm_qformat_name(fm_qformat f); /* "nvfp4", "mxfp4", "bf16" */
+fm_qformat fm_qformat_from_name(const char *s);
+int fm_qformat_block(fm_qformat f); /* 16, 32, 0 */
+
+/*
+ * A quantized [rows, cols] matrix (rows = output features, cols = input
+ * features, the K dimension). Element (r, c):
+ *   packed[r*row_stride + c/2]  low nibble = even c, high nibble = odd c
+ *   scales[r*scale_stride + c/block]
+ *   value = E2M1(nibble) * scale(s) * scale2      (scale2 = 1 for MXFP4)
+ * For FM_QF_BF16, packed holds rows*row_stride bytes of BF16 and scales is
+ * NULL. bias (F32, [rows]) is optional (gpt-oss). Pointers are borrowed: the
+ * owner (a checkpoint mapping or an fm_moe_layer) keeps them alive.
+ */
+typedef struct {
+    fm_qformat fmt;
+    int64_t rows, cols;
+    const uint8_t *packed;
+    int64_t row_stride;   /* bytes between rows of packed      */
+    const uint8_t *scales;
+    int64_t scale_stride; /* bytes between rows of scales      */
+    float scale2;         /* NVFP4 per-tensor FP32 scale       */
+    const float *bias;    /* optional, [rows]                  */
+} fm_qmatrix;
+
+/* ModelOpt NVFP4: scale2 = amax/(6*448); block scale = block_amax/(6*scale2)
+ * clamped to [2^-9, 448], E4M3 RNE; all-zero block -> scale 1.0.
+ * packed: rows*cols/2 bytes, scales: rows*cols/16 bytes. cols % 16 == 0. */
+fm_status fm_quantize_nvfp4(const float *w, int64_t rows, int64_t cols,
+                            uint8_t *packed, uint8_t *scales, float *scale2);
+/* OCP MXFP4: scale = 2^(floor(log2(block_amax)) - 2). cols % 32 == 0. */
+fm_status fm_quantize_mxfp4(const float *w, int64_t rows, int64_t cols,
+                            uint8_t *packed, uint8_t *scales);
+/* Dequantizes one row into out[cols] (float / double). */
+void fm_qmatrix_dequant_row(const fm_qmatrix *m, int64_t row, float *out);
+void fm_qmatrix_dequant_row_f64(const fm_qmatrix *m, int64_t row, double *out);
+/* Bytes a kernel must read for the whole matrix (packed + scales). */
+int64_t fm_qmatrix_bytes(const fm_qmatrix *m);
+
+/* ------------------------------------------------------------ safetensors */
+
+#define FM_MAX_DIMS 8
+
+typedef struct {
+    const char *name;
+    fm_dtype dtype;
+    int ndim;
+    int64_t shape[FM_MAX_DIMS];
+    uint64_t begin, end; /* offsets in the data buffer                */
+    const void *data;    /* into the mapping (NULL for header-only)   */
+} fm_st_tensor;
+
+typedef struct fm_st_file fm_st_file;
+
+/* Maps and validates a file with the official reader's rules. */
+fm_status fm_st_open(const char *path, fm_st_file **out);
+/* Reads only the header (no mapping of the data). data pointers are NULL. */
+fm_status fm_st_open_header(const char *path, fm_st_file **out);
+/* Parses a header from memory: buf = the whole file (or its first bytes),
+ * file_size = the full size of the file. Used by the fuzzer and tests. */
+fm_status fm_st_parse(const uint8_t *buf, size_t buf_len, uint64_t file_size,
+                      fm_st_file **out);
+void fm_st_close(fm_st_file *f);
+size_t fm_st_count(const fm_st_file *f);
+const fm_st_tensor *fm_st_at(const fm_st_file *f, size_t i); /* sorted by offset */
+const fm_st_tensor *fm_st_find(const fm_st_file *f, const char *name);
+const char *fm_st_metadata(const fm_st_file *f, const char *key);
+size_t fm_st_metadata_count(const fm_st_file *f);
+const char *fm_st_path(const fm_st_file *f);
+
+/* Streaming writer: declare every tensor first, then write their bytes in
+ * declaration order. The file appears (atomic rename) only at finish; abort
+ * or any error leaves no file behind. */
+typedef struct fm_st_writer fm_st_writer;
+fm_status fm_st_writer_new(const char *path, fm_st_writer **out);
+fm_status fm_st_writer_meta(fm_st_writer *w, const char *key, const char *val);
+fm_status fm_st_writer_declare(fm_st_writer *w, const char *name, fm_dtype dt,
+                               int ndim, const int64_t *shape);
+fm_status fm_st_writer_write(fm_st_writer *w, const void *data, size_t n);
+fm_status fm_st_writer_finish(fm_st_writer *w); /* frees w */
+void fm_st_writer_abort(fm_st_writer *w);       /* frees w */
+
+/* A checkpoint directory: model.safetensors.index.json + shards, or a single
+ * model.safetensors. Shards are opened on first use. */
+typedef struct fm_ckpt fm_ckpt;
+fm_status fm_ckpt_open(const char *dir, fm_ckpt **out);
+void fm_ckpt_close(fm_ckpt *c);
+/* NULL (with fm_last_error set) when absent or when its shard is bad. */
+const fm_st_tensor *fm_ckpt_find(fm_ckpt *c, const char *name);
+const char *fm_ckpt_dir(const fm_ckpt *c);
+/* Names of all tensors (from the index or the single file). */
+size_t fm_ckpt_count(const fm_ckpt *c);
+const char *fm_ckpt_name_at(const fm_ckpt *c, size_t i);
+
+/* ------------------------------------------------------- model description */
+
+typedef enum {
+    FM_ROUTE_NOAUX_TC = 1, /* DeepSeek-V3/R1, Kimi-K2, GLM-4.5/5            */
+    FM_ROUTE_SOFTMAX,      /* Qwen3-MoE, Mixtral                            */
+    FM_ROUTE_GPTOSS,       /* top-k on biased logits, softmax over the k    */
+    FM_ROUTE_DSV4          /* sqrt(softplus), bias top-k, hash layers       */
+} fm_route_kind;
+
+typedef enum {
+    FM_ACT_SILU = 1,    /* silu(gate) * up                                   */
+    FM_ACT_GPTOSS       /* clamp; gate*sigmoid(alpha*gate)*(up+1)            */
+} fm_act_kind;
+
+typedef struct {
+    char family[32];     /* deepseek_v3 kimi_k2 glm4_moe glm5 deepseek_v4
+                            qwen3_moe mixtral gpt_oss                         */
+    char model_type[64]; /* config.json model_type as read                  */
+    int hidden;          /* H                                               */
+    int moe_inter;       /* I, per routed expert                            */
+    int n_experts;       /* E                                               */
+    int topk;            /* k                                               */
+    int n_shared;        /* shared experts (0 if none)                      */
+    int shared_inter;    /* intermediate size of the fused shared expert    */
+    int n_layers;
+    int first_dense;     /* first_k_dense_replace (layers < it are dense)   */
+    int moe_layer_freq;  /* every n-th layer is MoE (1 = all)               */
+    int n_group, topk_group;
+    int norm_topk_prob;  /* renormalize the top-k weights                   */
+    float routed_scaling_factor;
+    fm_route_kind route;
+    fm_act_kind act;
+    float swiglu_alpha, swiglu_limit;
+    int n_hash_layers;   /* DeepSeek-V4: first layers route by token id     */
+    int vocab_size;
+    fm_qformat expert_format; /* from hf_quant_config / quantization_config */
+    int group_size;
+    char layout[32];     /* modelopt | gptoss | dsv4 | bf16                 */
+} fm_model_desc;
+
+/* Reads DIR/config.json (+ DIR/hf_quant_config.json when present). */
+fm_status fm_model_desc_load(const char *dir, fm_model_desc *out);
+/* Same from strings (quant_json may be NULL). Fuzzed. */
+fm_status fm_model_desc_parse(const char *config_json, size_t config_len,
+                              const char *quant_json, size_t quant_len,
+                              fm_model_desc *out);
+fm_status fm_model_desc_validate(const fm_model_desc *d);
+int fm_model_is_moe_layer(const fm_model_desc *d, int layer);
+/* NVFP4/MXFP4/BF16 bytes of one routed expert (3 matrices, with scales). */
+int64_t fm_model_expert_bytes(const fm_model_desc *d, fm_qformat f);
+
+/* Built-in presets named after real models, and tiny ones for tests. */
+size_t fm_preset_count(void);
+const char *fm_preset_name(size_t i);
+fm_status fm_preset_desc(const char *name, fm_qformat fmt, fm_model_desc *out);
+
+/* ---------------------------------------------------------- one MoE layer */
+
+/*
+ * The weights of one MoE layer, bound to a checkpoint (zero-copy where the
+ * layout allows) or built in memory. Routed expert e: gate[e], up[e] are
+ * [I, H], down[e] is [H, I]. The shared experts (if any) are fused into one
+ * expert of width shared_inter. Router: router_w [E, H] F32.
+ */
+typedef struct fm_moe_layer {
+    int layer;                 /* layer index in the model                  */
+    int hidden, inter, n_experts, topk;
+    fm_qformat fmt;
+    fm_qmatrix *gate, *up, *down;     /* arrays of n_experts               */
+    int has_shared;
+    int shared_inter;
+    fm_qmatrix sh_gate, sh_up, sh_down;
+    const float *router_w;            /* [E, H]                            */
+    const float *router_bias;         /* gpt-oss logit bias [E] or NULL    */
+    const float *score_bias;          /* e_score_correction_bias [E]/NULL  */
+    const int32_t *tid2eid;           /* [vocab, k] hash routing or NULL   */
+    int64_t tid2eid_rows;
+    void *owned_;                     /* allocations freed with the layer  */
+} fm_moe_layer;
+
+/* Binds layer L of a checkpoint. quantize_bf16: BF16 experts are quantized
+ * to this format on load (FM_QF_NONE keeps BF16). */
+fm_status fm_moe_layer_bind(fm_ckpt *c, const fm_model_desc *d, int layer,
+                            fm_qformat quantize_bf16, fm_moe_layer **out);
+/* Seeded random weights in memory, the same values `fp4moe gen` writes. */
+fm_status fm_moe_layer_random(const fm_model_desc *d, fm_qformat fmt,
+                              uint64_t seed, int layer, fm_moe_layer **out);
+void fm_moe_layer_free(fm_moe_layer *l);
+/* Bytes of all routed experts' weights (packed + scales), and of one. */
+int64_t fm_moe_layer_expert_bytes(const fm_moe_layer *l);
+
+/* ---------------------------------------------------------------- routing */
+
+/*
+ * Router in FP32 for T tokens x[T, H] (F32). Writes ids[T, k] and
+ * weights[T, k], each row sorted by ascending expert id. Ties between equal
+ * scores go to the lower expert index. token_ids (may be NULL) feed hash
+ * routing for DeepSeek-V4's first layers.
+ */
+fm_status fm_route(const fm_model_desc *d, const fm_moe_layer *l,
+                   const float *x, int T, const int32_t *token_ids,
+                   int32_t *ids, float *weights);
+
+/* ---------------------------------------------------------------- engine */
+
+typedef enum { FM_DEV_CPU = 0, FM_DEV_CUDA = 1 } fm_device;
+
+/* CPU kernel flavour: AUTO picks the best the processor supports. */
+typedef enum {
+    FM_CPU_AUTO = 0,
+    FM_CPU_SCALAR,
+    FM_CPU_AVX2,
+    FM_CPU_AVX512
+} fm_cpu_isa;
+const char *fm_cpu_isa_name(fm_cpu_isa i);
+fm_cpu_isa fm_cpu_isa_detect(void); /* best supported by this CPU */
+
+/* Output of one MoE block call. */
+typedef struct {
+    float *out;          /* [T, H] F32 (routed + shared)                    */
+    int32_t *topk_ids;   /* [T, k] may be NULL                              */
+    float *topk_weights; /* [T, k] may be NULL                              */
+} fm_moe_out;
+
+/* Float64 reference: dequantize, compute in double, round to float at the
+ * end. x is F32/BF16/F16. Routing uses fm_route (FP32, as the models do). */
+fm_status fm_moe_forward_ref(const fm_model_desc *d, const fm_moe_layer *l,
+                             const void *x, fm_dtype xdt, int T,
+                             const int32_t *token_ids, fm_moe_out *o);
+
+typedef struct fm_cpu_engine fm_cpu_engine;
+fm_status fm_cpu_engine_new(fm_cpu_isa isa, int n_threads, fm_cpu_engine **out);
+void fm_cpu_engine_free(fm_cpu_engine *e);
+const char *fm_cpu_engine_describe(const fm_cpu_engine *e); /* kernel/backend */
+/* Accumulate phase times of later fm_cpu_forward calls into pt (NULL stops). */
+void fm_cpu_engine_set_phase_times(fm_cpu_engine *e, fm_phase_times *pt);
+fm_status fm_cpu_forward(fm_cpu_engine *e, const fm_model_desc *d,
+                         const fm_moe_layer *l, const void *x, fm_dtype xdt,
+                         int T, const int32_t *token_ids, fm_moe_out *o);
+
+/* Streaming-read bandwidth of host memory (bytes/s), measured now. */
+double fm_cpu_measure_bandwidth(size_t bytes, int n_threads);
+
+/* Monotonic clock in nanoseconds. */
+uint64_t fm_now_ns(void);
+
+/* ------------------------------------------------ phases (all engines) */
+
+/* Phases of one MoE block call. Engines that fuse phases report the fused
+ * time under the first phase and leave the others at zero (the phase
+ * table says "fused"). */
+typedef enum {
+    FM_PH_ROUTE = 0, /* router GEMV + top-k                                */
+    FM_PH_SORT,      /* token -> expert grouping                           */
+    FM_PH_GATEUP,    /* gate/up GEMMs (+ activation where fused)           */
+    FM_PH_ACT,       /* activation when run separately                     */
+    FM_PH_DOWN,      /* down GEMM (+ weight + combine where fused)         */
+    FM_PH_COMBINE,   /* k-way combine when run separately                  */
+    FM_PH_SHARED,    /* shared experts                                     */
+    FM_PH_OTHER,     /* conversions, copies, anything else                 */
+    FM_PH_COUNT
+} fm_phase;
+const char *fm_phase_name(fm_phase p); /* "routing", "sort", "gate_up", ... */
+
+typedef struct {
+    double ns[FM_PH_COUNT]; /* accumulated nanoseconds per phase          */
+    int64_t calls;          /* forward calls accumulated                  */
+    unsigned fused_mask;    /* bit p set: phase p is fused into another   */
+} fm_phase_times;
+
+/* ------------------------------------------- kernel configs (all engines) */
+
+/* The parameters of a GPU MoE kernel variant, in one structure, so that
+ * tuning, provenance lines and `explain` all speak of the same fields. */
+typedef enum { FM_PATH_SMALL = 0, FM_PATH_LARGE = 1 } fm_kernel_path;
+typedef struct {
+    fm_kernel_path path;      /* chosen path for this batch bucket        */
+    int rows_per_block;       /* weight rows per thread block (small)     */
+    int k_split;              /* split of K across warps / blocks         */
+    int warps;                /* warps per block                          */
+    int stages;               /* pipeline depth (large path)              */
+    int tile_n;               /* tokens per MMA tile (large path)         */
+    float switch_tpe;         /* tokens per expert at which LARGE starts  */
+} fm_kernel_config;
+
+/* ---------------------------------------------------- CUDA backend (src/cuda) */
+/* @section cuda begin */
+/* @section cuda end */
+
+/* ---------------------------------------------------- tuning and provenance (src/tune) */
+/* @section tune begin */
+/* @section tune end */
+
+/* ---------------------------------------------------- profiling and telemetry (src/prof) */
+/* @section prof begin */
+/* @section prof end */
+
+/* ---------------------------------------------------- trace analysis (src/trace) */
+/* @section trace begin */
+/* @section trace end */
+
+/* ---------------------------------------------------- tensor / expert parallel (src/dist) */
+/* @section dist begin */
+/* @section dist end */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FP4MOE_H */
