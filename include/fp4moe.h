@@ -304,6 +304,45 @@ fm_status fm_route(const fm_model_desc *d, const fm_moe_layer *l,
                    const float *x, int T, const int32_t *token_ids,
                    int32_t *ids, float *weights);
 
+/* ------------------------------------------------ phases (all engines) */
+
+/* Phases of one MoE block call. Engines that fuse phases report the fused
+ * time under the first phase and leave the others at zero (the phase
+ * table says "fused"). */
+typedef enum {
+    FM_PH_ROUTE = 0, /* router GEMV + top-k                                */
+    FM_PH_SORT,      /* token -> expert grouping                           */
+    FM_PH_GATEUP,    /* gate/up GEMMs (+ activation where fused)           */
+    FM_PH_ACT,       /* activation when run separately                     */
+    FM_PH_DOWN,      /* down GEMM (+ weight + combine where fused)         */
+    FM_PH_COMBINE,   /* k-way combine when run separately                  */
+    FM_PH_SHARED,    /* shared experts                                     */
+    FM_PH_OTHER,     /* conversions, copies, anything else                 */
+    FM_PH_COUNT
+} fm_phase;
+const char *fm_phase_name(fm_phase p); /* "routing", "sort", "gate_up", ... */
+
+typedef struct {
+    double ns[FM_PH_COUNT]; /* accumulated nanoseconds per phase          */
+    int64_t calls;          /* forward calls accumulated                  */
+    unsigned fused_mask;    /* bit p set: phase p is fused into another   */
+} fm_phase_times;
+
+/* ------------------------------------------- kernel configs (all engines) */
+
+/* The parameters of a GPU MoE kernel variant, in one structure, so that
+ * tuning, provenance lines and `explain` all speak of the same fields. */
+typedef enum { FM_PATH_SMALL = 0, FM_PATH_LARGE = 1 } fm_kernel_path;
+typedef struct {
+    fm_kernel_path path;      /* chosen path for this batch bucket        */
+    int rows_per_block;       /* weight rows per thread block (small)     */
+    int k_split;              /* split of K across warps / blocks         */
+    int warps;                /* warps per block                          */
+    int stages;               /* pipeline depth (large path)              */
+    int tile_n;               /* tokens per MMA tile (large path)         */
+    float switch_tpe;         /* tokens per expert at which LARGE starts  */
+} fm_kernel_config;
+
 /* ---------------------------------------------------------------- engine */
 
 typedef enum { FM_DEV_CPU = 0, FM_DEV_CUDA = 1 } fm_device;
@@ -346,45 +385,6 @@ double fm_cpu_measure_bandwidth(size_t bytes, int n_threads);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t fm_now_ns(void);
-
-/* ------------------------------------------------ phases (all engines) */
-
-/* Phases of one MoE block call. Engines that fuse phases report the fused
- * time under the first phase and leave the others at zero (the phase
- * table says "fused"). */
-typedef enum {
-    FM_PH_ROUTE = 0, /* router GEMV + top-k                                */
-    FM_PH_SORT,      /* token -> expert grouping                           */
-    FM_PH_GATEUP,    /* gate/up GEMMs (+ activation where fused)           */
-    FM_PH_ACT,       /* activation when run separately                     */
-    FM_PH_DOWN,      /* down GEMM (+ weight + combine where fused)         */
-    FM_PH_COMBINE,   /* k-way combine when run separately                  */
-    FM_PH_SHARED,    /* shared experts                                     */
-    FM_PH_OTHER,     /* conversions, copies, anything else                 */
-    FM_PH_COUNT
-} fm_phase;
-const char *fm_phase_name(fm_phase p); /* "routing", "sort", "gate_up", ... */
-
-typedef struct {
-    double ns[FM_PH_COUNT]; /* accumulated nanoseconds per phase          */
-    int64_t calls;          /* forward calls accumulated                  */
-    unsigned fused_mask;    /* bit p set: phase p is fused into another   */
-} fm_phase_times;
-
-/* ------------------------------------------- kernel configs (all engines) */
-
-/* The parameters of a GPU MoE kernel variant, in one structure, so that
- * tuning, provenance lines and `explain` all speak of the same fields. */
-typedef enum { FM_PATH_SMALL = 0, FM_PATH_LARGE = 1 } fm_kernel_path;
-typedef struct {
-    fm_kernel_path path;      /* chosen path for this batch bucket        */
-    int rows_per_block;       /* weight rows per thread block (small)     */
-    int k_split;              /* split of K across warps / blocks         */
-    int warps;                /* warps per block                          */
-    int stages;               /* pipeline depth (large path)              */
-    int tile_n;               /* tokens per MMA tile (large path)         */
-    float switch_tpe;         /* tokens per expert at which LARGE starts  */
-} fm_kernel_config;
 
 /* ---------------------------------------------------- CUDA backend (src/cuda) */
 /* @section cuda begin */
