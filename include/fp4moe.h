@@ -257,6 +257,9 @@ size_t fm_preset_count(void);
 const char *fm_preset_name(size_t i);
 fm_status fm_preset_desc(const char *name, fm_qformat fmt, fm_model_desc *out);
 
+/* @section io begin */
+/* @section io end */
+
 /* ---------------------------------------------------------- one MoE layer */
 
 /*
@@ -388,10 +391,85 @@ uint64_t fm_now_ns(void);
 
 /* ---------------------------------------------------- CUDA backend (src/cuda) */
 /* @section cuda begin */
+/* Without a CUDA build every function here returns FM_E_UNSUPPORTED. */
+typedef struct fm_cuda_engine fm_cuda_engine;
+typedef struct fm_cuda_layer fm_cuda_layer;
+
+/* 1 when built with CUDA and a usable GPU is present; else 0 and why. */
+int fm_cuda_available(char *why, size_t cap);
+fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out);
+void fm_cuda_engine_free(fm_cuda_engine *e);
+/* "NVIDIA H200, 132 SMs, sm_90, CUDA 13.0, driver 580.x" */
+const char *fm_cuda_engine_describe(const fm_cuda_engine *e);
+/* Fills the tuning key of this GPU for a model shape. */
+fm_status fm_cuda_engine_key(const fm_cuda_engine *e, const fm_model_desc *d,
+                             fm_qformat fmt, struct fm_tune_key *key);
+/* Forces a kernel config (tuning); NULL returns to the tuned/default one. */
+void fm_cuda_engine_set_config(fm_cuda_engine *e, const fm_kernel_config *cfg);
+/* Accumulates per-phase times (CUDA events between phases) when set. */
+void fm_cuda_engine_set_phase_times(fm_cuda_engine *e, fm_phase_times *pt);
+
+fm_status fm_cuda_layer_upload(fm_cuda_engine *e, const fm_model_desc *d,
+                               const fm_moe_layer *l, fm_cuda_layer **out);
+/* Seeded random weights generated on the GPU: the same values as
+ * fm_moe_layer_random (same seed, layer, format). */
+fm_status fm_cuda_layer_random(fm_cuda_engine *e, const fm_model_desc *d,
+                               fm_qformat fmt, uint64_t seed, int layer,
+                               fm_cuda_layer **out);
+void fm_cuda_layer_free(fm_cuda_layer *l);
+
+/* One MoE block on the GPU, host buffers in and out (forward, tests). */
+fm_status fm_cuda_forward(fm_cuda_engine *e, const fm_model_desc *d,
+                          const fm_cuda_layer *l, const void *x, fm_dtype xdt,
+                          int T, const int32_t *token_ids, fm_moe_out *o);
+
+typedef struct {
+    double us_per_layer;      /* median over replays                       */
+    double us_min, us_max;    /* spread over replays                       */
+    double active_experts;    /* mean over layers                          */
+    int64_t bytes_per_layer;  /* weight bytes that must be read (mean)     */
+    char kernel[128];         /* kernel(s) that ran                        */
+    fm_kernel_config cfg;     /* with which parameters                     */
+    char config_source[512];  /* tuned file path or "built-in default"     */
+} fm_cuda_bench_result;
+/* n_layers layers back to back in one CUDA graph at batch T, random
+ * activations from seed, uniform random routing by the real routers. */
+fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d,
+                        fm_cuda_layer *const *layers, int n_layers, int T,
+                        uint64_t seed, int reps, fm_cuda_bench_result *r);
+/* Streaming-read bandwidth of device memory (bytes/s), measured now. */
+double fm_cuda_measure_bandwidth(fm_cuda_engine *e, size_t bytes);
+
+/* The built-in default config for a shape and batch (owned by src/cuda,
+ * compiled without CUDA too, so `explain` works anywhere). */
+fm_kernel_config fm_kernel_config_default(const struct fm_tune_key *key, int T);
+const char *fm_kernel_path_name(fm_kernel_path p);
 /* @section cuda end */
 
 /* ---------------------------------------------------- tuning and provenance (src/tune) */
 /* @section tune begin */
+/* The key of one tuned config file. */
+typedef struct fm_tune_key {
+    char gpu_name[128];
+    int sm_count;
+    int cuda_version;   /* e.g. 13000 */
+    int driver_version; /* e.g. 13000 (cudaDriverGetVersion) */
+    fm_qformat fmt;
+    int E, H, I, k;
+} fm_tune_key;
+
+typedef struct {
+    fm_kernel_config cfg;
+    int tuned;            /* 1: from a tuned file; 0: built-in default    */
+    int bucket;           /* batch bucket used (tuned)                    */
+    char source[512];     /* file path, or "built-in default"             */
+    char reason[1024];    /* why: tokens/expert, thresholds, lookup trail */
+} fm_tune_choice;
+
+/* Lookup: $FP4MOE_CONFIG_DIR, the user cache, the configs shipped in the
+ * repo; nearest batch bucket. Never fails for a missing file: returns the
+ * default with tuned = 0 and a reason saying so. */
+fm_status fm_tune_choose(const fm_tune_key *key, int T, fm_tune_choice *out);
 /* @section tune end */
 
 /* ---------------------------------------------------- profiling and telemetry (src/prof) */

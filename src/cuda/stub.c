@@ -1,0 +1,35 @@
+/* Without a CUDA build, the CUDA API answers FM_E_UNSUPPORTED with a reason. */
+#ifndef FM_HAVE_CUDA
+#include "fp4moe.h"
+#include <stdio.h>
+
+#define NOCUDA fm_error(FM_E_UNSUPPORTED, "fp4moe was built without CUDA (nvcc not found at configure time)")
+int fm_cuda_available(char *why, size_t cap) {
+    if (why && cap) snprintf(why, cap, "fp4moe was built without CUDA");
+    return 0;
+}
+fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) { (void)device; *out = NULL; return NOCUDA; }
+void fm_cuda_engine_free(fm_cuda_engine *e) { (void)e; }
+const char *fm_cuda_engine_describe(const fm_cuda_engine *e) { (void)e; return "no CUDA"; }
+fm_status fm_cuda_engine_key(const fm_cuda_engine *e, const fm_model_desc *d, fm_qformat fmt, struct fm_tune_key *key) {
+    (void)e; (void)d; (void)fmt; (void)key; return NOCUDA;
+}
+void fm_cuda_engine_set_config(fm_cuda_engine *e, const fm_kernel_config *cfg) { (void)e; (void)cfg; }
+void fm_cuda_engine_set_phase_times(fm_cuda_engine *e, fm_phase_times *pt) { (void)e; (void)pt; }
+fm_status fm_cuda_layer_upload(fm_cuda_engine *e, const fm_model_desc *d, const fm_moe_layer *l, fm_cuda_layer **out) {
+    (void)e; (void)d; (void)l; *out = NULL; return NOCUDA;
+}
+fm_status fm_cuda_layer_random(fm_cuda_engine *e, const fm_model_desc *d, fm_qformat fmt, uint64_t seed, int layer, fm_cuda_layer **out) {
+    (void)e; (void)d; (void)fmt; (void)seed; (void)layer; *out = NULL; return NOCUDA;
+}
+void fm_cuda_layer_free(fm_cuda_layer *l) { (void)l; }
+fm_status fm_cuda_forward(fm_cuda_engine *e, const fm_model_desc *d, const fm_cuda_layer *l, const void *x, fm_dtype xdt,
+                          int T, const int32_t *token_ids, fm_moe_out *o) {
+    (void)e; (void)d; (void)l; (void)x; (void)xdt; (void)T; (void)token_ids; (void)o; return NOCUDA;
+}
+fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer *const *layers, int n_layers, int T,
+                        uint64_t seed, int reps, fm_cuda_bench_result *r) {
+    (void)e; (void)d; (void)layers; (void)n_layers; (void)T; (void)seed; (void)reps; (void)r; return NOCUDA;
+}
+double fm_cuda_measure_bandwidth(fm_cuda_engine *e, size_t bytes) { (void)e; (void)bytes; return 0.0; }
+#endif
