@@ -31,6 +31,8 @@ extern "C" {
 
 #define FM_VERSION "0.1.0"
 
+struct fm_tune_key; /* defined in the tuning section */
+
 /* ------------------------------------------------------------------ errors */
 
 typedef enum {
