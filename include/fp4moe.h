@@ -91,9 +91,9 @@ int fm_dtype_bits(fm_dtype dt);
 /* ---------------------------------------------------------------- formats */
 
 float fm_e2m1_to_f32(uint8_t code);     /* low 4 bits used                */
-uint8_t fm_f32_to_e2m1(float x);        /* RNE, saturates at +-6, NaN->+6? see formats.c */
+uint8_t fm_f32_to_e2m1(float x);        /* RNE, saturates at +-6, NaN->+6, -0->+0 (ModelOpt) */
 float fm_e4m3_to_f32(uint8_t code);     /* float8_e4m3fn                  */
-uint8_t fm_f32_to_e4m3(float x);        /* RNE, saturates at +-448, NaN->0x7F */
+uint8_t fm_f32_to_e4m3(float x);        /* RNE, saturates at +-448 (inf too), NaN->0x7F|sign */
 float fm_e8m0_to_f32(uint8_t code);     /* 2^(e-127), 0xFF -> NaN         */
 uint8_t fm_f32_to_e8m0_floor(float x);  /* largest 2^e <= x (x > 0)       */
 float fm_bf16_to_f32(uint16_t h);
