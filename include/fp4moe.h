@@ -260,6 +260,46 @@ const char *fm_preset_name(size_t i);
 fm_status fm_preset_desc(const char *name, fm_qformat fmt, fm_model_desc *out);
 
 /* @section io begin */
+/* config.json (and hf_quant_config.json for the modelopt layout, else NULL)
+ * of a description, with the family's real key names. Free with free(). */
+fm_status fm_model_desc_to_json(const fm_model_desc *d, char **config_json, char **quant_json);
+
+/*
+ * Seeded random weights: the exact formulas are documented in
+ * src/io/model_random.c so that any generator (CPU, GPU) reproduces them.
+ * Stream key of one logical tensor part: expert -1 is the fused shared
+ * expert, -2 the router; what is e.g. "gate.codes", "down.scales".
+ */
+uint64_t fm_gen_key(int layer, int expert, const char *what);
+/* Per-tensor constants of the formulas for a matrix with K inputs. */
+float fm_gen_nvfp4_scale2(int64_t K);
+int fm_gen_mxfp4_base_exp(int64_t K);
+/* Fills rows [r0, r0+nr) of a routed / shared matrix (rows x K) of layer
+ * `layer`, expert e (-1 shared), m = 0 gate, 1 up, 2 down, in format fmt:
+ * packed (nr*K/2 bytes, or nr*K*2 for BF16) and scales (nr*K/block bytes,
+ * NULL for BF16). Used by fm_moe_layer_random and gen. */
+void fm_gen_matrix_rows(uint64_t seed, int layer, int e, int m, fm_qformat fmt, int64_t K, int64_t r0, int64_t nr,
+                        uint8_t *packed, uint8_t *scales);
+
+typedef struct {
+    int n_moe_layers;     /* MoE layers to write, from the first one (>= 1)  */
+    uint64_t seed;
+    uint64_t shard_bytes; /* maximum bytes per shard; 0: 2 GB                */
+    int progress;         /* progress lines on stderr (about once a second)  */
+} fm_gen_opts;
+/* Writes a checkpoint of d (config.json, hf_quant_config.json for modelopt,
+ * model-0000i-of-0000N.safetensors shards, model.safetensors.index.json)
+ * into out_dir, which must not exist. Everything is written into a sibling
+ * temporary directory that is renamed at the end: a failure leaves nothing.
+ * num_hidden_layers keeps the real model's count; only the chosen MoE layers
+ * hold tensors (fm_inspect lists them). Memory use is independent of size. */
+fm_status fm_gen_checkpoint(const fm_model_desc *d, const fm_gen_opts *o, const char *out_dir);
+
+/* Describes a checkpoint directory (family, MoE layers present, experts,
+ * formats, bytes, routing) and checks every tensor of every present MoE
+ * layer. Writes text or JSON to out. *n_problems counts what is wrong; the
+ * status is FM_OK whenever the report could be written (problems included). */
+fm_status fm_inspect(const char *dir, int as_json, FILE *out, int *n_problems);
 /* @section io end */
 
 /* ---------------------------------------------------------- one MoE layer */
