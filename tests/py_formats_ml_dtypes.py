@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""The library's scalar formats against ml_dtypes / numpy.
+
+Every code of E2M1, E4M3 (float8_e4m3fn), E8M0 (float8_e8m0fnu), BF16 and
+F16 is decoded by tests/tools/fmt_dump and compared with ml_dtypes; then a
+large set of random and edge floats is encoded by both. Documented
+differences of the library (see src/formats/formats.c):
+  E2M1: -0.0 and NaN encode to +0 / +6 (ModelOpt's _cast_fp4); ml_dtypes
+        gives -0 for both.
+  E4M3: finite overflow and inf saturate to +-448 (ModelOpt clamps before
+        the cast); ml_dtypes gives NaN, so it is fed the clamped value.
+  E8M0: the library's encoder is floor(log2 x); it is checked against
+        numpy's frexp, not against ml_dtypes' rounding cast.
+"""
+import os
+import subprocess
+import sys
+
+try:
+    import numpy as np
+    import ml_dtypes
+except ImportError as e:  # pragma: no cover
+    print(f"SKIPPED: {e}")
+    sys.exit(77)
+
+tools = os.environ.get("FM_TOOLS_DIR")
+if not tools:
+    print("SKIPPED: FM_TOOLS_DIR not set (run through ctest)")
+    sys.exit(77)
+tool = os.path.join(tools, "fmt_dump")
+
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+
+
+def same_f32(a, b):
+    """Bitwise equal, or both NaN."""
+    a = np.asarray(a, np.float32)
+    b = np.asarray(b, np.float32)
+    nan = np.isnan(a) & np.isnan(b)
+    eq = a.view(np.uint32) == b.view(np.uint32)
+    return nan | eq
+
+
+# ---------------------------------------------------------------- decode
+out = subprocess.run([tool, "decode"], check=True, capture_output=True, text=True).stdout
+tables = {}
+for line in out.splitlines():
+    fmt, code, hexbits = line.split()
+    tables.setdefault(fmt, []).append((int(code), int(hexbits, 16)))
+
+refs = {
+    "e2m1": (16, ml_dtypes.float4_e2m1fn, np.uint8),
+    "e4m3": (256, ml_dtypes.float8_e4m3fn, np.uint8),
+    "e8m0": (256, ml_dtypes.float8_e8m0fnu, np.uint8),
+    "bf16": (65536, ml_dtypes.bfloat16, np.uint16),
+    "f16": (65536, np.float16, np.uint16),
+}
+for fmt, (n, dt, store) in refs.items():
+    rows = tables.get(fmt, [])
+    check(len(rows) == n, f"{fmt}: {len(rows)} codes printed, expected {n}")
+    if len(rows) != n:
+        continue
+    codes = np.array([c for c, _ in rows], dtype=np.int64)
+    check(np.array_equal(codes, np.arange(n)), f"{fmt}: codes out of order")
+    ours = np.array([b for _, b in rows], dtype=np.uint32).view(np.float32)
+    want = np.arange(n, dtype=store).view(dt).astype(np.float32)
+    ok = same_f32(ours, want)
+    bad = np.nonzero(~ok)[0]
+    check(bad.size == 0, f"{fmt} decode differs at codes {bad[:10].tolist()}: "
+          f"ours {ours[bad[:10]].tolist()} ml_dtypes {want[bad[:10]].tolist()}")
+
+# ---------------------------------------------------------------- encode
+rng = np.random.default_rng(20261129)
+parts = [
+    rng.integers(0, 2**32, 40000, dtype=np.uint64).astype(np.uint32).view(np.float32),
+    (rng.standard_normal(20000) * 3).astype(np.float32),
+    (rng.standard_normal(20000) * 300).astype(np.float32),
+    np.ldexp(rng.uniform(-1, 1, 20000), rng.integers(-40, 20, 20000)).astype(np.float32),
+]
+# Every midpoint between neighbouring representable values, and its two
+# neighbouring floats, for each format.
+edges = [0.0, -0.0, np.inf, -np.inf, np.nan, 448.0, 464.0, 480.0, 65504.0, 65520.0, 6.0, 7.0,
+         np.finfo(np.float32).max, np.finfo(np.float32).tiny, 1e-45]
+for dt, store, n in [(ml_dtypes.float4_e2m1fn, np.uint8, 8), (ml_dtypes.float8_e4m3fn, np.uint8, 0x7F),
+                     (ml_dtypes.bfloat16, np.uint16, 0x7F80), (np.float16, np.uint16, 0x7C00)]:
+    v = np.arange(n, dtype=store).view(dt).astype(np.float64)
+    mid = ((v[:-1] + v[1:]) / 2).astype(np.float32)
+    if mid.size > 4000:  # 16-bit formats: a sample keeps the test fast
+        mid = np.concatenate([mid[:1500], rng.choice(mid, 1000, replace=False), mid[-1500:]])
+    edges_arr = np.concatenate([mid, np.nextafter(mid, np.float32(0)), np.nextafter(mid, np.float32(np.inf)),
+                                v.astype(np.float32)])
+    parts.append(edges_arr)
+    parts.append(-edges_arr)
+parts.append(np.array(edges, dtype=np.float32))
+x = np.concatenate(parts).astype(np.float32)
+
+inp = "\n".join(f"{u:08x}" for u in x.view(np.uint32).tolist()) + "\n"
+res = subprocess.run([tool, "encode"], input=inp, check=True, capture_output=True, text=True).stdout
+cols = np.array([[int(t, 16) for t in line.split()] for line in res.splitlines()], dtype=np.int64)
+check(cols.shape == (x.size, 5), f"encode: got {cols.shape} results for {x.size} inputs")
+
+if cols.shape == (x.size, 5):
+    nan = np.isnan(x)
+
+    # E2M1: ml_dtypes except -0.0 / NaN (see the module docstring).
+    with np.errstate(invalid="ignore"):
+        want = x.astype(ml_dtypes.float4_e2m1fn).view(np.uint8).astype(np.int64) & 0xF
+    want[(x == 0)] = 0
+    want[nan] = 7
+    bad = np.nonzero(cols[:, 0] != want)[0]
+    check(bad.size == 0, f"e2m1 encode differs for {x[bad[:10]].tolist()}: "
+          f"ours {cols[bad[:10], 0].tolist()} ml_dtypes {want[bad[:10]].tolist()}")
+
+    # E4M3: ml_dtypes of the value clamped to +-448.
+    with np.errstate(invalid="ignore"):
+        clamped = np.clip(x, np.float32(-448), np.float32(448))
+        want = clamped.astype(ml_dtypes.float8_e4m3fn).view(np.uint8).astype(np.int64)
+    ours = cols[:, 1]
+    ok = (ours == want) | (nan & ((ours & 0x7F) == 0x7F) & ((want & 0x7F) == 0x7F))
+    bad = np.nonzero(~ok)[0]
+    check(bad.size == 0, f"e4m3 encode differs for {x[bad[:10]].tolist()}: "
+          f"ours {ours[bad[:10]].tolist()} ml_dtypes {want[bad[:10]].tolist()}")
+
+    # E8M0 floor: frexp for positive finite values, clamped to [0, 254].
+    pos = (x > 0) & np.isfinite(x)
+    m, e = np.frexp(x[pos].astype(np.float64))
+    want = np.clip(e - 1 + 127, 0, 254)
+    bad = np.nonzero(cols[pos, 2] != want)[0]
+    check(bad.size == 0, f"e8m0 floor differs for {x[pos][bad[:10]].tolist()}")
+    check(np.all(cols[nan, 2] == 0xFF), "e8m0 floor of NaN is not 0xFF")
+    check(np.all(cols[(x <= 0), 2] == 0), "e8m0 floor of x <= 0 is not 0")
+    check(np.all(cols[np.isposinf(x), 2] == 0xFE), "e8m0 floor of inf is not 0xFE")
+
+    # BF16 and F16: direct, NaN as a class.
+    for col, dt, name, qnan_mask, inf_bits in [(3, ml_dtypes.bfloat16, "bf16", 0x7F80, 0x7F80),
+                                               (4, np.float16, "f16", 0x7C00, 0x7C00)]:
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = x.astype(dt).view(np.uint16).astype(np.int64)
+        ours = cols[:, col]
+        ok = (ours == want) | (nan & ((ours & 0x7FFF) > inf_bits) & ((want & 0x7FFF) > inf_bits))
+        bad = np.nonzero(~ok)[0]
+        check(bad.size == 0, f"{name} encode differs for {x[bad[:10]].tolist()}: "
+              f"ours {ours[bad[:10]].tolist()} ref {want[bad[:10]].tolist()}")
+
+if failures:
+    for f in failures:
+        print("FAIL:", f)
+    sys.exit(1)
+print(f"formats match ml_dtypes: all codes decoded, {x.size} floats encoded")
