@@ -1,0 +1,119 @@
+/* Internals of the tensor- / expert-parallel module (not public API). */
+#ifndef FM_DIST_H
+#define FM_DIST_H
+#include "fp4moe.h"
+
+/* ------------------------------------------------------------ transport */
+
+/* One transport behind fm_comm. Every op receives arrays indexed by local
+ * rank; the generic layer (comm.c) validates arguments and keeps stats. */
+typedef struct fm_comm_ops {
+    const char *name;
+    fm_status (*all_reduce_sum)(fm_comm *c, float *const *buf, size_t count);
+    fm_status (*reduce_scatter_sum)(fm_comm *c, const float *const *send, float *const *recv, size_t count);
+    fm_status (*all_gather)(fm_comm *c, const void *const *send, void *const *recv, size_t bytes);
+    fm_status (*all_to_allv)(fm_comm *c, const void *const *send, const size_t *const *send_bytes,
+                             void *const *recv, const size_t *const *recv_bytes);
+    void (*destroy)(fm_comm *c);
+} fm_comm_ops;
+
+struct fm_comm {
+    const fm_comm_ops *ops;
+    int size;           /* R                                    */
+    int n_local;        /* ranks driven by this process         */
+    int *local_rank;    /* [n_local] global ranks               */
+    int *device;        /* [n_local] GPU, -1 for CPU            */
+    fm_comm_stats stats;
+    char desc[160];
+    void *impl;         /* transport state                      */
+};
+
+/* Allocates the common part with local ranks first..first+n_local-1. */
+fm_status fm_comm_alloc(const fm_comm_ops *ops, int size, int first, int n_local, fm_comm **out);
+
+/* --------------------------------------------------------------- engine */
+
+/* What the sharding code needs from an engine: the normal forward of a
+ * (view) layer, routing alone, and a way to prepare (upload) a view once.
+ * The CPU and CUDA engines provide it (exec.c); tests plug their own. */
+typedef struct fm_dist_exec {
+    const char *name;
+    void *ctx;
+    /* Called once per view layer and local rank; *handle goes to forward. */
+    fm_status (*prepare)(void *ctx, int local, const fm_model_desc *d, const fm_moe_layer *view, void **handle);
+    void (*release)(void *ctx, int local, void *handle);
+    fm_status (*forward)(void *ctx, int local, void *handle, const fm_model_desc *d, const fm_moe_layer *view,
+                         const void *x, fm_dtype xdt, int T, const int32_t *token_ids, fm_moe_out *o);
+    fm_status (*route)(void *ctx, int local, const fm_model_desc *d, const fm_moe_layer *l, const float *x, int T,
+                       const int32_t *token_ids, int32_t *ids, float *weights);
+    void (*destroy)(void *ctx);
+} fm_dist_exec;
+
+/* A rank's views and their prepared engine handles. */
+typedef struct {
+    int rank;
+    /* TP */
+    fm_model_desc dtp;
+    fm_moe_layer ltp;
+    fm_qmatrix *arrays;
+    void *htp;
+    /* EP */
+    int e0, ne;
+    fm_moe_layer *lexp; /* [ne] one-expert views */
+    void **hexp;        /* [ne]                  */
+    fm_moe_layer lsh;
+    void *hsh;
+} rank_state;
+
+struct fm_dist {
+    const fm_model_desc *d;
+    const fm_moe_layer *l;
+    fm_dist_opts o;
+    fm_comm *c;
+    fm_dist_exec ex;
+    int R, nloc;
+    rank_state *rs;
+    float *zero_router;
+    fm_model_desc dexp, dsh; /* descs of the one-expert views */
+    void *hfull;
+    int hfull_ready;
+    char desc[320];
+};
+
+/* Takes ownership of exec (its destroy runs in fm_dist_free, also on failure). */
+fm_status fm_dist_new_exec(const fm_model_desc *d, const fm_moe_layer *l, const fm_dist_opts *o, fm_comm *c,
+                           fm_dist_exec exec, fm_dist **out);
+/* Runs the unsharded layer through the same engine (bench baseline). */
+fm_status fm_dist_forward_single(fm_dist *ds, const void *x, fm_dtype xdt, int T, const int32_t *token_ids,
+                                 fm_moe_out *o);
+
+fm_status fm_dist_exec_cpu(fm_cpu_engine *e, fm_dist_exec *out);
+fm_status fm_dist_exec_cuda(const fm_comm *c, fm_dist_exec *out);
+
+/* ---------------------------------------------------------------- views */
+
+/* The TP slice of rank r of R: desc with moe_inter/shared_inter divided,
+ * layer whose expert matrices are zero-copy views. gate/up/down arrays are
+ * allocated into *arrays (free() it). The down bias stays only on rank 0,
+ * since the partial outputs are summed. */
+fm_status fm_dist_tp_view(const fm_model_desc *d, const fm_moe_layer *l, int r, int R, fm_model_desc *dv,
+                          fm_moe_layer *lv, fm_qmatrix **arrays);
+/* A one-expert layer of expert e (or the shared expert when e < 0): routing
+ * sends every token to it with weight exactly 1 (softmax over one expert),
+ * so the engine's normal forward computes exactly that expert. zero_router
+ * must hold H zero floats and outlive the view. */
+void fm_dist_expert_view(const fm_model_desc *d, const fm_moe_layer *l, int e, const float *zero_router,
+                         fm_model_desc *dv, fm_moe_layer *lv);
+
+/* ---------------------------------------------------------- compression */
+
+/* Bytes of one encoded token row of H values. 0 if H is unsuitable. */
+size_t fm_codec_row_bytes(fm_compress c, int H);
+/* Encodes one row (H floats) into dst (fm_codec_row_bytes bytes). */
+fm_status fm_codec_encode_row(fm_compress c, const float *x, int H, uint8_t *dst);
+void fm_codec_decode_row(fm_compress c, const uint8_t *src, int H, float *x);
+
+/* Row of x as F32 (x is F32 / BF16 / F16). */
+fm_status fm_dist_row_f32(const void *x, fm_dtype xdt, int H, int64_t t, float *out);
+
+#endif

@@ -1,0 +1,156 @@
+/*
+ * How a MoE layer is split over ranks: validation and the zero-copy views
+ * each rank computes with.
+ *
+ * A TP slice over the intermediate dimension needs no copy: gate/up rows
+ * [i0, i1) start i0 rows further, down columns [i0, i1) start i0/2 bytes
+ * (i0/block scale bytes) further with the same row stride. i0 must fall on
+ * a scale block, otherwise a block would straddle two ranks.
+ */
+#include "dist/dist.h"
+#include "util/util.h"
+#include <string.h>
+
+static int fmt_granule(fm_qformat f) {
+    int b = fm_qformat_block(f);
+    return b > 0 ? b : 1; /* BF16: any column split is fine */
+}
+
+fm_status fm_dist_check(const fm_model_desc *d, const fm_moe_layer *l, const fm_dist_opts *o) {
+    if (!d || !l || !o) return fm_error(FM_E_ARG, "dist: model description, layer and options are required");
+    const int R = o->ranks;
+    if (R < 1 || R > FM_DIST_MAX_RANKS)
+        return fm_error(FM_E_RANGE, "dist: %d ranks (allowed 1..%d)", R, FM_DIST_MAX_RANKS);
+    if (o->mode != FM_DIST_TP && o->mode != FM_DIST_EP)
+        return fm_error(FM_E_ARG, "dist: unknown parallel mode %d (tp or ep)", (int)o->mode);
+    if (o->layout != FM_DIST_REPLICATED && o->layout != FM_DIST_TOKEN_SHARDED)
+        return fm_error(FM_E_ARG, "dist: unknown token layout %d", (int)o->layout);
+    if (o->compress != FM_COMPRESS_NONE && o->compress != FM_COMPRESS_FP8 && o->compress != FM_COMPRESS_NVFP4)
+        return fm_error(FM_E_ARG, "dist: unknown compression %d", (int)o->compress);
+    if (l->hidden != d->hidden || l->n_experts != d->n_experts || l->topk != d->topk || l->inter != d->moe_inter)
+        return fm_error(FM_E_ARG,
+                        "dist: layer (H=%d E=%d k=%d I=%d) does not match the model description (H=%d E=%d k=%d I=%d)",
+                        l->hidden, l->n_experts, l->topk, l->inter, d->hidden, d->n_experts, d->topk, d->moe_inter);
+    if (l->hidden < 1 || l->n_experts < 1 || l->topk < 1 || l->topk > l->n_experts || l->inter < 1)
+        return fm_error(FM_E_RANGE, "dist: layer shape H=%d E=%d k=%d I=%d is out of range", l->hidden,
+                        l->n_experts, l->topk, l->inter);
+    if (o->compress != FM_COMPRESS_NONE && o->layout != FM_DIST_TOKEN_SHARDED)
+        return fm_error(FM_E_ARG,
+                        "dist: --comm-compress %s needs the token-sharded layout: with replicated tokens no "
+                        "activations are sent",
+                        fm_compress_name(o->compress));
+    if (o->compress == FM_COMPRESS_NVFP4 && l->hidden % 16 != 0)
+        return fm_error(FM_E_ARG, "dist: NVFP4 compression needs H a multiple of 16 (H=%d)", l->hidden);
+
+    const int g = fmt_granule(l->fmt);
+    if (o->mode == FM_DIST_TP) {
+        if (l->inter % R != 0)
+            return fm_error(FM_E_ARG, "TP over %d ranks: expert intermediate size I=%d is not divisible by %d", R,
+                            l->inter, R);
+        if ((l->inter / R) % g != 0)
+            return fm_error(FM_E_ARG,
+                            "TP over %d ranks: slice I/R=%d is not a multiple of the %s scale block (%d); a block "
+                            "would straddle two ranks",
+                            R, l->inter / R, fm_qformat_name(l->fmt), g);
+        if (l->has_shared) {
+            const int S = l->shared_inter, gs = fmt_granule(l->sh_gate.fmt);
+            if (S % R != 0)
+                return fm_error(FM_E_ARG, "TP over %d ranks: shared expert width %d is not divisible by %d", R, S, R);
+            if ((S / R) % gs != 0)
+                return fm_error(FM_E_ARG,
+                                "TP over %d ranks: shared slice %d is not a multiple of the %s scale block (%d)", R,
+                                S / R, fm_qformat_name(l->sh_gate.fmt), gs);
+        }
+    } else {
+        if (l->n_experts % R != 0)
+            return fm_error(FM_E_ARG, "EP over %d ranks: E=%d experts are not divisible by %d", R, l->n_experts, R);
+    }
+    return FM_OK;
+}
+
+static fm_qmatrix slice_rows(const fm_qmatrix *m, int64_t r0, int64_t n) {
+    fm_qmatrix v = *m;
+    v.rows = n;
+    v.packed = m->packed + r0 * m->row_stride;
+    if (m->scales) v.scales = m->scales + r0 * m->scale_stride;
+    if (m->bias) v.bias = m->bias + r0;
+    return v;
+}
+
+static fm_qmatrix slice_cols(const fm_qmatrix *m, int64_t c0, int64_t n, int keep_bias) {
+    fm_qmatrix v = *m;
+    v.cols = n;
+    if (m->fmt == FM_QF_BF16) {
+        v.packed = m->packed + c0 * 2;
+    } else {
+        v.packed = m->packed + c0 / 2;
+        if (m->scales) v.scales = m->scales + c0 / fm_qformat_block(m->fmt);
+    }
+    /* The down bias is added once per expert output; ranks sum their
+     * partial outputs, so only rank 0 keeps it. */
+    if (!keep_bias) v.bias = NULL;
+    return v;
+}
+
+fm_status fm_dist_tp_view(const fm_model_desc *d, const fm_moe_layer *l, int r, int R, fm_model_desc *dv,
+                          fm_moe_layer *lv, fm_qmatrix **arrays) {
+    *arrays = NULL;
+    const int E = l->n_experts;
+    const int64_t n = l->inter / R, i0 = (int64_t)r * n;
+    fm_qmatrix *a = fm_calloc((size_t)3 * (size_t)E, sizeof *a);
+    if (!a) return FM_E_NOMEM;
+    *dv = *d;
+    dv->moe_inter = (int)n;
+    *lv = *l;
+    lv->owned_ = NULL;
+    lv->inter = (int)n;
+    lv->gate = a;
+    lv->up = a + E;
+    lv->down = a + 2 * E;
+    for (int e = 0; e < E; e++) {
+        lv->gate[e] = slice_rows(&l->gate[e], i0, n);
+        lv->up[e] = slice_rows(&l->up[e], i0, n);
+        lv->down[e] = slice_cols(&l->down[e], i0, n, r == 0);
+    }
+    if (l->has_shared) {
+        const int64_t sn = l->shared_inter / R, s0 = (int64_t)r * sn;
+        dv->shared_inter = (int)sn;
+        lv->shared_inter = (int)sn;
+        lv->sh_gate = slice_rows(&l->sh_gate, s0, sn);
+        lv->sh_up = slice_rows(&l->sh_up, s0, sn);
+        lv->sh_down = slice_cols(&l->sh_down, s0, sn, r == 0);
+    }
+    *arrays = a;
+    return FM_OK;
+}
+
+void fm_dist_expert_view(const fm_model_desc *d, const fm_moe_layer *l, int e, const float *zero_router,
+                         fm_model_desc *dv, fm_moe_layer *lv) {
+    const int shared = e < 0;
+    *dv = *d;
+    dv->n_experts = 1;
+    dv->topk = 1;
+    dv->n_shared = 0;
+    dv->shared_inter = 0;
+    dv->n_group = 1;
+    dv->topk_group = 1;
+    dv->norm_topk_prob = 1;
+    dv->routed_scaling_factor = 1.0f;
+    dv->route = FM_ROUTE_SOFTMAX;
+    dv->n_hash_layers = 0;
+    if (shared) dv->moe_inter = l->shared_inter;
+
+    memset(lv, 0, sizeof *lv);
+    lv->layer = l->layer;
+    lv->hidden = l->hidden;
+    lv->inter = shared ? l->shared_inter : l->inter;
+    lv->n_experts = 1;
+    lv->topk = 1;
+    /* The view only reads these matrices; the struct's pointers are
+     * non-const because owners of real layers write through them. */
+    lv->gate = (fm_qmatrix *)(shared ? &l->sh_gate : &l->gate[e]);
+    lv->up = (fm_qmatrix *)(shared ? &l->sh_up : &l->up[e]);
+    lv->down = (fm_qmatrix *)(shared ? &l->sh_down : &l->down[e]);
+    lv->fmt = lv->gate->fmt;
+    lv->router_w = zero_router;
+}
