@@ -38,4 +38,45 @@ static inline float fm__bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v = {(uint32_t)h << 16};
     return v.f;
 }
+
+/* The tensors of one MoE layer in a checkpoint layout: one list drives gen
+ * (what to write), bind (what to check and wire) and inspect. */
+typedef enum {
+    FM_T_PACKED,       /* per-matrix E2M1 codes (U8 / I8) or BF16 weight      */
+    FM_T_SCALES,       /* per-matrix block scales                             */
+    FM_T_SCALE2,       /* NVFP4 weight_scale_2 F32 []                         */
+    FM_T_INSCALE,      /* NVFP4 input_scale F32 [] (optional)                 */
+    FM_T_EBIAS,        /* per-matrix bias BF16 [rows] (gpt-oss)               */
+    FM_T_ROUTER_W,     /* router weight [E, H]                                */
+    FM_T_SCORE_BIAS,   /* e_score_correction_bias / DeepSeek-V4 gate.bias [E] */
+    FM_T_ROUTER_BIAS,  /* gpt-oss router logit bias [E]                       */
+    FM_T_TID2EID,      /* hash routing table [vocab, k]                       */
+    FM_T_FUSED_PACKED, /* gpt-oss *_blocks [E, R, K/32, 16] (m = 0 gate_up, 2 down) */
+    FM_T_FUSED_SCALES, /* gpt-oss *_scales [E, R, K/32]                       */
+    FM_T_FUSED_BIAS    /* gpt-oss *_bias BF16 [E, R]                          */
+} fm__trole;
+
+typedef struct {
+    char name[160];
+    fm_dtype dt;
+    int ndim;
+    int64_t shape[4];
+    fm__trole role;
+    int e, m;      /* expert (-1 shared), matrix 0 gate 1 up 2 down     */
+    int64_t R, K;  /* logical matrix of the role (rows, inputs)         */
+    int optional;
+} fm__tspec;
+
+/* Tensors of layer `layer` (a MoE layer of d) in d's layout; *out is
+ * malloc'd (free()). Names sorted as they are written. */
+fm_status fm__layer_plan(const fm_model_desc *d, int layer, fm__tspec **out, size_t *n);
+/* Byte size of a tensor of the plan. */
+uint64_t fm__tspec_bytes(const fm__tspec *t);
+
+/* Binds layer L; with report != NULL every problem is passed to it (and
+ * checking goes on) instead of stopping at the first. */
+typedef void (*fm__problem_fn)(void *ud, const char *msg);
+fm_status fm__layer_bind(fm_ckpt *c, const fm_model_desc *d, int layer, fm_qformat quantize_bf16,
+                         fm__problem_fn report, void *ud, fm_moe_layer **out);
+
 #endif

@@ -86,7 +86,7 @@ void fm_gen_matrix_rows(uint64_t seed, int layer, int e, int m, fm_qformat fmt, 
     }
     uint64_t kc = mat_key(layer, e, m, "codes"), ks = mat_key(layer, e, m, "scales");
     int64_t g16 = K / 16;
-    for (int64_t r = 0; r < nr; r++) {
+    for (int64_t r = 0; packed && r < nr; r++) {
         uint8_t *row = packed + r * (K / 2);
         uint64_t base = (uint64_t)((r0 + r) * g16);
         for (int64_t b = 0; b < g16; b++) {
@@ -94,6 +94,7 @@ void fm_gen_matrix_rows(uint64_t seed, int layer, int e, int m, fm_qformat fmt, 
             for (int j = 0; j < 8; j++) row[8 * b + j] = (uint8_t)(w >> (8 * j));
         }
     }
+    if (!scales) return;
     if (fmt == FM_QF_NVFP4) {
         for (int64_t r = 0; r < nr; r++)
             for (int64_t b = 0; b < g16; b++) {
