@@ -277,7 +277,8 @@ int fm_gen_mxfp4_base_exp(int64_t K);
 /* Fills rows [r0, r0+nr) of a routed / shared matrix (rows x K) of layer
  * `layer`, expert e (-1 shared), m = 0 gate, 1 up, 2 down, in format fmt:
  * packed (nr*K/2 bytes, or nr*K*2 for BF16) and scales (nr*K/block bytes,
- * NULL for BF16). Used by fm_moe_layer_random and gen. */
+ * NULL for BF16; either may be NULL to skip it). Used by
+ * fm_moe_layer_random and gen. */
 void fm_gen_matrix_rows(uint64_t seed, int layer, int e, int m, fm_qformat fmt, int64_t K, int64_t r0, int64_t nr,
                         uint8_t *packed, uint8_t *scales);
 
