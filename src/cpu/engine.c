@@ -1,0 +1,376 @@
+/*
+ * The fast CPU engine.
+ *
+ * One MoE block call:
+ *   1. activations to F32 (finite check), and a copy in the FP4 kernels'
+ *      split-16 layout (kern.h)                                   [other]
+ *   2. router logits, parallel over (token, expert block); selection per
+ *      token (route.c)                                            [routing]
+ *   3. tokens grouped by expert: each active expert gets its token list and
+ *      weights, so its FP4 bytes are read once per call            [sort]
+ *   4. gate+up+activation, parallel over (expert, block of rows): writes
+ *      the intermediate h of each (expert, token)                  [gate_up]
+ *   5. down, parallel over blocks of output rows: each work item owns its
+ *      rows for every token and adds the weighted outputs of all active
+ *      experts, then the shared expert, in that fixed order: no races, no
+ *      separate combine pass, and the result does not depend on the thread
+ *      count                                                      [down]
+ *   6. finite check of the output                                 [other]
+ * The shared expert is one more "expert" with every token and weight 1;
+ * activation, combine and shared are fused (fm_phase_times.fused_mask).
+ *
+ * The engine keeps its scratch between calls; one engine runs one call at a
+ * time.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "cpu/cpu_int.h"
+#include "cpu/kern.h"
+#include "route/route.h"
+#include "util/util.h"
+
+#define GU_ROWS 32   /* rows of gate/up per work item (multiple of 16)   */
+#define DOWN_ROWS 32 /* output rows per down work item (multiple of 16)  */
+#define ROUTE_EXPERTS 32
+
+float fm_cpu_lut_e4m3_half[256];
+float fm_cpu_lut_e8m0_half[256];
+static pthread_once_t g_lut_once = PTHREAD_ONCE_INIT;
+static void lut_init_once(void) {
+    for (int i = 0; i < 256; i++) {
+        fm_cpu_lut_e4m3_half[i] = fm_e4m3_to_f32((uint8_t)i) * 0.5f;
+        fm_cpu_lut_e8m0_half[i] = fm_e8m0_to_f32((uint8_t)i) * 0.5f;
+    }
+}
+void fm_cpu_luts_init(void) { pthread_once(&g_lut_once, lut_init_once); }
+
+const char *fm_cpu_isa_name(fm_cpu_isa i) {
+    switch (i) {
+    case FM_CPU_AUTO: return "auto";
+    case FM_CPU_SCALAR: return "scalar";
+    case FM_CPU_AVX2: return "avx2";
+    case FM_CPU_AVX512: return "avx512";
+    }
+    return "unknown";
+}
+
+static int have_avx2(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+static int have_avx512(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return have_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+    return 0;
+#endif
+}
+
+fm_cpu_isa fm_cpu_isa_detect(void) {
+    if (have_avx512()) return FM_CPU_AVX512;
+    if (have_avx2()) return FM_CPU_AVX2;
+    return FM_CPU_SCALAR;
+}
+
+/* Per-call scratch, grown on demand. */
+typedef struct {
+    void *p;
+    size_t cap;
+} buf;
+static void *grow(buf *b, size_t n, size_t sz) {
+    uint64_t bytes;
+    if (!fm_mul_ok(n ? n : 1, sz, &bytes) || bytes > SIZE_MAX - 64) {
+        fm_error(FM_E_RANGE, "CPU engine scratch of %zu x %zu bytes overflows", n, sz);
+        return NULL;
+    }
+    if (bytes <= b->cap) return b->p;
+    void *p = fm_aligned_alloc(64, (size_t)bytes);
+    if (!p) return NULL;
+    free(b->p);
+    b->p = p;
+    b->cap = (size_t)bytes;
+    return p;
+}
+
+typedef struct {
+    int expert; /* -1: the shared expert */
+    int n;      /* tokens                */
+    int64_t off;  /* into tok/wt/xptr/optr */
+    int64_t hoff; /* into h (floats)       */
+    int inter;
+    const fm_qmatrix *gate, *up, *down;
+} slot;
+
+enum { B_X, B_XP, B_LOGITS, B_IDS, B_WT, B_RSCR, B_COUNT, B_SLOT, B_TOK, B_TWT, B_XPTR, B_OPTR, B_H,
+       B_ITEM, B_WBUF, B_NBUF };
+
+struct fm_cpu_engine {
+    fm_cpu_isa isa;
+    const fm_cpu_kernels *k;
+    fm_pool *pool;
+    int n_threads;
+    fm_phase_times *pt;
+    char desc[160];
+    buf b[B_NBUF];
+};
+
+fm_status fm_cpu_engine_new(fm_cpu_isa isa, int n_threads, fm_cpu_engine **out) {
+    if (!out) return fm_error(FM_E_ARG, "fm_cpu_engine_new: out is NULL");
+    *out = NULL;
+    fm_cpu_luts_init();
+    const fm_cpu_kernels *k;
+    switch (isa) {
+    case FM_CPU_AUTO: return fm_cpu_engine_new(fm_cpu_isa_detect(), n_threads, out);
+    case FM_CPU_SCALAR: k = &fm_cpu_kern_scalar; break;
+    case FM_CPU_AVX2:
+        if (!have_avx2()) return fm_error(FM_E_UNSUPPORTED, "CPU lacks AVX2/FMA");
+        k = &fm_cpu_kern_avx2;
+        break;
+    case FM_CPU_AVX512:
+        if (!have_avx512()) return fm_error(FM_E_UNSUPPORTED, "CPU lacks AVX-512 (F/BW/VL/DQ)");
+        k = &fm_cpu_kern_avx512;
+        break;
+    default: return fm_error(FM_E_ARG, "unknown CPU ISA %d", (int)isa);
+    }
+    fm_cpu_engine *e = fm_calloc(1, sizeof *e);
+    if (!e) return FM_E_NOMEM;
+    e->isa = isa;
+    e->k = k;
+    fm_status st = fm_pool_new(n_threads, &e->pool);
+    if (st) { free(e); return st; }
+    e->n_threads = fm_pool_size(e->pool);
+    snprintf(e->desc, sizeof e->desc, "cpu/%s, %d thread%s, FP4 decoded in registers, FP32 accumulation",
+             k->name, e->n_threads, e->n_threads == 1 ? "" : "s");
+    *out = e;
+    return FM_OK;
+}
+
+void fm_cpu_engine_free(fm_cpu_engine *e) {
+    if (!e) return;
+    fm_pool_free(e->pool);
+    for (int i = 0; i < B_NBUF; i++) free(e->b[i].p);
+    free(e);
+}
+
+const char *fm_cpu_engine_describe(const fm_cpu_engine *e) { return e ? e->desc : "(no engine)"; }
+
+void fm_cpu_engine_set_phase_times(fm_cpu_engine *e, fm_phase_times *pt) {
+    if (e) e->pt = pt;
+}
+
+/* ---- parallel jobs */
+
+typedef struct {
+    fm_cpu_engine *e;
+    const fm_model_desc *d;
+    const fm_moe_layer *l;
+    fm_moe_out *o;
+    int T;
+    int64_t H;
+    atomic_int next;
+    int n_items;
+    const float *x, *xp;
+    float *logits;
+    slot *slots;
+    int n_slots;
+    const int32_t *tok;
+    const float *twt;
+    const float *const *xptr;
+    float *const *optr;
+    float *h;
+    const int32_t *items; /* gate/up: (slot, row block) pairs */
+    float *wbuf;
+    int64_t wbuf_stride;
+} job;
+
+static void job_logits(void *arg, int tid) {
+    job *j = arg;
+    const int E = j->l->n_experts;
+    const int eb = (E + ROUTE_EXPERTS - 1) / ROUTE_EXPERTS;
+    for (int it; (it = atomic_fetch_add(&j->next, 1)) < j->n_items;) {
+        int t = it / eb, e0 = (it % eb) * ROUTE_EXPERTS;
+        int e1 = e0 + ROUTE_EXPERTS < E ? e0 + ROUTE_EXPERTS : E;
+        fm_route_logits(j->l, j->x + (int64_t)t * j->H, e0, e1, j->logits + (int64_t)t * E + e0);
+    }
+    (void)tid;
+}
+
+static void job_gate_up(void *arg, int tid) {
+    job *j = arg;
+    for (int it; (it = atomic_fetch_add(&j->next, 1)) < j->n_items;) {
+        const slot *s = &j->slots[j->items[2 * it]];
+        int64_t r0 = (int64_t)j->items[2 * it + 1] * GU_ROWS;
+        int64_t r1 = r0 + GU_ROWS < s->inter ? r0 + GU_ROWS : s->inter;
+        fm_gu_task t = {
+            .gate = s->gate, .up = s->up, .x = j->xptr + s->off, .n = s->n, .h = j->h + s->hoff,
+            .ldh = s->inter, .h_fmt = s->down->fmt, .r0 = r0, .r1 = r1, .act = j->d->act,
+            .alpha = j->d->swiglu_alpha, .limit = j->d->swiglu_limit,
+            .wbuf = j->wbuf + tid * j->wbuf_stride,
+        };
+        j->e->k->gate_up(&t);
+    }
+}
+
+static void job_down(void *arg, int tid) {
+    job *j = arg;
+    for (int it; (it = atomic_fetch_add(&j->next, 1)) < j->n_items;) {
+        int64_t r0 = (int64_t)it * DOWN_ROWS;
+        int64_t r1 = r0 + DOWN_ROWS < j->H ? r0 + DOWN_ROWS : j->H;
+        for (int t = 0; t < j->T; t++) memset(j->o->out + t * j->H + r0, 0, sizeof(float) * (size_t)(r1 - r0));
+        for (int si = 0; si < j->n_slots; si++) {
+            const slot *s = &j->slots[si];
+            fm_down_task t = {
+                .down = s->down, .h = j->h + s->hoff, .ldh = s->inter, .n = s->n, .out = j->optr + s->off,
+                .w = s->expert >= 0 ? j->twt + s->off : NULL, .r0 = r0, .r1 = r1,
+                .wbuf = j->wbuf + tid * j->wbuf_stride,
+            };
+            j->e->k->down(&t);
+        }
+    }
+}
+
+static void run(fm_cpu_engine *e, fm_pool_fn fn, job *j, int n_items) {
+    atomic_store(&j->next, 0);
+    j->n_items = n_items;
+    fm_pool_run(e->pool, fn, j);
+}
+
+static void permute_split16(const float *x, float *xp, int64_t n) {
+    for (int64_t b = 0; b < n; b += 16)
+        for (int i = 0; i < 8; i++) {
+            xp[b + i] = x[b + 2 * i];
+            xp[b + 8 + i] = x[b + 2 * i + 1];
+        }
+}
+
+fm_status fm_cpu_forward(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_layer *l,
+                         const void *x, fm_dtype xdt, int T, const int32_t *token_ids, fm_moe_out *o) {
+    if (!e || !o || !o->out) return fm_error(FM_E_ARG, "fm_cpu_forward: engine or output is NULL");
+    if (T < 0) return fm_error(FM_E_ARG, "fm_cpu_forward: negative token count %d", T);
+    fm_status st = fm_cpu_check_layer(d, l);
+    if (st) return st;
+    if (T == 0) return FM_OK;
+    if (!x) return fm_error(FM_E_ARG, "fm_cpu_forward: input is NULL");
+
+    uint64_t t_start = fm_now_ns();
+    const int64_t H = l->hidden;
+    const int E = l->n_experts, k = l->topk;
+    const int64_t Tk = (int64_t)T * k;
+    const int n_slots_max = E + (l->has_shared ? 1 : 0);
+    const int64_t I = l->inter, Ish = l->has_shared ? l->shared_inter : 0;
+    const int64_t maxcols = H > I ? (H > Ish ? H : Ish) : (I > Ish ? I : Ish);
+    const int64_t ntok = Tk + (l->has_shared ? T : 0);
+    const int64_t gu_items_max = (int64_t)E * ((I + GU_ROWS - 1) / GU_ROWS) + (Ish + GU_ROWS - 1) / GU_ROWS;
+
+    float *xf = grow(&e->b[B_X], (size_t)(T * H), sizeof(float));
+    float *xp = l->fmt == FM_QF_BF16 ? xf : grow(&e->b[B_XP], (size_t)(T * H), sizeof(float));
+    float *logits = grow(&e->b[B_LOGITS], (size_t)T * (size_t)E, sizeof(float));
+    int32_t *ids = grow(&e->b[B_IDS], (size_t)Tk, sizeof(int32_t));
+    float *wt = grow(&e->b[B_WT], (size_t)Tk, sizeof(float));
+    float *rscr = grow(&e->b[B_RSCR], fm_route_scratch_floats(E), sizeof(float));
+    int32_t *count = grow(&e->b[B_COUNT], (size_t)E + 1, sizeof(int32_t));
+    slot *slots = grow(&e->b[B_SLOT], (size_t)n_slots_max, sizeof(slot));
+    int32_t *tok = grow(&e->b[B_TOK], (size_t)ntok, sizeof(int32_t));
+    float *twt = grow(&e->b[B_TWT], (size_t)ntok, sizeof(float));
+    const float **xptr = grow(&e->b[B_XPTR], (size_t)ntok, sizeof(float *));
+    float **optr = grow(&e->b[B_OPTR], (size_t)ntok, sizeof(float *));
+    float *h = grow(&e->b[B_H], (size_t)(Tk * I + T * Ish), sizeof(float));
+    int32_t *items = grow(&e->b[B_ITEM], (size_t)(2 * gu_items_max), sizeof(int32_t));
+    float *wbuf = grow(&e->b[B_WBUF], (size_t)(2 * maxcols * e->n_threads), sizeof(float));
+    if (!xf || !xp || !logits || !ids || !wt || !rscr || !count || !slots || !tok || !twt || !xptr ||
+        !optr || !h || !items || !wbuf)
+        return FM_E_NOMEM;
+
+    st = fm_cpu_load_x(x, xdt, T, H, xf);
+    if (st) return st;
+    if (xp != xf) permute_split16(xf, xp, T * H);
+    uint64_t t_route = fm_now_ns();
+
+    job j = {.e = e, .d = d, .l = l, .o = o, .T = T, .H = H, .x = xf, .xp = xp, .logits = logits,
+             .wbuf = wbuf, .wbuf_stride = 2 * maxcols};
+    run(e, job_logits, &j, T * ((E + ROUTE_EXPERTS - 1) / ROUTE_EXPERTS));
+    for (int t = 0; t < T; t++) {
+        st = fm_route_select(d, l, t, logits + (int64_t)t * E, token_ids ? token_ids + t : NULL, ids + (int64_t)t * k,
+                             wt + (int64_t)t * k, rscr);
+        if (st) return st;
+    }
+    uint64_t t_sort = fm_now_ns();
+
+    /* Group tokens by expert, experts ascending, tokens ascending. */
+    memset(count, 0, sizeof(int32_t) * (size_t)E);
+    for (int64_t i = 0; i < Tk; i++) count[ids[i]]++;
+    int ns = 0;
+    int64_t off = 0, hoff = 0;
+    for (int ex = 0; ex < E; ex++) {
+        if (!count[ex]) continue;
+        slots[ns] = (slot){ex, 0, off, hoff, (int)I, &l->gate[ex], &l->up[ex], &l->down[ex]};
+        off += count[ex];
+        hoff += (int64_t)count[ex] * I;
+        count[ex] = ns++; /* count now maps expert -> slot */
+    }
+    for (int t = 0; t < T; t++)
+        for (int q = 0; q < k; q++) {
+            slot *s = &slots[count[ids[(int64_t)t * k + q]]];
+            int64_t at = s->off + s->n++;
+            tok[at] = t;
+            twt[at] = wt[(int64_t)t * k + q];
+        }
+    if (l->has_shared) {
+        slots[ns] = (slot){-1, T, off, hoff, l->shared_inter, &l->sh_gate, &l->sh_up, &l->sh_down};
+        for (int t = 0; t < T; t++) { tok[off + t] = t; twt[off + t] = 1.0f; }
+        ns++;
+    }
+    for (int64_t i = 0; i < ntok; i++) {
+        xptr[i] = xp + (int64_t)tok[i] * H;
+        optr[i] = o->out + (int64_t)tok[i] * H;
+    }
+    int n_gu = 0;
+    for (int si = 0; si < ns; si++)
+        for (int rb = 0; rb * GU_ROWS < slots[si].inter; rb++) {
+            items[2 * n_gu] = si;
+            items[2 * n_gu + 1] = rb;
+            n_gu++;
+        }
+    j.slots = slots;
+    j.n_slots = ns;
+    j.tok = tok;
+    j.twt = twt;
+    j.xptr = xptr;
+    j.optr = optr;
+    j.h = h;
+    j.items = items;
+    uint64_t t_gu = fm_now_ns();
+
+    run(e, job_gate_up, &j, n_gu);
+    uint64_t t_down = fm_now_ns();
+    run(e, job_down, &j, (int)((H + DOWN_ROWS - 1) / DOWN_ROWS));
+    uint64_t t_end = fm_now_ns();
+
+    for (int64_t i = 0; i < T * H; i++)
+        if (!isfinite(o->out[i]))
+            return fm_error(FM_E_NUMERIC, "layer %d: output token %lld, feature %lld is %g (weights or scales "
+                            "not finite?)", l->layer, (long long)(i / H), (long long)(i % H), (double)o->out[i]);
+    if (o->topk_ids) memcpy(o->topk_ids, ids, sizeof(int32_t) * (size_t)Tk);
+    if (o->topk_weights) memcpy(o->topk_weights, wt, sizeof(float) * (size_t)Tk);
+
+    if (e->pt) {
+        uint64_t t_fin = fm_now_ns();
+        e->pt->ns[FM_PH_OTHER] += (double)(t_route - t_start) + (double)(t_fin - t_end);
+        e->pt->ns[FM_PH_ROUTE] += (double)(t_sort - t_route);
+        e->pt->ns[FM_PH_SORT] += (double)(t_gu - t_sort);
+        e->pt->ns[FM_PH_GATEUP] += (double)(t_down - t_gu);
+        e->pt->ns[FM_PH_DOWN] += (double)(t_end - t_down);
+        e->pt->calls++;
+        e->pt->fused_mask |= (1u << FM_PH_ACT) | (1u << FM_PH_COMBINE) | (1u << FM_PH_SHARED);
+    }
+    return FM_OK;
+}
