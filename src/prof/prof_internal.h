@@ -1,0 +1,30 @@
+/* Internals of src/prof shared between its files (not public API). */
+#ifndef FM_PROF_INTERNAL_H
+#define FM_PROF_INTERNAL_H
+#include "fp4moe.h"
+#include "util/util.h"
+
+#include <stddef.h>
+
+/* A growable text buffer; on allocation failure it stays failed and
+ * fm_sb_finish reports FM_E_NOMEM. */
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    int failed;
+} fm_sb;
+void fm_sb_printf(fm_sb *sb, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void fm_sb_puts(fm_sb *sb, const char *s);
+/* Appends s with HTML/XML special characters escaped. */
+void fm_sb_escape(fm_sb *sb, const char *s);
+fm_status fm_sb_finish(fm_sb *sb, char **out); /* hands buf to *out */
+void fm_sb_free(fm_sb *sb);
+
+/* Colour of a table row / phase in the charts. */
+const char *fm_prof_row_color(int row);
+
+#endif

@@ -1,0 +1,490 @@
+/* Profiling module: the performance model against hand-worked and
+ * brute-force references, verdict thresholds, delta table, kernel-name
+ * categories, telemetry summaries, and the JSON / trace / HTML renderings of
+ * a synthetic profile (parsed back, not string-compared). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fp4moe.h"
+
+static void test_expected_active(void **st) {
+    (void)st;
+    /* 8 * (1 - (6/8)^2) = 8 * 0.4375 */
+    assert_true(fabs(fm_prof_expected_active(8, 2, 2) - 3.5) < 1e-12);
+    assert_true(fabs(fm_prof_expected_active(256, 6, 1) - 6.0) < 1e-9);
+    /* Independent: the miss probability multiplied out token by token. */
+    double miss = 1.0;
+    for (int t = 0; t < 80; t++) miss *= 250.0 / 256.0;
+    assert_true(fabs(fm_prof_expected_active(256, 6, 80) - 256.0 * (1 - miss)) < 1e-9);
+    assert_true(fabs(fm_prof_expected_active(256, 6, 80) - 218.0) < 1.0); /* REFERENCE.md: ~218 */
+    assert_true(fm_prof_expected_active(8, 8, 3) == 8.0);
+    assert_true(fm_prof_expected_active(0, 2, 3) == 0.0);
+    assert_true(fm_prof_expected_active(8, 2, 0) == 0.0);
+}
+
+static void test_tile_fill(void **st) {
+    (void)st;
+    int32_t tpe[4] = {1, 0, 3, 17};
+    /* rows: 16 + 16 + 32 = 64 for 21 tokens */
+    assert_true(fabs(fm_prof_tile_fill(tpe, 4, 16) - 21.0 / 64.0) < 1e-12);
+    assert_true(fabs(fm_prof_tile_fill(tpe, 4, 1) - 1.0) < 1e-12);
+    assert_true(fm_prof_tile_fill(tpe, 4, 0) == -1.0);
+    int32_t none[3] = {0, 0, 0};
+    assert_true(fm_prof_tile_fill(none, 3, 8) == -1.0);
+    /* The CONTEXT.md case: 128-token tiles, ~1 token per expert. */
+    int32_t one[4] = {1, 1, 2, 1};
+    assert_true(fm_prof_tile_fill(one, 4, 128) < 0.02);
+}
+
+/* E[tokens] / E[rows] by enumerating every routing of B tokens, each token
+ * choosing one of the C(E, k) expert sets with equal probability. */
+static double brute_fill(int E, int k, int B, int tile) {
+    int sets[64][8], ns = 0;
+    for (int m = 0; m < (1 << E); m++) {
+        if (__builtin_popcount((unsigned)m) != k) continue;
+        int q = 0;
+        for (int e = 0; e < E; e++)
+            if (m >> e & 1) sets[ns][q++] = e;
+        ns++;
+    }
+    long total = 1;
+    for (int t = 0; t < B; t++) total *= ns;
+    double rows = 0;
+    for (long a = 0; a < total; a++) {
+        int cnt[8] = {0};
+        long r = a;
+        for (int t = 0; t < B; t++) {
+            int s = (int)(r % ns);
+            r /= ns;
+            for (int q = 0; q < k; q++) cnt[sets[s][q]]++;
+        }
+        for (int e = 0; e < E; e++) rows += ((cnt[e] + tile - 1) / tile) * tile;
+    }
+    rows /= (double)total;
+    return (double)B * k / rows;
+}
+
+static void test_tile_fill_expected(void **st) {
+    (void)st;
+    assert_true(fabs(fm_prof_tile_fill_expected(3, 1, 4, 2) - brute_fill(3, 1, 4, 2)) < 1e-9);
+    assert_true(fabs(fm_prof_tile_fill_expected(4, 2, 5, 3) - brute_fill(4, 2, 5, 3)) < 1e-9);
+    assert_true(fabs(fm_prof_tile_fill_expected(5, 2, 3, 1) - 1.0) < 1e-9);
+    /* Large B stays finite (the pmf is summed in log space). */
+    double f = fm_prof_tile_fill_expected(256, 8, 4096, 128);
+    assert_true(f > 0.5 && f <= 1.0);
+    /* DeepSeek-V4-Flash at B=32 with 128-row tiles: under 2 % of rows used. */
+    assert_true(fm_prof_tile_fill_expected(256, 6, 32, 128) < 0.02);
+    assert_true(fm_prof_tile_fill_expected(8, 2, 4, 0) == -1.0);
+}
+
+static void test_kernel_phase(void **st) {
+    (void)st;
+    assert_int_equal(fm_prof_kernel_phase("fm_route_noaux_tc_kernel"), FM_PH_ROUTE);
+    assert_int_equal(fm_prof_kernel_phase("_Z15fm_topk_softmaxPKfi"), FM_PH_ROUTE);
+    assert_int_equal(fm_prof_kernel_phase("fm_sort_tokens"), FM_PH_SORT);
+    assert_int_equal(fm_prof_kernel_phase("fm_gate_up_small<4>"), FM_PH_GATEUP);
+    assert_int_equal(fm_prof_kernel_phase("moe_GateUp_mma"), FM_PH_GATEUP);
+    assert_int_equal(fm_prof_kernel_phase("fm_act_silu"), FM_PH_ACT);
+    assert_int_equal(fm_prof_kernel_phase("fm_down_small"), FM_PH_DOWN);
+    assert_int_equal(fm_prof_kernel_phase("fm_combine_k"), FM_PH_COMBINE);
+    assert_int_equal(fm_prof_kernel_phase("fm_shared_gate_up"), FM_PH_SHARED);
+    /* "act" inside another word is not the activation */
+    assert_int_equal(fm_prof_kernel_phase("compact_buffers"), FM_PH_OTHER);
+    assert_int_equal(fm_prof_kernel_phase("memset_zero"), FM_PH_OTHER);
+    assert_int_equal(fm_prof_kernel_phase(NULL), FM_PH_OTHER);
+}
+
+static void test_matrix_bytes(void **st) {
+    (void)st;
+    /* REFERENCE.md: DeepSeek-V4-Flash NVFP4 expert = 14,155,776 B for the
+     * packed values and block scales, plus three FP32 tensor scales. */
+    double e = 2 * fm_prof_matrix_bytes(FM_QF_NVFP4, 2048, 4096) + fm_prof_matrix_bytes(FM_QF_NVFP4, 4096, 2048);
+    assert_true(e == 14155776.0 + 12.0);
+    assert_true(fm_prof_matrix_bytes(FM_QF_MXFP4, 64, 32) == 64 * 16 + 64);
+    assert_true(fm_prof_matrix_bytes(FM_QF_BF16, 3, 5) == 30);
+}
+
+static void test_throttle_str(void **st) {
+    (void)st;
+    char b[128];
+    fm_telemetry_throttle_str(0, b, sizeof b);
+    assert_string_equal(b, "none");
+    fm_telemetry_throttle_str(0x4 | 0x40, b, sizeof b);
+    assert_string_equal(b, "sw_power_cap,hw_thermal");
+    fm_telemetry_throttle_str(0x10000, b, sizeof b);
+    assert_string_equal(b, "0x10000");
+    fm_telemetry_throttle_str(0x4, b, 5); /* truncation stays terminated */
+    assert_true(strlen(b) < 5);
+}
+
+static fm_telem_sample sample(double t, double sm, double cpu, uint64_t thr) {
+    fm_telem_sample s;
+    s.t_s = t;
+    for (int m = 0; m < FM_TM_COUNT; m++) s.v[m] = NAN;
+    s.v[FM_TM_SM_UTIL] = sm;
+    s.v[FM_TM_CPU_UTIL] = cpu;
+    s.throttle = thr;
+    return s;
+}
+
+static void test_summarize(void **st) {
+    (void)st;
+    fm_telem_sample s[5] = {sample(0.0, 10, 50, 0), sample(1.0, 20, NAN, 0x1), sample(2.0, 40, 70, 0x4),
+                            sample(3.0, NAN, 90, 0x8), sample(9.0, 100, 100, 0x40)};
+    fm_telem_summary t;
+    fm_telemetry_summarize(s, 5, 1.0, 3.0, &t);
+    assert_int_equal(t.n, 3);
+    assert_true(fabs(t.mean[FM_TM_SM_UTIL] - 30.0) < 1e-12);
+    assert_true(t.max[FM_TM_SM_UTIL] == 40.0);
+    assert_true(fabs(t.mean[FM_TM_CPU_UTIL] - 80.0) < 1e-12);
+    assert_true(isnan(t.mean[FM_TM_POWER_W]) && isnan(t.max[FM_TM_POWER_W]));
+    assert_true(t.throttle_any == (0x4 | 0x8)); /* idle bit excluded */
+    fm_telemetry_summarize(s, 5, 20.0, 30.0, &t);
+    assert_int_equal(t.n, 0);
+    assert_true(isnan(t.mean[FM_TM_SM_UTIL]));
+}
+
+/* A synthetic DeepSeek-V4-Flash-shaped profile with hand-chosen timings. */
+static fm_profile *synthetic(void) {
+    fm_profile *p = fm_profile_new();
+    assert_non_null(p);
+    snprintf(p->model, sizeof p->model, "synthetic <dsv4>");
+    snprintf(p->family, sizeof p->family, "deepseek_v4");
+    p->fmt = FM_QF_NVFP4;
+    p->E = 256, p->k = 6, p->H = 4096, p->I = 2048;
+    p->layers_per_step = 1;
+    p->model_moe_layers = 43;
+    p->layers_distinct = 1;
+    p->bandwidth_Bps = 4.6e12;
+    p->peak_flops = 989e12;
+    p->fused_mask = 1u << FM_PH_ACT;
+    snprintf(p->device_desc, sizeof p->device_desc, "test device");
+    snprintf(p->time_note, sizeof p->time_note, "hand-made");
+    snprintf(p->telem_note, sizeof p->telem_note, "hand-made");
+    snprintf(p->bandwidth_note, sizeof p->bandwidth_note, "given");
+    p->n_batch = 2;
+    p->b[0].batch = 1;
+    p->b[1].batch = 80;
+    return p;
+}
+
+/* Bytes of one layer: active experts, no shared expert, FP32 router. */
+static double layer_bytes(double active) { return active * (14155776.0 + 12.0) + 256.0 * 4096.0 * 4.0; }
+
+static void test_finish_and_verdicts(void **st) {
+    (void)st;
+    fm_profile *p = synthetic();
+    p->tile_n = 128;
+    /* batch 1: 91 % of floor, weight streaming dominates */
+    double floor1 = 1e9 * layer_bytes(6) / 4.6e12;
+    p->b[0].active_observed = 6;
+    p->b[0].step_ns = floor1 / 0.91;
+    p->b[0].row_ns[FM_PH_ROUTE] = 0.05 * p->b[0].step_ns;
+    p->b[0].row_ns[FM_PH_GATEUP] = 0.6 * p->b[0].step_ns;
+    p->b[0].row_ns[FM_PH_DOWN] = 0.3 * p->b[0].step_ns;
+    p->b[0].t_begin_s = 0, p->b[0].t_end_s = 1;
+    /* batch 80: 40 % of floor at 97 % SM utilization */
+    double floor80 = 1e9 * layer_bytes(218) / 4.6e12;
+    p->b[1].active_observed = 218;
+    p->b[1].step_ns = floor80 / 0.40;
+    p->b[1].row_ns[FM_PH_GATEUP] = 0.55 * p->b[1].step_ns;
+    p->b[1].row_ns[FM_PH_DOWN] = 0.35 * p->b[1].step_ns;
+    p->b[1].t_begin_s = 2, p->b[1].t_end_s = 3;
+    p->samples = calloc(3, sizeof *p->samples);
+    p->samples[0] = sample(0.5, 50, 10, 0);
+    p->samples[1] = sample(2.2, 96, 10, 0);
+    p->samples[2] = sample(2.8, 98, 10, 0);
+    p->n_samples = 3;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+
+    fm_prof_batch *a = &p->b[0], *b = &p->b[1];
+    assert_true(fabs(a->bytes_per_step - layer_bytes(6)) < 1e-3);
+    assert_true(fabs(a->floor_ns - floor1) < 1e-6);
+    assert_true(fabs(a->pct_of_floor - 91.0) < 1e-9);
+    assert_int_equal(a->verdict, FM_VERDICT_BANDWIDTH);
+    assert_string_equal(a->verdict_text, "bandwidth-bound at 91 % of floor");
+    assert_true(fabs(a->tokens_per_expert - 1.0) < 1e-12);
+    assert_true(fabs(a->row_ns[FM_PROF_ROW_TOTAL] - a->step_ns) < 1e-9);
+    assert_true(fabs(a->row_ns[FM_PROF_ROW_UNATTR] - 0.05 * a->step_ns) < 1e-6);
+    assert_true(fabs(a->tile_fill - 1.0 / 128.0) < 1e-9); /* one token per expert */
+    assert_int_equal(a->tile_fill_is_expected, 1);
+
+    assert_int_equal(b->telem.n, 2);
+    assert_true(fabs(b->telem.mean[FM_TM_SM_UTIL] - 97.0) < 1e-12);
+    assert_int_equal(b->verdict, FM_VERDICT_BUSY);
+    assert_non_null(strstr(b->verdict_text, "busy but not bandwidth-bound: 40 % of floor at 97 % SM utilization"));
+    assert_non_null(strstr(b->verdict_text, "tiles of 128"));
+    assert_true(fabs(b->tokens_per_expert - 480.0 / 218.0) < 1e-12);
+    /* FLOPs: 2 * 3 * H * I * k per token plus the router GEMV */
+    double fl = 80.0 * (2.0 * 3 * 4096 * 2048 * 6 + 2.0 * 4096 * 256);
+    assert_true(fabs(b->flops_per_step - fl) < 1.0);
+
+    /* Latency-bound: routing and gaps dominate. */
+    memset(&p->b[0].row_ns, 0, sizeof p->b[0].row_ns);
+    p->b[0].step_ns = floor1 / 0.30;
+    p->b[0].row_ns[FM_PH_ROUTE] = 0.5 * p->b[0].step_ns;
+    p->b[0].row_ns[FM_PH_GATEUP] = 0.2 * p->b[0].step_ns;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_int_equal(p->b[0].verdict, FM_VERDICT_LATENCY);
+    assert_non_null(strstr(p->b[0].verdict_text, "80 % of the step is outside"));
+
+    /* Compute-bound when the FLOP rate nears a (small) peak. */
+    p->peak_flops = p->b[1].flops_per_step / (p->b[1].step_ns * 1e-9) / 0.6;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_int_equal(p->b[1].verdict, FM_VERDICT_COMPUTE);
+
+    /* No utilization known, streaming dominates, below the floor: under-used. */
+    p->peak_flops = 0;
+    free(p->samples);
+    p->samples = NULL;
+    p->n_samples = 0;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_int_equal(p->b[1].verdict, FM_VERDICT_UNDERUSED);
+    assert_non_null(strstr(p->b[1].verdict_text, "no utilization samples"));
+
+    /* Faster than the floor: caches. */
+    p->b[1].step_ns = floor80 / 1.5;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_int_equal(p->b[1].verdict, FM_VERDICT_BANDWIDTH);
+    assert_non_null(strstr(p->b[1].verdict_text, "caches"));
+
+    /* Bad shapes are refused with a message. */
+    p->k = 300;
+    assert_int_equal(fm_profile_finish(p), FM_E_ARG);
+    assert_non_null(strstr(fm_last_error(), "k=300"));
+    fm_profile_free(p);
+}
+
+static void test_delta(void **st) {
+    (void)st;
+    fm_prof_batch a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    a.row_ns[FM_PH_GATEUP] = 10, b.row_ns[FM_PH_GATEUP] = 13;
+    a.row_ns[FM_PH_ROUTE] = 4, b.row_ns[FM_PH_ROUTE] = 3;
+    a.row_ns[FM_PROF_ROW_UNATTR] = 1, b.row_ns[FM_PROF_ROW_UNATTR] = 3;
+    a.row_ns[FM_PROF_ROW_TOTAL] = 15, b.row_ns[FM_PROF_ROW_TOTAL] = 19;
+    double d[FM_PROF_ROWS], s[FM_PROF_ROWS];
+    fm_prof_delta(&a, &b, d, s);
+    assert_true(d[FM_PH_GATEUP] == 3 && d[FM_PH_ROUTE] == -1 && d[FM_PROF_ROW_TOTAL] == 4);
+    assert_true(fabs(s[FM_PH_GATEUP] - 75.0) < 1e-12);
+    assert_true(fabs(s[FM_PH_ROUTE] + 25.0) < 1e-12);
+    assert_true(fabs(s[FM_PROF_ROW_UNATTR] - 50.0) < 1e-12);
+    assert_true(fabs(s[FM_PROF_ROW_TOTAL] - 100.0) < 1e-12);
+    double sum = 0;
+    for (int r = 0; r < FM_PROF_ROW_TOTAL; r++) sum += s[r];
+    assert_true(fabs(sum - 100.0) < 1e-9);
+    b = a;
+    fm_prof_delta(&a, &b, d, s);
+    assert_true(isnan(s[FM_PH_GATEUP]));
+    assert_string_equal(fm_prof_row_name(FM_PROF_ROW_UNATTR), "unattributed");
+    assert_string_equal(fm_prof_row_name(FM_PROF_ROW_TOTAL), "total");
+    assert_string_equal(fm_prof_row_name(FM_PH_GATEUP), "gate_up");
+}
+
+static fm_profile *rendered(void) {
+    fm_profile *p = synthetic();
+    for (int i = 0; i < 2; i++) {
+        p->b[i].active_observed = i ? 218 : 6;
+        p->b[i].step_ns = i ? 2.0e6 : 1.0e6;
+        p->b[i].step_ns_min = p->b[i].step_ns * 0.9;
+        p->b[i].step_ns_max = p->b[i].step_ns * 1.1;
+        p->b[i].steps = 3;
+        p->b[i].row_ns[FM_PH_ROUTE] = 0.1e6;
+        p->b[i].row_ns[FM_PH_GATEUP] = i ? 1.2e6 : 0.5e6;
+        p->b[i].row_ns[FM_PH_DOWN] = i ? 0.5e6 : 0.3e6;
+        p->b[i].t_begin_s = i;
+        p->b[i].t_end_s = i + 0.9;
+        fm_prof_span s;
+        memset(&s, 0, sizeof s);
+        s.t_us = i * 1e6, s.dur_us = 1000, s.pid = 1, s.tid = 1, s.batch_index = i, s.kind = 1, s.phase = -1;
+        snprintf(s.name, sizeof s.name, "step \"B\"");
+        fm_profile_add_span(p, &s);
+        s.kind = 4, s.pid = 2, s.tid = 7, s.phase = FM_PH_GATEUP;
+        snprintf(s.name, sizeof s.name, "fm_gate_up_small");
+        fm_profile_add_span(p, &s);
+    }
+    p->samples = calloc(4, sizeof *p->samples);
+    for (int i = 0; i < 4; i++) p->samples[i] = sample(0.5 * i, 90, i ? 30 : NAN, 0);
+    p->n_samples = 4;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    return p;
+}
+
+static void test_json(void **st) {
+    (void)st;
+    fm_profile *p = rendered();
+    char *s = NULL;
+    assert_int_equal(fm_profile_json(p, &s), FM_OK);
+    json_error_t err;
+    json_t *j = json_loads(s, 0, &err);
+    assert_non_null(j);
+    json_t *bs = json_object_get(j, "batches");
+    assert_int_equal(json_array_size(bs), 2);
+    json_t *b1 = json_array_get(bs, 1);
+    assert_int_equal(json_integer_value(json_object_get(b1, "batch")), 80);
+    json_t *ph = json_object_get(b1, "phases_ms");
+    assert_true(fabs(json_real_value(json_object_get(ph, "gate_up")) - 1.2) < 1e-12);
+    assert_true(fabs(json_real_value(json_object_get(ph, "total")) - 2.0) < 1e-12);
+    assert_true(fabs(json_real_value(json_object_get(ph, "unattributed")) - 0.2) < 1e-9);
+    /* metrics never sampled are null, not NaN (which is not JSON) */
+    json_t *mean = json_object_get(json_object_get(b1, "telemetry"), "mean");
+    assert_true(json_is_null(json_object_get(mean, "power_w")));
+    assert_true(fabs(json_real_value(json_object_get(mean, "sm_util_pct")) - 90.0) < 1e-12);
+    json_t *d = json_array_get(json_object_get(j, "deltas"), 0);
+    json_t *row = json_object_get(json_object_get(d, "rows"), "gate_up");
+    assert_true(fabs(json_real_value(json_object_get(row, "delta_ms")) - 0.7) < 1e-9);
+    assert_true(fabs(json_real_value(json_object_get(row, "share_pct")) - 70.0) < 1e-9);
+    assert_string_equal(json_string_value(json_array_get(json_object_get(j, "fused_phases"), 0)), "activation");
+    json_decref(j);
+    free(s);
+    fm_profile_free(p);
+}
+
+static void test_trace(void **st) {
+    (void)st;
+    fm_profile *p = rendered();
+    char *s = NULL;
+    assert_int_equal(fm_profile_trace_json(p, &s), FM_OK);
+    json_error_t err;
+    json_t *j = json_loads(s, 0, &err);
+    assert_non_null(j);
+    json_t *ev = json_object_get(j, "traceEvents");
+    size_t nx = 0, nc = 0, nm = 0, i;
+    json_t *e;
+    json_array_foreach(ev, i, e) {
+        const char *ph = json_string_value(json_object_get(e, "ph"));
+        assert_non_null(ph);
+        assert_true(json_is_integer(json_object_get(e, "pid")));
+        if (!strcmp(ph, "X")) {
+            nx++;
+            assert_true(json_is_number(json_object_get(e, "ts")) && json_is_number(json_object_get(e, "dur")));
+        } else if (!strcmp(ph, "C")) {
+            nc++;
+            assert_true(json_is_number(json_object_get(json_object_get(e, "args"), "value")));
+        } else if (!strcmp(ph, "M")) {
+            nm++;
+        }
+    }
+    assert_int_equal(nx, 4);
+    assert_int_equal(nc, 4 + 3); /* SM util in 4 samples, CPU util in 3 */
+    assert_true(nm >= 5);        /* host, its thread, telemetry, GPU, stream 7 */
+    assert_non_null(strstr(s, "\"stream 7\""));
+    assert_non_null(strstr(s, "step \\\"B\\\""));
+    json_decref(j);
+    free(s);
+    fm_profile_free(p);
+}
+
+static void test_html(void **st) {
+    (void)st;
+    fm_profile *p = rendered();
+    char *s = NULL;
+    assert_int_equal(fm_profile_report_html(p, &s), FM_OK);
+    assert_non_null(strstr(s, "<svg id=\"roofline\""));
+    assert_non_null(strstr(s, "<svg id=\"bars\""));
+    assert_non_null(strstr(s, "class=\"delta\" data-from=\"1\" data-to=\"80\""));
+    assert_non_null(strstr(s, "data-metric=\"sm_util_pct\""));
+    assert_non_null(strstr(s, "synthetic &lt;dsv4&gt;")); /* escaped */
+    assert_non_null(strstr(s, "data-batch=\"80\" data-row=\"gate_up\">1.200<"));
+    /* self-contained: no scripts, no external resources */
+    assert_null(strstr(s, "<script"));
+    assert_null(strstr(s, "src="));
+    assert_null(strstr(s, "href="));
+    assert_null(strstr(s, "@import"));
+    free(s);
+    fm_profile_free(p);
+}
+
+static void test_write_atomic(void **st) {
+    (void)st;
+    fm_profile *p = rendered();
+    char dir[] = "/tmp/fm_prof_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char good[256], bad[256];
+    snprintf(good, sizeof good, "%s/p.json", dir);
+    snprintf(bad, sizeof bad, "%s/missing/t.json", dir);
+    assert_int_equal(fm_profile_write(p, good, NULL, NULL), FM_OK);
+    struct stat sb;
+    assert_int_equal(stat(good, &sb), 0);
+    unlink(good);
+    /* the trace cannot be written: the error names it */
+    assert_int_equal(fm_profile_write(p, NULL, bad, NULL), FM_E_IO);
+    assert_non_null(strstr(fm_last_error(), "missing/t.json"));
+    assert_int_not_equal(stat(bad, &sb), 0);
+    rmdir(dir);
+    fm_profile_free(p);
+}
+
+static void test_telemetry_cpu(void **st) {
+    (void)st;
+    fm_telemetry *t = NULL;
+    assert_int_equal(fm_telemetry_start(FM_DEV_CPU, 0, 5, fm_now_ns(), &t), FM_OK);
+    volatile double x = 0;
+    for (int i = 0; i < 1000000; i++) x += i;
+    fm_telemetry_stop(t);
+    fm_telemetry_stop(t); /* idempotent */
+    const fm_telem_sample *s = NULL;
+    size_t n = fm_telemetry_samples(t, &s);
+    assert_true(n >= 2); /* one at start, one at stop */
+    for (size_t i = 0; i < n; i++) {
+        assert_true(isnan(s[i].v[FM_TM_SM_UTIL]));
+        double c = s[i].v[FM_TM_CPU_UTIL];
+        assert_true(isnan(c) || (c >= 0 && c <= 100));
+        if (i) assert_true(s[i].t_s >= s[i - 1].t_s);
+    }
+    assert_non_null(strstr(fm_telemetry_note(t), "/proc/stat"));
+    assert_int_equal(fm_telemetry_has_nvml(t), 0);
+    fm_telemetry_free(t);
+    assert_int_equal(fm_telemetry_start(FM_DEV_CPU, 0, 0, 0, &t), FM_E_RANGE);
+    assert_null(t);
+}
+
+static void test_telemetry_nvml_absent(void **st) {
+    (void)st;
+    setenv("FP4MOE_NVML_LIB", "/nonexistent/libnvidia-ml.so.1", 1);
+    fm_telemetry *t = NULL;
+    assert_int_equal(fm_telemetry_start(FM_DEV_CUDA, 0, 50, fm_now_ns(), &t), FM_OK);
+    fm_telemetry_stop(t);
+    assert_int_equal(fm_telemetry_has_nvml(t), 0);
+    assert_non_null(strstr(fm_telemetry_note(t), "NVML unavailable"));
+    fm_telemetry_free(t);
+    unsetenv("FP4MOE_NVML_LIB");
+}
+
+static void test_cupti_without_build(void **st) {
+    (void)st;
+#ifdef FM_HAVE_CUPTI
+    skip();
+#else
+    fm_cupti *c = (fm_cupti *)1;
+    assert_int_equal(fm_cupti_start(&c), FM_E_UNSUPPORTED);
+    assert_null(c);
+    assert_int_equal(fm_cupti_records(NULL, NULL), 0);
+#endif
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_expected_active),    cmocka_unit_test(test_tile_fill),
+        cmocka_unit_test(test_tile_fill_expected), cmocka_unit_test(test_kernel_phase),
+        cmocka_unit_test(test_matrix_bytes),       cmocka_unit_test(test_throttle_str),
+        cmocka_unit_test(test_summarize),          cmocka_unit_test(test_finish_and_verdicts),
+        cmocka_unit_test(test_delta),              cmocka_unit_test(test_json),
+        cmocka_unit_test(test_trace),              cmocka_unit_test(test_html),
+        cmocka_unit_test(test_write_atomic),       cmocka_unit_test(test_telemetry_cpu),
+        cmocka_unit_test(test_telemetry_nvml_absent), cmocka_unit_test(test_cupti_without_build),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
