@@ -429,6 +429,33 @@ fm_status fm_cpu_forward(fm_cpu_engine *e, const fm_model_desc *d,
 /* Streaming-read bandwidth of host memory (bytes/s), measured now. */
 double fm_cpu_measure_bandwidth(size_t bytes, int n_threads);
 
+/* Progress of a long operation: frac in [0, 1]. */
+typedef void (*fm_progress_fn)(void *ctx, const char *what, double frac);
+
+typedef struct {
+    int T;                    /* batch (tokens)                                */
+    int reps;                 /* passes over the layers that were timed        */
+    double us_per_layer;      /* median over passes of the per-layer mean      */
+    double us_min, us_max;    /* fastest / slowest pass, per layer             */
+    double tokens_per_s;      /* T / us_per_layer                              */
+    double active_experts;    /* routed experts used, mean over layers         */
+    int64_t bytes_per_layer;  /* weights read (mean): active routed experts +
+                                 shared expert + router matrix                 */
+    double gbps;              /* bytes_per_layer / us_per_layer, 1e9 bytes/s   */
+    char kernel[160];         /* fm_cpu_engine_describe                        */
+} fm_cpu_bench_result;
+
+/* Times fm_cpu_forward at batch T, cycling the n_layers layers (distinct
+ * weights, so caches do not flatter the figure) for at least min_seconds
+ * and 3 passes. Activations are seeded normal values, routed by each
+ * layer's own router (DeepSeek-V4 hash layers get seeded token ids). */
+fm_status fm_cpu_bench(fm_cpu_engine *e, const fm_model_desc *d, fm_moe_layer *const *layers,
+                       int n_layers, int T, uint64_t seed, double min_seconds, fm_progress_fn progress,
+                       void *progress_ctx, fm_cpu_bench_result *r);
+/* Layers to cycle so that one pass at batch 1 reads well beyond the last-
+ * level cache, bounded by half of physical memory (at least 1). */
+int fm_cpu_bench_default_layers(const fm_model_desc *d, fm_qformat fmt);
+
 /* Monotonic clock in nanoseconds. */
 uint64_t fm_now_ns(void);
 
