@@ -1,0 +1,544 @@
+/* Choosing a kernel config: where tuned files are looked up, the in-memory
+ * cache of parsed files, nearest-bucket selection, and the provenance line
+ * every GPU run prints, so that which kernel ran, with which parameters and
+ * from which file, is never silent. */
+#include "tune/tune_internal.h"
+#include "util/util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+/* ---------------------------------------------------------------- keys */
+
+fm_status fm_tune_key_set_shape(fm_tune_key *key, const fm_model_desc *d, fm_qformat fmt) {
+    if (!key || !d) return fm_error(FM_E_ARG, "fm_tune_key_set_shape: NULL argument");
+    if (d->n_experts < 1 || d->topk < 1 || d->topk > d->n_experts || d->hidden < 1 || d->moe_inter < 1)
+        return fm_error(FM_E_ARG, "model shape E=%d k=%d H=%d I=%d is not a MoE shape", d->n_experts, d->topk,
+                        d->hidden, d->moe_inter);
+    key->fmt = fmt;
+    key->E = d->n_experts;
+    key->H = d->hidden;
+    key->I = d->moe_inter;
+    key->k = d->topk;
+    return FM_OK;
+}
+
+fm_status fm_tune_key_filename(const fm_tune_key *key, char *buf, size_t cap) {
+    char gpu[sizeof key->gpu_name];
+    size_t n = strnlen(key->gpu_name, sizeof key->gpu_name - 1);
+    for (size_t i = 0; i < n; i++) {
+        char c = key->gpu_name[i];
+        int ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.';
+        gpu[i] = ok ? c : '_';
+    }
+    gpu[n] = 0;
+    if (n == 0) snprintf(gpu, sizeof gpu, "unknown_gpu");
+    int w = snprintf(buf, cap, "%s-%dsm-%s-E%d-H%d-I%d-k%d.json", gpu, key->sm_count, fm_qformat_name(key->fmt), key->E,
+                     key->H, key->I, key->k);
+    if (w < 0 || (size_t)w >= cap) return fm_error(FM_E_ARG, "config file name too long for GPU '%s'", key->gpu_name);
+    return FM_OK;
+}
+
+void fm_tune_key_describe(const fm_tune_key *key, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s (%d SMs) %s E=%d H=%d I=%d k=%d", key->gpu_name[0] ? key->gpu_name : "unknown GPU",
+             key->sm_count, fm_qformat_name(key->fmt), key->E, key->H, key->I, key->k);
+}
+
+/* --------------------------------------------------------- directories */
+
+fm_status fm_tune_user_cache_dir(char *buf, size_t cap) {
+    const char *x = getenv("XDG_CACHE_HOME");
+    int w;
+    if (x && x[0] == '/') w = snprintf(buf, cap, "%s/fp4moe/configs", x);
+    else {
+        const char *h = getenv("HOME");
+        if (!h || !h[0]) return fm_error(FM_E_NOTFOUND, "no user cache directory: neither XDG_CACHE_HOME nor HOME is set");
+        w = snprintf(buf, cap, "%s/.cache/fp4moe/configs", h);
+    }
+    if (w < 0 || (size_t)w >= cap) return fm_error(FM_E_ARG, "user cache directory path too long");
+    return FM_OK;
+}
+
+int fm_tune_search_dirs(const char *labels[FM_TUNE_NDIRS], char paths[FM_TUNE_NDIRS][1024]) {
+    const char *e = getenv("FP4MOE_CONFIG_DIR");
+    labels[0] = "$FP4MOE_CONFIG_DIR";
+    snprintf(paths[0], 1024, "%s", e ? e : "");
+    labels[1] = "user cache";
+    if (fm_tune_user_cache_dir(paths[1], 1024) != FM_OK) paths[1][0] = 0;
+    const char *s = getenv("FP4MOE_SHIPPED_CONFIGS");
+    labels[2] = "shipped";
+    if (s && s[0]) snprintf(paths[2], 1024, "%s", s);
+    else {
+#ifdef FM_SOURCE_DIR
+        snprintf(paths[2], 1024, "%s/configs", FM_SOURCE_DIR);
+#else
+        paths[2][0] = 0;
+#endif
+    }
+    return FM_TUNE_NDIRS;
+}
+
+fm_status fm_tune_mkdirs(const char *dir) {
+    char p[4096];
+    size_t n = strlen(dir);
+    if (n == 0 || n >= sizeof p) return fm_error(FM_E_ARG, "bad directory path '%s'", dir);
+    memcpy(p, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (p[i] != '/' && p[i] != 0) continue;
+        char c = p[i];
+        p[i] = 0;
+        if (mkdir(p, 0777) != 0 && errno != EEXIST)
+            return fm_error(FM_E_IO, "%s: cannot create directory: %s", p, strerror(errno));
+        p[i] = c;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return fm_error(FM_E_IO, "%s: not a directory", dir);
+    return FM_OK;
+}
+
+/* ------------------------------------------------------------- cache */
+
+/* Parsed files by path, revalidated by (device, inode, size, mtime) so an
+ * edited or replaced file is re-read while an unchanged one costs a stat.
+ * File times are coarse (a few ms) and inodes are reused, so a file
+ * rewritten right after it was parsed can look unchanged: as git does for
+ * "racy" index entries, an entry whose file was modified within two seconds
+ * of its parse is confirmed by comparing the bytes. Bad files are cached
+ * too, with their message, so a broken file costs one parse per change
+ * rather than one per run. */
+typedef struct cache_ent {
+    struct cache_ent *next;
+    char *path;
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
+    time_t parsed_at;
+    char *text; /* the bytes parsed, for the racy check */
+    size_t len;
+    int ok;
+    char msg[512];
+    fm_tune_file file;
+} cache_ent;
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static cache_ent *g_cache;
+
+static void ent_free(cache_ent *e) {
+    free(e->path);
+    free(e->text);
+    free(e);
+}
+
+void fm_tune_cache_clear(void) {
+    pthread_mutex_lock(&g_mu);
+    while (g_cache) {
+        cache_ent *n = g_cache->next;
+        ent_free(g_cache);
+        g_cache = n;
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void cache_free_at_exit(void) { fm_tune_cache_clear(); }
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static void register_exit(void) { atexit(cache_free_at_exit); }
+
+static int same_stat(const cache_ent *e, const struct stat *st) {
+    return e->dev == st->st_dev && e->ino == st->st_ino && e->size == st->st_size &&
+           e->mtime.tv_sec == st->st_mtim.tv_sec && e->mtime.tv_nsec == st->st_mtim.tv_nsec;
+}
+
+/* Strips the leading "<path>: " that fm_last_error messages carry. */
+static void copy_msg(char *dst, size_t cap, const char *path, const char *m) {
+    size_t pl = strlen(path);
+    if (!strncmp(m, path, pl) && m[pl] == ':') m += pl + 1 + (m[pl + 1] == ' ');
+    snprintf(dst, cap, "%s", m);
+}
+
+int fm_tune_load_cached(const char *path, fm_tune_file *out, char *msg, size_t cap) {
+    struct stat st;
+    msg[0] = 0;
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT || errno == ENOTDIR) return 0;
+        snprintf(msg, cap, "cannot stat: %s", strerror(errno));
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) { snprintf(msg, cap, "not a regular file"); return -1; }
+    pthread_once(&g_once, register_exit);
+
+    int racy = 0;
+    pthread_mutex_lock(&g_mu);
+    for (cache_ent *e = g_cache; e; e = e->next) {
+        if (strcmp(e->path, path) != 0) continue;
+        if (same_stat(e, &st)) {
+            racy = st.st_mtim.tv_sec + 2 > e->parsed_at;
+            if (!racy) {
+                int ok = e->ok;
+                if (ok) *out = e->file;
+                else snprintf(msg, cap, "%s", e->msg);
+                pthread_mutex_unlock(&g_mu);
+                return ok ? 1 : -1;
+            }
+        }
+        break;
+    }
+    pthread_mutex_unlock(&g_mu);
+
+    char *text = NULL;
+    size_t len = 0;
+    fm_status s = fm_read_file(path, FM_TUNE_MAX_FILE_BYTES, &text, &len);
+    if (s != FM_OK) {
+        copy_msg(msg, cap, path, fm_last_error());
+        return errno == ENOENT ? 0 : -1; /* removed between stat and open */
+    }
+    if (racy) {
+        pthread_mutex_lock(&g_mu);
+        for (cache_ent *e = g_cache; e; e = e->next) {
+            if (strcmp(e->path, path) != 0) continue;
+            if (same_stat(e, &st) && e->text && e->len == len && !memcmp(e->text, text, len)) {
+                int ok = e->ok;
+                if (ok) *out = e->file;
+                else snprintf(msg, cap, "%s", e->msg);
+                pthread_mutex_unlock(&g_mu);
+                free(text);
+                return ok ? 1 : -1;
+            }
+            break;
+        }
+        pthread_mutex_unlock(&g_mu);
+    }
+
+    /* Parse outside the lock: two threads may parse the same new file at
+     * once, which is harmless (same result; the last one is kept). */
+    cache_ent *ne = calloc(1, sizeof *ne);
+    if (!ne) { free(text); snprintf(msg, cap, "out of memory"); return -1; }
+    s = fm_tune_file_parse(text, len, path, &ne->file);
+    ne->ok = s == FM_OK;
+    if (!ne->ok) {
+        copy_msg(ne->msg, sizeof ne->msg, path, fm_last_error());
+        snprintf(msg, cap, "%s", ne->msg);
+    } else {
+        *out = ne->file;
+    }
+    int ok = ne->ok;
+    ne->path = strdup(path);
+    ne->text = text;
+    ne->len = len;
+    ne->dev = st.st_dev;
+    ne->ino = st.st_ino;
+    ne->size = st.st_size;
+    ne->mtime = st.st_mtim;
+    ne->parsed_at = time(NULL);
+    if (!ne->path || (off_t)len != st.st_size) { /* changed while reading: do not cache */
+        ent_free(ne);
+        return ok ? 1 : -1;
+    }
+
+    pthread_mutex_lock(&g_mu);
+    for (cache_ent **pp = &g_cache; *pp; pp = &(*pp)->next)
+        if (!strcmp((*pp)->path, path)) {
+            cache_ent *old = *pp;
+            *pp = old->next;
+            ent_free(old);
+            break;
+        }
+    ne->next = g_cache;
+    g_cache = ne;
+    pthread_mutex_unlock(&g_mu);
+    return ok ? 1 : -1;
+}
+
+/* ------------------------------------------------------------ buckets */
+
+int fm_tune_nearest_bucket(const int *b, int n, int T) {
+    /* distance(b) = max(T/b, b/T) = hi/lo; compare hi1/lo1 < hi2/lo2 by
+     * cross-multiplying in 64 bits (values are at most 1e6). */
+    int best = 0;
+    for (int i = 1; i < n; i++) {
+        int64_t hb = b[best] > T ? b[best] : T, lb = b[best] > T ? T : b[best];
+        int64_t hi = b[i] > T ? b[i] : T, li = b[i] > T ? T : b[i];
+        int64_t lhs = hi * lb, rhs = hb * li;
+        if (lhs < rhs || (lhs == rhs && b[i] < b[best])) best = i;
+    }
+    return best;
+}
+
+double fm_tune_expected_active(int E, int k, int T) {
+    if (E <= 0 || k <= 0 || T <= 0) return 0.0;
+    return (double)E * (1.0 - pow(1.0 - (double)k / (double)E, (double)T));
+}
+
+double fm_tune_tokens_per_expert(int E, int k, int T) {
+    double a = fm_tune_expected_active(E, k, T);
+    return a > 0 ? (double)T * k / a : 0.0;
+}
+
+/* ------------------------------------------------------------- choose */
+
+/* Scans dir for files of the same GPU name and shape but another SM count:
+ * they are not used, and saying so explains a surprising default. */
+static void note_other_sm_files(const char *dir, const fm_tune_key *key, const char *want_name, fm_tune_choice *c) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    fm_tune_key other = *key;
+    other.sm_count = 0;
+    char pat[512];
+    if (fm_tune_key_filename(&other, pat, sizeof pat) != FM_OK) { closedir(d); return; }
+    /* pat = "<gpu>-0sm-<rest>": split around the SM count. */
+    char *mid = strstr(pat, "-0sm-");
+    if (!mid) { closedir(d); return; }
+    *mid = 0;
+    const char *prefix = pat, *suffix = mid + 4; /* "-<fmt>-E..json" */
+    size_t pl = strlen(prefix), sl = strlen(suffix);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const char *nm = de->d_name;
+        size_t nl = strlen(nm);
+        if (nl <= pl + sl + 3 || strncmp(nm, prefix, pl) != 0 || nm[pl] != '-' || strcmp(nm + nl - sl, suffix) != 0)
+            continue;
+        if (!strcmp(nm, want_name)) continue;
+        char path[1600];
+        if (fm_path_join(path, sizeof path, dir, nm) != FM_OK) continue;
+        fm_tune_appendf(c->warnings, sizeof c->warnings, "%s: ignored: tuned for another SM count than this GPU's %d\n",
+                        path, key->sm_count);
+    }
+    closedir(d);
+}
+
+fm_status fm_tune_choose(const fm_tune_key *key, int T, fm_tune_choice *out) {
+    return fm_tune_choose_trail(key, T, out, NULL);
+}
+
+fm_status fm_tune_choose_trail(const fm_tune_key *key, int T, fm_tune_choice *out, fm_tune_trail trail_out[FM_TUNE_NDIRS]) {
+    if (!key || !out) return fm_error(FM_E_ARG, "fm_tune_choose: NULL argument");
+    memset(out, 0, sizeof *out);
+    if (T < 1) return fm_error(FM_E_ARG, "fm_tune_choose: batch %d < 1", T);
+    if (key->E < 1 || key->k < 1 || key->k > key->E || key->H < 1 || key->I < 1)
+        return fm_error(FM_E_ARG, "fm_tune_choose: bad shape E=%d k=%d H=%d I=%d", key->E, key->k, key->H, key->I);
+
+    fm_kernel_config def = fm_kernel_config_default(key, T);
+    out->cfg = def;
+    snprintf(out->source, sizeof out->source, "built-in default");
+
+    char name[512], kdesc[320];
+    fm_tune_key_describe(key, kdesc, sizeof kdesc);
+    fm_status s = fm_tune_key_filename(key, name, sizeof name);
+    if (s) return s;
+
+    double act = fm_tune_expected_active(key->E, key->k, T);
+    double tpe = fm_tune_tokens_per_expert(key->E, key->k, T);
+    char head[256];
+    double mean_tpe = (double)T * key->k / key->E;
+    snprintf(head, sizeof head, "batch %d: ~%.1f active experts, %.2f tokens per active expert (T*k/E = %.2f; switch_tpe %g)",
+             T, act, tpe, mean_tpe, (double)def.switch_tpe);
+
+    fm_tune_trail tr[FM_TUNE_NDIRS];
+    const char *labels[FM_TUNE_NDIRS];
+    char dirs[FM_TUNE_NDIRS][1024];
+    fm_tune_search_dirs(labels, dirs);
+    for (int i = 0; i < FM_TUNE_NDIRS; i++) {
+        tr[i].label = labels[i];
+        memcpy(tr[i].dir, dirs[i], sizeof tr[i].dir);
+        tr[i].status[0] = 0;
+    }
+    int found = -1;
+    fm_tune_file f;
+    char note[512] = "";
+    for (int i = 0; i < FM_TUNE_NDIRS && found < 0; i++) {
+        if (!dirs[i][0]) { snprintf(tr[i].status, sizeof tr[i].status, "not set"); continue; }
+        char path[1600];
+        if (fm_path_join(path, sizeof path, dirs[i], name) != FM_OK) {
+            snprintf(tr[i].status, sizeof tr[i].status, "path too long");
+            continue;
+        }
+        char msg[512];
+        int r = fm_tune_load_cached(path, &f, msg, sizeof msg);
+        if (r == 0) { snprintf(tr[i].status, sizeof tr[i].status, "no such file"); continue; }
+        if (r < 0) {
+            snprintf(tr[i].status, sizeof tr[i].status, "ignored: %s", msg);
+            fm_tune_appendf(out->warnings, sizeof out->warnings, "%s: ignored: %s\n", path, msg);
+            continue;
+        }
+        fm_tune_match m = fm_tune_key_match(&f.key, key, note, sizeof note);
+        if (m != FM_TUNE_MATCH) {
+            snprintf(tr[i].status, sizeof tr[i].status, "ignored: %s", note);
+            fm_tune_appendf(out->warnings, sizeof out->warnings, "%s: ignored: %s\n", path, note);
+            note[0] = 0;
+            continue;
+        }
+        snprintf(tr[i].status, sizeof tr[i].status, "found%s%s", note[0] ? "; note: " : "", note);
+        snprintf(out->source, sizeof out->source, "%.*s", (int)sizeof out->source - 1, path);
+        found = i;
+    }
+    char trail[1536] = "";
+    for (int i = 0; i < FM_TUNE_NDIRS; i++) {
+        if (!tr[i].status[0]) snprintf(tr[i].status, sizeof tr[i].status, "not searched (found earlier)");
+        else fm_tune_appendf(trail, sizeof trail, "%s %d. %s%s%s: %.120s", i ? ";" : "", i + 1, tr[i].label,
+                             tr[i].dir[0] ? " " : "", tr[i].dir, tr[i].status);
+    }
+    if (trail_out) memcpy(trail_out, tr, sizeof tr);
+
+    if (found < 0) {
+        for (int i = 0; i < FM_TUNE_NDIRS; i++)
+            if (dirs[i][0]) note_other_sm_files(dirs[i], key, name, out);
+        char hint[1024];
+        fm_tune_provenance_line(key, T, out, hint, sizeof hint); /* the WARNING line */
+        const char *w = strstr(hint, "no tuned config");
+        const char *cut = strstr(hint, "  [");
+        int wl = w ? (int)((cut && cut > w ? cut : w + strlen(w)) - w) : 0;
+        snprintf(out->reason, sizeof out->reason,
+                 "%.*s; %s; the built-in default takes the %s path; lookup of %.200s:%.1000s", wl, w ? w : "", head,
+                 fm_tune_path_token(def.path), name, trail);
+        return FM_OK;
+    }
+
+    int batches[FM_TUNE_MAX_BUCKETS];
+    for (int i = 0; i < f.n; i++) batches[i] = f.b[i].batch;
+    int bi = fm_tune_nearest_bucket(batches, f.n, T);
+    const fm_tune_bucket *b = &f.b[bi];
+    out->cfg = b->cfg;
+    out->tuned = 1;
+    out->bucket = b->batch;
+    out->tuned_us = b->us;
+    out->default_us = b->default_us;
+    snprintf(out->date, sizeof out->date, "%s", b->date);
+    snprintf(out->version, sizeof out->version, "%s", b->version);
+    char blist[400] = "";
+    for (int i = 0; i < f.n; i++) fm_tune_appendf(blist, sizeof blist, "%s%d", i ? "," : "", f.b[i].batch);
+    fm_tune_appendf(out->reason, sizeof out->reason,
+             "tuned config for %s; %s; bucket %d is the nearest of {%s} (log scale, ties to the smaller); "
+             "%s there: %.2f us vs default %.2f us (tuned %s, fp4moe %s)%s%s; lookup of %s:%s",
+             kdesc, head, b->batch, blist, b->replaced_default ? "the tuned parameters won" : "the default held",
+             b->us, b->default_us, b->date, b->version, note[0] ? "; note: " : "", note, name, trail);
+    return FM_OK;
+}
+
+/* ---------------------------------------------------------- provenance */
+
+void fm_kernel_config_format(const fm_kernel_config *c, char *buf, size_t cap) {
+    snprintf(buf, cap, "path=%s rows_per_block=%d k_split=%d warps=%d stages=%d tile_n=%d switch_tpe=%g",
+             fm_tune_path_token(c->path), c->rows_per_block, c->k_split, c->warps, c->stages, c->tile_n,
+             (double)c->switch_tpe);
+}
+
+const char *fm_tune_preset_for_key(const fm_tune_key *key) {
+    size_t n = fm_preset_count();
+    for (size_t i = 0; i < n; i++) {
+        const char *nm = fm_preset_name(i);
+        fm_model_desc d;
+        if (!nm || fm_preset_desc(nm, key->fmt, &d) != FM_OK) continue;
+        if (d.n_experts == key->E && d.hidden == key->H && d.moe_inter == key->I && d.topk == key->k) return nm;
+    }
+    return NULL;
+}
+
+static void params_brace(const fm_kernel_config *c, char *buf, size_t cap) {
+    snprintf(buf, cap, "{rows_per_block=%d,k_split=%d,warps=%d,stages=%d,tile_n=%d,switch_tpe=%g}", c->rows_per_block,
+             c->k_split, c->warps, c->stages, c->tile_n, (double)c->switch_tpe);
+}
+
+void fm_tune_provenance_line(const fm_tune_key *key, int T, const fm_tune_choice *c, char *buf, size_t cap) {
+    if (!buf || !cap) return;
+    char params[256], kdesc[320];
+    params_brace(&c->cfg, params, sizeof params);
+    fm_tune_key_describe(key, kdesc, sizeof kdesc);
+    if (c->tuned) {
+        snprintf(buf, cap, "provenance: backend=cuda gpu=\"%s\" shape=%s-E%d-H%d-I%d-k%d batch=%d kernel=%s params=%s config=%s bucket=%d",
+                 key->gpu_name, fm_qformat_name(key->fmt), key->E, key->H, key->I, key->k, T,
+                 fm_kernel_path_name(c->cfg.path), params, c->source, c->bucket);
+        return;
+    }
+    const char *preset = fm_tune_preset_for_key(key);
+    char how[160];
+    if (preset) snprintf(how, sizeof how, "--preset %s", preset);
+    else snprintf(how, sizeof how, "--model DIR");
+    snprintf(buf, cap, "WARNING: no tuned config for %s; using defaults; run: fp4moe tune %s%s%s --batch %d  "
+             "[backend=cuda kernel=%s params=%s config=built-in default]",
+             kdesc, how, key->fmt != FM_QF_NVFP4 ? " --format " : "", key->fmt != FM_QF_NVFP4 ? fm_qformat_name(key->fmt) : "",
+             T, fm_kernel_path_name(c->cfg.path), params);
+}
+
+/* Paths and GPU names come from outside and need not be UTF-8, which JSON
+ * strings must be: such bytes become '?' rather than losing the record. */
+static json_t *jstr(const char *s) {
+    json_t *j = json_string(s);
+    if (j) return j;
+    char *t = strdup(s);
+    if (!t) return NULL;
+    for (char *p = t; *p; p++)
+        if ((unsigned char)*p >= 0x80 || (unsigned char)*p < 0x20) *p = '?';
+    j = json_string(t);
+    free(t);
+    return j;
+}
+
+char *fm_tune_choice_to_json(const fm_tune_key *key, int T, const fm_tune_choice *c) {
+    char line[1024];
+    fm_tune_provenance_line(key, T, c, line, sizeof line);
+    const fm_kernel_config *k = &c->cfg;
+    json_t *o = json_object(), *kj = json_object(), *pj = json_object(), *ws = json_array();
+    if (!o || !kj || !pj || !ws) {
+        json_decref(o); json_decref(kj); json_decref(pj); json_decref(ws);
+        fm_error(FM_E_NOMEM, "out of memory building the provenance JSON");
+        return NULL;
+    }
+    json_object_set_new(kj, "gpu", jstr(key->gpu_name));
+    json_object_set_new(kj, "sm_count", json_integer(key->sm_count));
+    json_object_set_new(kj, "cuda_version", json_integer(key->cuda_version));
+    json_object_set_new(kj, "driver_version", json_integer(key->driver_version));
+    json_object_set_new(kj, "format", json_string(fm_qformat_name(key->fmt)));
+    json_object_set_new(kj, "E", json_integer(key->E));
+    json_object_set_new(kj, "H", json_integer(key->H));
+    json_object_set_new(kj, "I", json_integer(key->I));
+    json_object_set_new(kj, "k", json_integer(key->k));
+    json_object_set_new(pj, "rows_per_block", json_integer(k->rows_per_block));
+    json_object_set_new(pj, "k_split", json_integer(k->k_split));
+    json_object_set_new(pj, "warps", json_integer(k->warps));
+    json_object_set_new(pj, "stages", json_integer(k->stages));
+    json_object_set_new(pj, "tile_n", json_integer(k->tile_n));
+    json_object_set_new(pj, "switch_tpe", json_real(k->switch_tpe));
+    json_object_set_new(o, "backend", json_string("cuda"));
+    json_object_set_new(o, "key", kj);
+    json_object_set_new(o, "batch", json_integer(T));
+    json_object_set_new(o, "kernel", jstr(fm_kernel_path_name(k->path)));
+    json_object_set_new(o, "path", json_string(fm_tune_path_token(k->path)));
+    json_object_set_new(o, "params", pj);
+    json_object_set_new(o, "tuned", json_boolean(c->tuned));
+    json_object_set_new(o, "config", jstr(c->source));
+    if (c->tuned) {
+        json_object_set_new(o, "bucket", json_integer(c->bucket));
+        json_object_set_new(o, "tuned_us", json_real(c->tuned_us));
+        json_object_set_new(o, "default_us", json_real(c->default_us));
+        json_object_set_new(o, "tuned_date", jstr(c->date));
+        json_object_set_new(o, "tuned_version", jstr(c->version));
+        json_object_set_new(o, "warning", json_null());
+    } else {
+        const char *w = strstr(line, "no tuned config");
+        json_object_set_new(o, "warning", jstr(w ? w : line));
+    }
+    const char *p = c->warnings;
+    while (*p) {
+        const char *e = strchr(p, '\n');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        char one[1024];
+        snprintf(one, sizeof one, "%.*s", (int)(n < sizeof one ? n : sizeof one - 1), p);
+        if (n) json_array_append_new(ws, jstr(one));
+        p += n + (e ? 1 : 0);
+    }
+    json_object_set_new(o, "ignored_files", ws);
+    json_object_set_new(o, "reason", jstr(c->reason));
+    json_object_set_new(o, "provenance", jstr(line));
+    char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT);
+    json_decref(o);
+    if (!s) fm_error(FM_E_NOMEM, "out of memory building the provenance JSON");
+    return s;
+}

@@ -1,0 +1,427 @@
+/* Choosing a config: lookup order across $FP4MOE_CONFIG_DIR, the user cache
+ * and the shipped configs (temporary directories through the environment),
+ * malformed and mismatched files ignored with a warning, the in-memory cache
+ * seeing edits, provenance lines and JSON, thread safety, and `explain`. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tune/tune_internal.h"
+#include "util/util.h"
+
+typedef struct {
+    char root[256];
+    char a[300], b_home[300], b[340], c[300]; /* env dir, XDG home, its configs, shipped */
+} dirs;
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(p);
+}
+
+static int setup(void **state) {
+    dirs *d = calloc(1, sizeof *d);
+    if (!d) return -1;
+    snprintf(d->root, sizeof d->root, "/tmp/fm_tune_choose_XXXXXX");
+    if (!mkdtemp(d->root)) return -1;
+    snprintf(d->a, sizeof d->a, "%s/env", d->root);
+    snprintf(d->b_home, sizeof d->b_home, "%s/xdg", d->root);
+    snprintf(d->b, sizeof d->b, "%s/fp4moe/configs", d->b_home);
+    snprintf(d->c, sizeof d->c, "%s/shipped", d->root);
+    if (fm_tune_mkdirs(d->a) || fm_tune_mkdirs(d->b) || fm_tune_mkdirs(d->c)) return -1;
+    setenv("FP4MOE_CONFIG_DIR", d->a, 1);
+    setenv("XDG_CACHE_HOME", d->b_home, 1);
+    setenv("FP4MOE_SHIPPED_CONFIGS", d->c, 1);
+    fm_tune_cache_clear();
+    *state = d;
+    return 0;
+}
+
+static int teardown(void **state) {
+    dirs *d = *state;
+    nftw(d->root, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    free(d);
+    fm_tune_cache_clear();
+    return 0;
+}
+
+static fm_tune_key key_h200(void) {
+    fm_tune_key k;
+    memset(&k, 0, sizeof k);
+    snprintf(k.gpu_name, sizeof k.gpu_name, "NVIDIA H200");
+    k.sm_count = 132;
+    k.cuda_version = 13000;
+    k.driver_version = 13010;
+    k.fmt = FM_QF_NVFP4;
+    k.E = 256; /* the deepseek-v4-flash shape */
+    k.H = 4096;
+    k.I = 2048;
+    k.k = 6;
+    return k;
+}
+
+/* Writes a config file for key into dir with the given buckets; each bucket
+ * gets rows_per_block = marker so tests can tell files apart. */
+static void write_cfg(const char *dir, const fm_tune_key *k, const int *batches, int n, int marker, int sm_in_file) {
+    char name[256], path[600], body[8192];
+    fm_tune_key fk = *k;
+    assert_int_equal(fm_tune_key_filename(k, name, sizeof name), FM_OK);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int w = snprintf(body, sizeof body,
+                     "{\"fp4moe_tune_config\": 1, \"key\": {\"gpu\": \"%s\", \"sm_count\": %d, \"cuda_version\": %d, "
+                     "\"driver_version\": %d, \"format\": \"nvfp4\", \"E\": %d, \"H\": %d, \"I\": %d, \"k\": %d},\n"
+                     " \"buckets\": [",
+                     fk.gpu_name, sm_in_file, fk.cuda_version, fk.driver_version, fk.E, fk.H, fk.I, fk.k);
+    for (int i = 0; i < n; i++)
+        w += snprintf(body + w, sizeof body - (size_t)w,
+                      "%s{\"batch\": %d, \"params\": {\"path\": \"%s\", \"rows_per_block\": %d, \"k_split\": 2, "
+                      "\"warps\": 4, \"stages\": 2, \"tile_n\": 16, \"switch_tpe\": 3}, \"us\": %d, \"default_us\": %d, "
+                      "\"replaced_default\": true, \"date\": \"2026-11-29T10:00:00Z\", \"fp4moe_version\": \"0.1.0\"}",
+                      i ? ",\n  " : "", batches[i], batches[i] >= 64 ? "large" : "small", marker, 10 * batches[i],
+                      11 * batches[i]);
+    snprintf(body + w, sizeof body - (size_t)w, "]}\n");
+    assert_int_equal(fm_write_file_atomic(path, body, strlen(body)), FM_OK);
+}
+
+static void write_raw(const char *dir, const fm_tune_key *k, const char *text) {
+    char name[256], path[600];
+    assert_int_equal(fm_tune_key_filename(k, name, sizeof name), FM_OK);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    assert_int_equal(fm_write_file_atomic(path, text, strlen(text)), FM_OK);
+}
+
+static void rm_cfg(const char *dir, const fm_tune_key *k) {
+    char name[256], path[600];
+    fm_tune_key_filename(k, name, sizeof name);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    unlink(path);
+}
+
+static void test_default_when_nothing(void **state) {
+    dirs *d = *state;
+    (void)d;
+    fm_tune_key k = key_h200();
+    fm_tune_choice c;
+    assert_int_equal(fm_tune_choose(&k, 16, &c), FM_OK);
+    assert_int_equal(c.tuned, 0);
+    fm_kernel_config def = fm_kernel_config_default(&k, 16);
+    assert_memory_equal(&c.cfg, &def, sizeof def);
+    assert_string_equal(c.source, "built-in default");
+    assert_non_null(strstr(c.reason, "no tuned config for NVIDIA H200 (132 SMs) nvfp4 E=256 H=4096 I=2048 k=6; using defaults; "
+                                     "run: fp4moe tune --preset deepseek-v4-flash --batch 16"));
+    /* The lookup trail names every directory. */
+    assert_non_null(strstr(c.reason, d->a));
+    assert_non_null(strstr(c.reason, d->b));
+    assert_non_null(strstr(c.reason, d->c));
+    assert_string_equal(c.warnings, "");
+    char line[1024];
+    fm_tune_provenance_line(&k, 16, &c, line, sizeof line);
+    assert_true(!strncmp(line, "WARNING: no tuned config for NVIDIA H200 (132 SMs) nvfp4 E=256 H=4096 I=2048 k=6; using defaults; "
+                               "run: fp4moe tune --preset deepseek-v4-flash --batch 16", 140));
+    assert_null(strchr(line, '\n'));
+    /* Bad arguments are errors, not defaults. */
+    assert_int_equal(fm_tune_choose(&k, 0, &c), FM_E_ARG);
+    fm_tune_key bad = k;
+    bad.k = 300;
+    assert_int_equal(fm_tune_choose(&bad, 1, &c), FM_E_ARG);
+}
+
+static void test_lookup_order(void **state) {
+    dirs *d = *state;
+    fm_tune_key k = key_h200();
+    const int bs[] = {1, 4, 16, 64};
+    fm_tune_choice c;
+    write_cfg(d->c, &k, bs, 4, 3, k.sm_count); /* shipped */
+    assert_int_equal(fm_tune_choose(&k, 16, &c), FM_OK);
+    assert_int_equal(c.tuned, 1);
+    assert_int_equal(c.cfg.rows_per_block, 3);
+    assert_non_null(strstr(c.source, d->c));
+    write_cfg(d->b, &k, bs, 4, 2, k.sm_count); /* user cache beats shipped */
+    assert_int_equal(fm_tune_choose(&k, 16, &c), FM_OK);
+    assert_int_equal(c.cfg.rows_per_block, 2);
+    assert_non_null(strstr(c.source, d->b));
+    write_cfg(d->a, &k, bs, 4, 1, k.sm_count); /* $FP4MOE_CONFIG_DIR beats both */
+    assert_int_equal(fm_tune_choose(&k, 16, &c), FM_OK);
+    assert_int_equal(c.cfg.rows_per_block, 1);
+    assert_non_null(strstr(c.source, d->a));
+    assert_string_equal(c.warnings, "");
+    /* The chosen bucket's figures and the provenance line. */
+    assert_int_equal(c.bucket, 16);
+    assert_true(c.tuned_us == 160 && c.default_us == 176);
+    assert_string_equal(c.date, "2026-11-29T10:00:00Z");
+    char line[1024];
+    fm_tune_provenance_line(&k, 20, &c, line, sizeof line);
+    assert_true(!strncmp(line, "provenance: backend=cuda ", 25));
+    assert_non_null(strstr(line, "kernel=small"));
+    assert_non_null(strstr(line, "params={rows_per_block=1,k_split=2,warps=4,stages=2,tile_n=16,switch_tpe=3}"));
+    assert_non_null(strstr(line, "config="));
+    assert_non_null(strstr(line, d->a));
+    assert_non_null(strstr(line, "bucket=16"));
+    /* Nearest bucket through the file: 40 -> 64 (64/40 = 1.6 > 40/16 = 2.5? no: 1.6 < 2.5). */
+    assert_int_equal(fm_tune_choose(&k, 40, &c), FM_OK);
+    assert_int_equal(c.bucket, 64);
+    assert_int_equal(c.cfg.path, FM_PATH_LARGE);
+    assert_int_equal(fm_tune_choose(&k, 2, &c), FM_OK);
+    assert_int_equal(c.bucket, 1); /* 2/1 = 4/2: tie, the smaller */
+    assert_int_equal(fm_tune_choose(&k, 3, &c), FM_OK);
+    assert_int_equal(c.bucket, 4);
+
+    /* A malformed file in the first directory: warned about, skipped. */
+    write_raw(d->a, &k, "{\"fp4moe_tune_config\": 1, \"key\": {");
+    assert_int_equal(fm_tune_choose(&k, 16, &c), FM_OK);
+    assert_int_equal(c.cfg.rows_per_block, 2);
+    assert_non_null(strstr(c.warnings, d->a));
+    assert_non_null(strstr(c.warnings, "ignored: not valid JSON"));
+    /* A file for another SM count under this key's name: ignored too. */
+    write_cfg(d->a, &k, bs, 4, 1, 114);
+    assert_int_equal(fm_tune_choose(&k, 16, &c), FM_OK);
+    assert_int_equal(c.cfg.rows_per_block, 2);
+    assert_non_null(strstr(c.warnings, "tuned on 114 SMs, this GPU has 132"));
+    /* A file for another shape under this key's name (a renamed copy). */
+    fm_tune_key other = k;
+    other.E = 128;
+    char name[256], path[700], text[4096];
+    write_cfg(d->root, &other, bs, 4, 9, other.sm_count);
+    fm_tune_key_filename(&other, name, sizeof name);
+    snprintf(path, sizeof path, "%s/%s", d->root, name);
+    char *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(fm_read_file(path, 1 << 20, &buf, &len), FM_OK);
+    snprintf(text, sizeof text, "%s", buf);
+    free(buf);
+    write_raw(d->b, &k, text);
+    assert_int_equal(fm_tune_choose(&k, 16, &c), FM_OK);
+    assert_int_equal(c.cfg.rows_per_block, 3); /* falls through to shipped */
+    assert_non_null(strstr(c.warnings, "E=128"));
+    /* Versions differ: used, with a note in the reason. */
+    rm_cfg(d->a, &k);
+    rm_cfg(d->b, &k);
+    fm_tune_key k2 = k;
+    k2.cuda_version = 12080;
+    assert_int_equal(fm_tune_choose(&k2, 16, &c), FM_OK);
+    assert_int_equal(c.tuned, 1);
+    assert_non_null(strstr(c.reason, "tuned with CUDA runtime 13000, running 12080"));
+    /* Nothing left: default again. */
+    rm_cfg(d->c, &k);
+    assert_int_equal(fm_tune_choose(&k, 16, &c), FM_OK);
+    assert_int_equal(c.tuned, 0);
+}
+
+static void test_unset_dirs(void **state) {
+    dirs *d = *state;
+    fm_tune_key k = key_h200();
+    const int bs[] = {8};
+    write_cfg(d->c, &k, bs, 1, 5, k.sm_count);
+    unsetenv("FP4MOE_CONFIG_DIR");
+    char home[400];
+    snprintf(home, sizeof home, "%s/home", d->root);
+    unsetenv("XDG_CACHE_HOME");
+    setenv("HOME", home, 1);
+    fm_tune_choice c;
+    assert_int_equal(fm_tune_choose(&k, 8, &c), FM_OK);
+    assert_int_equal(c.cfg.rows_per_block, 5);
+    assert_non_null(strstr(c.reason, "$FP4MOE_CONFIG_DIR: not set"));
+    assert_non_null(strstr(c.reason, "/home/.cache/fp4moe/configs: no such file"));
+    const char *labels[FM_TUNE_NDIRS];
+    char paths[FM_TUNE_NDIRS][1024];
+    assert_int_equal(fm_tune_search_dirs(labels, paths), 3);
+    assert_string_equal(paths[0], "");
+    assert_true(!strncmp(paths[1], home, strlen(home)));
+    assert_string_equal(paths[2], d->c);
+    /* Without $FP4MOE_SHIPPED_CONFIGS: the repo's configs/. */
+    unsetenv("FP4MOE_SHIPPED_CONFIGS");
+    fm_tune_search_dirs(labels, paths);
+    assert_string_equal(paths[2], FM_SOURCE_DIR "/configs");
+    setenv("FP4MOE_CONFIG_DIR", d->a, 1);
+    setenv("XDG_CACHE_HOME", d->b_home, 1);
+    setenv("FP4MOE_SHIPPED_CONFIGS", d->c, 1);
+}
+
+static void test_other_sm_file_named(void **state) {
+    dirs *d = *state;
+    fm_tune_key k = key_h200(), k114 = k;
+    k114.sm_count = 114;
+    const int bs[] = {1};
+    write_cfg(d->a, &k114, bs, 1, 7, 114); /* a valid file, for a 114-SM part */
+    fm_tune_choice c;
+    assert_int_equal(fm_tune_choose(&k, 1, &c), FM_OK);
+    assert_int_equal(c.tuned, 0);
+    assert_non_null(strstr(c.warnings, "NVIDIA_H200-114sm-nvfp4-E256-H4096-I2048-k6.json: ignored: tuned for another SM count"));
+    /* And the 114-SM GPU uses it. */
+    assert_int_equal(fm_tune_choose(&k114, 1, &c), FM_OK);
+    assert_int_equal(c.tuned, 1);
+    assert_int_equal(c.cfg.rows_per_block, 7);
+    rm_cfg(d->a, &k114);
+}
+
+static void test_cache_sees_edits(void **state) {
+    dirs *d = *state;
+    fm_tune_key k = key_h200();
+    const int bs[] = {4};
+    fm_tune_choice c;
+    for (int m = 1; m <= 5; m++) {
+        write_cfg(d->a, &k, bs, 1, m, k.sm_count); /* same size each time */
+        assert_int_equal(fm_tune_choose(&k, 4, &c), FM_OK);
+        assert_int_equal(c.cfg.rows_per_block, m);
+    }
+    write_raw(d->a, &k, "garbage");
+    assert_int_equal(fm_tune_choose(&k, 4, &c), FM_OK);
+    assert_int_equal(c.tuned, 0);
+    assert_non_null(strstr(c.warnings, "not valid JSON"));
+    rm_cfg(d->a, &k);
+}
+
+static void test_json(void **state) {
+    dirs *d = *state;
+    fm_tune_key k = key_h200();
+    fm_tune_choice c;
+    assert_int_equal(fm_tune_choose(&k, 2, &c), FM_OK);
+    char *s = fm_tune_choice_to_json(&k, 2, &c);
+    assert_non_null(s);
+    json_error_t e;
+    json_t *o = json_loads(s, 0, &e);
+    assert_non_null(o);
+    assert_string_equal(json_string_value(json_object_get(o, "backend")), "cuda");
+    assert_true(json_is_false(json_object_get(o, "tuned")));
+    assert_non_null(strstr(json_string_value(json_object_get(o, "warning")), "no tuned config for"));
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(o, "key"), "E")), 256);
+    assert_string_equal(json_string_value(json_object_get(o, "config")), "built-in default");
+    assert_true(json_is_object(json_object_get(o, "params")));
+    json_decref(o);
+    free(s);
+
+    const int bs[] = {2};
+    write_cfg(d->a, &k, bs, 1, 4, k.sm_count);
+    assert_int_equal(fm_tune_choose(&k, 2, &c), FM_OK);
+    s = fm_tune_choice_to_json(&k, 2, &c);
+    o = json_loads(s, 0, &e);
+    assert_non_null(o);
+    assert_true(json_is_true(json_object_get(o, "tuned")));
+    assert_true(json_is_null(json_object_get(o, "warning")));
+    assert_int_equal(json_integer_value(json_object_get(o, "bucket")), 2);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(o, "params"), "rows_per_block")), 4);
+    assert_non_null(strstr(json_string_value(json_object_get(o, "config")), d->a));
+    assert_non_null(strstr(json_string_value(json_object_get(o, "provenance")), "provenance: backend=cuda"));
+    json_decref(o);
+    free(s);
+    rm_cfg(d->a, &k);
+}
+
+/* Many threads choose while another replaces the file (atomically): every
+ * answer is one of the two files, never a torn or failed read. */
+typedef struct {
+    fm_tune_key k;
+    int bad;
+} thr_arg;
+
+static void *chooser(void *p) {
+    thr_arg *a = p;
+    for (int i = 0; i < 300; i++) {
+        fm_tune_choice c;
+        if (fm_tune_choose(&a->k, 1 + i % 64, &c) != FM_OK || !c.tuned ||
+            (c.cfg.rows_per_block != 1 && c.cfg.rows_per_block != 2))
+            a->bad++;
+    }
+    return NULL;
+}
+
+static void test_threads(void **state) {
+    dirs *d = *state;
+    fm_tune_key k = key_h200();
+    const int bs[] = {1, 8, 64};
+    write_cfg(d->a, &k, bs, 3, 1, k.sm_count);
+    pthread_t th[4];
+    thr_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i].k = k;
+        args[i].bad = 0;
+        assert_int_equal(pthread_create(&th[i], NULL, chooser, &args[i]), 0);
+    }
+    for (int i = 0; i < 100; i++) write_cfg(d->a, &k, bs, 3, 1 + i % 2, k.sm_count);
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(args[i].bad, 0);
+    }
+    rm_cfg(d->a, &k);
+}
+
+static void test_explain(void **state) {
+    dirs *d = *state;
+    fm_model_desc md;
+    assert_int_equal(fm_preset_desc("deepseek-v4-flash", FM_QF_NVFP4, &md), FM_OK);
+    const int bs[] = {1, 64};
+    fm_explain_opts o = {.desc = &md, .model_label = "--preset deepseek-v4-flash", .fmt = FM_QF_NVFP4,
+                         .batches = bs, .n_batches = 2, .gpu = "NVIDIA H200"};
+    char *text = NULL;
+    assert_int_equal(fm_explain(&o, &text), FM_OK);
+    assert_non_null(strstr(text, "NVIDIA H200: 132 SMs"));
+    assert_non_null(strstr(text, "6.0 of 256")); /* B = 1: exactly k active */
+    assert_non_null(strstr(text, "chosen           built-in default"));
+    assert_non_null(strstr(text, "WARNING: no tuned config for NVIDIA H200"));
+    assert_null(strstr(text, "chosen           tuned"));
+    free(text);
+
+    fm_tune_key k = key_h200();
+    const int fb[] = {1, 64};
+    write_cfg(d->b, &k, fb, 2, 6, k.sm_count);
+    assert_int_equal(fm_explain(&o, &text), FM_OK);
+    assert_non_null(strstr(text, "chosen           tuned, bucket 1"));
+    assert_non_null(strstr(text, "chosen           tuned, bucket 64"));
+    assert_non_null(strstr(text, d->b));
+    assert_null(strstr(text, "WARNING"));
+    free(text);
+
+    o.json = 1;
+    assert_int_equal(fm_explain(&o, &text), FM_OK);
+    json_error_t e;
+    json_t *j = json_loads(text, 0, &e);
+    assert_non_null(j);
+    json_t *b0 = json_array_get(json_object_get(j, "batches"), 0);
+    assert_int_equal(json_integer_value(json_object_get(b0, "batch")), 1);
+    assert_true(json_is_true(json_object_get(json_object_get(b0, "choice"), "tuned")));
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "target"), "name")), "NVIDIA H200");
+    json_decref(j);
+    free(text);
+    rm_cfg(d->b, &k);
+
+    o.json = 0;
+    o.gpu = "Voodoo 2";
+    assert_int_equal(fm_explain(&o, &text), FM_E_NOTFOUND);
+    assert_non_null(strstr(fm_last_error(), "unknown GPU 'Voodoo 2'"));
+    assert_non_null(strstr(fm_last_error(), "NVIDIA H200"));
+    assert_null(text);
+
+    /* No --gpu: the present GPU, else the CPU path. */
+    o.gpu = NULL;
+    char why[256];
+    assert_int_equal(fm_explain(&o, &text), FM_OK);
+    if (!fm_cuda_available(why, sizeof why)) {
+        assert_non_null(strstr(text, "no CUDA GPU present"));
+        assert_non_null(strstr(text, fm_cpu_isa_name(fm_cpu_isa_detect())));
+    }
+    free(text);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_default_when_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lookup_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unset_dirs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_other_sm_file_named, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cache_sees_edits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_json, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_explain, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
