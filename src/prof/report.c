@@ -55,14 +55,13 @@ static void roofline(fm_sb *sb, const fm_profile *p) {
         return;
     }
     double ridge = p->peak_flops > 0 ? p->peak_flops / p->bandwidth_Bps : 0;
-    if (ridge > 0) {
-        ai_hi = fmax(ai_hi, ridge * 4);
-        f_hi = fmax(f_hi, p->peak_flops);
-    }
-    /* Decades that hold every point with room around it. */
-    double xlo = pow(10, floor(log10(ai_lo)) - 0), xhi = pow(10, ceil(log10(ai_hi)) + (ai_hi == ai_lo ? 1 : 0));
-    if (xhi <= xlo) xhi = xlo * 10;
-    double ylo = pow(10, floor(log10(f_lo)) - 1), yhi = pow(10, ceil(log10(f_hi * 1.5)));
+    /* Decades that show the points, the ridge and a stretch of the memory
+     * roof's slope on its left. */
+    double left = ridge > 0 ? fmin(ai_lo, ridge) : ai_lo, right = ridge > 0 ? fmax(ai_hi, ridge) : ai_hi;
+    double xlo = pow(10, floor(log10(left / 10))), xhi = pow(10, ceil(log10(right * 2)));
+    if (ridge > 0) f_hi = fmax(f_hi, p->peak_flops);
+    f_lo = fmin(f_lo, p->bandwidth_Bps * xlo);
+    double ylo = pow(10, floor(log10(f_lo))), yhi = pow(10, ceil(log10(f_hi * 1.5)));
     if (yhi <= ylo) yhi = ylo * 10;
     fm_sb_printf(sb, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"#fafafa\" stroke=\"#888\"/>\n", X0,
                  Y0, PW, PH);
@@ -96,8 +95,10 @@ static void roofline(fm_sb *sb, const fm_profile *p) {
                  lx(xa, xlo, xhi, X0, PW), ly(ya, ylo, yhi, Y0, PH), lx(xb, xlo, xhi, X0, PW), ly(yb, ylo, yhi, Y0, PH));
     char bwl[48];
     eng(bwl, sizeof bwl, p->bandwidth_Bps, "B/s");
-    fm_sb_printf(sb, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"#1f4e99\">memory roof %s</text>\n",
-                 lx(xa, xlo, xhi, X0, PW) + 8, ly(ya, ylo, yhi, Y0, PH) - 20, bwl);
+    double xm = sqrt(xa * xb);
+    fm_sb_printf(sb,
+                 "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"#1f4e99\">memory roof %s</text>\n",
+                 lx(xm, xlo, xhi, X0, PW) + 8, ly(p->bandwidth_Bps * xm, ylo, yhi, Y0, PH) + 14, bwl);
     if (ridge > 0 && ridge < xhi) {
         char pk[48];
         eng(pk, sizeof pk, p->peak_flops, "FLOP/s");
@@ -301,13 +302,19 @@ static void model_table(fm_sb *sb, const fm_profile *p) {
 }
 
 static void telem_table(fm_sb *sb, const fm_profile *p) {
+    /* Only the metrics this run sampled (a CPU run has no GPU columns). */
+    int used[FM_TM_COUNT] = {0};
+    for (int i = 0; i < p->n_batch; i++)
+        for (int m = 0; m < FM_TM_COUNT; m++) used[m] |= !isnan(p->b[i].telem.mean[m]);
     fm_sb_puts(sb, "<table class=\"telem\"><tr><th>batch</th><th>samples</th>");
-    for (int m = 0; m < FM_TM_COUNT; m++) fm_sb_printf(sb, "<th>%s mean / max</th>", fm_telem_metric_name((fm_telem_metric)m));
+    for (int m = 0; m < FM_TM_COUNT; m++)
+        if (used[m]) fm_sb_printf(sb, "<th>%s mean / max</th>", fm_telem_metric_name((fm_telem_metric)m));
     fm_sb_puts(sb, "<th>throttle</th></tr>\n");
     for (int i = 0; i < p->n_batch; i++) {
         const fm_telem_summary *t = &p->b[i].telem;
         fm_sb_printf(sb, "<tr><td>%d</td><td>%d</td>", p->b[i].batch, t->n);
         for (int m = 0; m < FM_TM_COUNT; m++) {
+            if (!used[m]) continue;
             if (isnan(t->mean[m]))
                 fm_sb_puts(sb, "<td>-</td>");
             else

@@ -1,0 +1,683 @@
+/* `fp4moe profile`'s measurement: every batch size, a few decode steps each
+ * (a step runs every MoE layer of the model once), phase times from the
+ * engine, telemetry in the background, and the numbers the model needs
+ * (bandwidth, compute peak, active experts, tile fill). */
+#include "prof/prof_internal.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#define MAX_BATCH_TOKENS 65536
+#define DEFAULT_CPU_PROBE (256u << 20)
+#define DEFAULT_GPU_PROBE (2048u << 20)
+
+void fm_prof_opts_default(fm_prof_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->fmt = FM_QF_NONE;
+    o->device = FM_DEV_CPU;
+    o->steps = 3;
+    o->warmup = 1;
+    o->seed = 1;
+    o->period_ms = 20;
+}
+
+/* --------------------------------------------------- compute peak (CPU) */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* Eight independent FMA chains: enough to cover the FMA latency on two
+ * ports, so the loop runs at the core's FMA throughput. */
+__attribute__((target("avx512f"))) static float fma_avx512(long iters) {
+    __m512 a[8], m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    for (int j = 0; j < 8; j++) a[j] = _mm512_set1_ps((float)j);
+    for (long i = 0; i < iters; i++)
+        for (int j = 0; j < 8; j++) a[j] = _mm512_fmadd_ps(a[j], m, c);
+    float s = 0;
+    for (int j = 0; j < 8; j++) s += _mm512_reduce_add_ps(a[j]);
+    return s;
+}
+__attribute__((target("avx2,fma"))) static float fma_avx2(long iters) {
+    __m256 a[8], m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    for (int j = 0; j < 8; j++) a[j] = _mm256_set1_ps((float)j);
+    for (long i = 0; i < iters; i++)
+        for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(a[j], m, c);
+    float out[8], s = 0;
+    for (int j = 0; j < 8; j++) {
+        _mm256_storeu_ps(out, a[j]);
+        for (int q = 0; q < 8; q++) s += out[q];
+    }
+    return s;
+}
+#endif
+
+static float fma_scalar(long iters) {
+    float a[8], m = 0.999999f, c = 1e-7f;
+    for (int j = 0; j < 8; j++) a[j] = (float)j;
+    for (long i = 0; i < iters; i++)
+        for (int j = 0; j < 8; j++) a[j] = a[j] * m + c;
+    return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
+}
+
+typedef struct {
+    int lanes; /* floats per vector, 0 = scalar */
+    long iters;
+    volatile float sink;
+} peak_job;
+
+static void *peak_thread(void *arg) {
+    peak_job *j = arg;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (j->lanes == 16) { j->sink = fma_avx512(j->iters); return NULL; }
+    if (j->lanes == 8) { j->sink = fma_avx2(j->iters); return NULL; }
+#endif
+    j->sink = fma_scalar(j->iters);
+    return NULL;
+}
+
+double fm_prof_cpu_peak_flops(int n_threads, char *note, size_t cap) {
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n_threads <= 0) n_threads = ncpu > 0 ? (int)ncpu : 1;
+    if (n_threads > 256) n_threads = 256;
+    int lanes = 1;
+    const char *isa = "scalar";
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) { lanes = 16; isa = "AVX-512"; }
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) { lanes = 8; isa = "AVX2"; }
+#endif
+    /* Scalar code is not fused here (-ffp-contract=off under -std=c11): a
+     * multiply and an add, still 2 FLOPs per element. */
+    long iters = lanes >= 8 ? 4000000 : 2000000;
+    peak_job jobs[256];
+    pthread_t th[256];
+    uint64_t t0 = fm_now_ns();
+    int started = 0;
+    for (int i = 0; i < n_threads; i++) {
+        jobs[i].lanes = lanes == 1 ? 0 : lanes;
+        jobs[i].iters = iters;
+        if (pthread_create(&th[i], NULL, peak_thread, &jobs[i]) != 0) break;
+        started++;
+    }
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    double s = (double)(fm_now_ns() - t0) * 1e-9;
+    double flops = (double)started * iters * 8.0 * lanes * 2.0;
+    if (note && cap)
+        snprintf(note, cap, "measured: %s FP32 %s, %d thread%s", isa, lanes > 1 ? "FMA" : "multiply-add", started,
+                 started == 1 ? "" : "s");
+    return s > 0 ? flops / s : 0;
+}
+
+/* ------------------------------------------------------------ helpers */
+
+static double now_s(uint64_t t0) { return (double)(fm_now_ns() - t0) * 1e-9; }
+static double us_since(uint64_t t0, uint64_t t) { return (double)(int64_t)(t - t0) * 1e-3; }
+
+static void add_span(fm_profile *p, uint64_t t0, uint64_t a, uint64_t b, int pid, int tid, int bi, int kind, int phase,
+                     const char *name) {
+    fm_prof_span s;
+    memset(&s, 0, sizeof s);
+    s.t_us = us_since(t0, a);
+    s.dur_us = b > a ? (double)(b - a) * 1e-3 : 0;
+    s.pid = pid;
+    s.tid = tid;
+    s.batch_index = bi;
+    s.kind = kind;
+    s.phase = phase;
+    snprintf(s.name, sizeof s.name, "%s", name);
+    fm_profile_add_span(p, &s);
+}
+
+/* Bytes-per-second of a GPU's BF16 dense tensor cores, for the roofline's
+ * compute roof (vendor datasheets; 0 when the GPU is not in the table). */
+static double gpu_peak(const char *desc, char *note, size_t cap) {
+    static const struct { const char *name; double tflops; } k[] = {
+        {"H200", 989.0}, {"H100", 989.0}, {"H800", 989.0}, {"H20", 148.0}, {"B200", 2250.0},
+        {"A100", 312.0}, {"A800", 312.0}, {"L40S", 362.0}, {"RTX PRO 6000", 500.0},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (desc && strstr(desc, k[i].name)) {
+            snprintf(note, cap, "%s BF16 dense tensor-core peak from the datasheet", k[i].name);
+            return k[i].tflops * 1e12;
+        }
+    snprintf(note, cap, "GPU not in the peak table; pass --peak-gflops");
+    return 0;
+}
+
+static int count_distinct(const int32_t *ids, int n, int E, uint8_t *seen) {
+    memset(seen, 0, (size_t)E);
+    int c = 0;
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < E && !seen[ids[i]]) {
+            seen[ids[i]] = 1;
+            c++;
+        }
+    return c;
+}
+
+static fm_status check_opts(const fm_prof_opts *o) {
+    if (!!o->model_dir == !!o->preset) return fm_error(FM_E_ARG, "profile: give exactly one of --model DIR or --preset NAME");
+    if (o->n_batch < 1 || o->n_batch > FM_PROF_MAX_BATCH)
+        return fm_error(FM_E_RANGE, "profile: %d batch sizes (1 to %d)", o->n_batch, FM_PROF_MAX_BATCH);
+    for (int i = 0; i < o->n_batch; i++)
+        if (o->batches[i] < 1 || o->batches[i] > MAX_BATCH_TOKENS)
+            return fm_error(FM_E_RANGE, "profile: batch %d outside [1, %d]", o->batches[i], MAX_BATCH_TOKENS);
+    if (o->steps < 1 || o->steps > 100000) return fm_error(FM_E_RANGE, "profile: %d steps (1 to 100000)", o->steps);
+    if (o->warmup < 0 || o->warmup > 1000) return fm_error(FM_E_RANGE, "profile: %d warm-up steps (0 to 1000)", o->warmup);
+    if (o->layers < 0 || o->step_layers < 0 || o->threads < 0 || o->tile_n < 0)
+        return fm_error(FM_E_RANGE, "profile: negative layer, thread or tile count");
+    if (!(o->bandwidth_Bps >= 0) || !(o->peak_flops >= 0)) return fm_error(FM_E_RANGE, "profile: bad bandwidth or peak");
+    if (o->period_ms < 1 || o->period_ms > 60000) return fm_error(FM_E_RANGE, "profile: telemetry period %d ms", o->period_ms);
+    if (o->device != FM_DEV_CPU && o->device != FM_DEV_CUDA) return fm_error(FM_E_ARG, "profile: unknown device");
+    return FM_OK;
+}
+
+/* What both device paths share: the model, its layers' indices, the
+ * profile being filled. */
+typedef struct {
+    const fm_prof_opts *o;
+    fm_model_desc d;
+    fm_ckpt *ckpt;
+    fm_profile *p;
+    uint64_t t0;
+    int *moe_idx; /* MoE layer indices of the model */
+    int n_moe;
+} run_ctx;
+
+static void progress(const run_ctx *c, const char *fmt, const char *a, int b) {
+    if (!c->o->progress) return;
+    fprintf(c->o->progress, "profile: ");
+    fprintf(c->o->progress, fmt, a, b);
+    fprintf(c->o->progress, "\n");
+    fflush(c->o->progress);
+}
+
+/* Binds or generates up to `want` distinct MoE layers (host memory). */
+static fm_status host_layers(run_ctx *c, int want, fm_moe_layer ***out, int *n_out) {
+    fm_moe_layer **ls = fm_calloc((size_t)want, sizeof *ls);
+    if (!ls) return FM_E_NOMEM;
+    int n = 0;
+    fm_status st = FM_OK;
+    for (int i = 0; i < c->n_moe && n < want; i++) {
+        if (c->ckpt) {
+            fm_qformat q = c->o->fmt == FM_QF_NVFP4 || c->o->fmt == FM_QF_MXFP4 ? c->o->fmt : FM_QF_NONE;
+            st = fm_moe_layer_bind(c->ckpt, &c->d, c->moe_idx[i], q, &ls[n]);
+            if (st == FM_E_NOTFOUND) { /* checkpoints from `gen` hold a few layers */
+                st = FM_OK;
+                continue;
+            }
+        } else {
+            st = fm_moe_layer_random(&c->d, c->p->fmt, c->o->seed, c->moe_idx[i], &ls[n]);
+        }
+        if (st != FM_OK) break;
+        n++;
+    }
+    if (st == FM_OK && n == 0)
+        st = fm_error(FM_E_NOTFOUND, "%s: no MoE layer of the model is in the checkpoint", c->o->model_dir);
+    if (st != FM_OK) {
+        for (int i = 0; i < n; i++) fm_moe_layer_free(ls[i]);
+        free(ls);
+        return st;
+    }
+    *out = ls;
+    *n_out = n;
+    return FM_OK;
+}
+
+/* Random activations and token ids of one step (seeded, so runs repeat). */
+static void fill_inputs(const run_ctx *c, int B, int step, float *x, int32_t *tok) {
+    uint64_t key = fm_hash_str("profile.x") + (uint64_t)B * 1000003u + (uint64_t)step;
+    for (int64_t i = 0; i < (int64_t)B * c->d.hidden; i++) x[i] = fm_rng_normal(c->o->seed, key, (uint64_t)i);
+    int vocab = c->d.vocab_size > 0 ? c->d.vocab_size : 1;
+    for (int t = 0; t < B; t++) tok[t] = (int32_t)(fm_rng_u64(c->o->seed, key ^ 0x5a5a5a5au, (uint64_t)t) % (uint64_t)vocab);
+}
+
+/* ------------------------------------------------------------- CPU */
+
+static fm_status run_cpu(run_ctx *c) {
+    const fm_prof_opts *o = c->o;
+    fm_profile *p = c->p;
+    fm_cpu_engine *e = NULL;
+    fm_moe_layer **ls = NULL;
+    int nl = 0;
+    float *x = NULL, *out = NULL, *w = NULL;
+    int32_t *ids = NULL, *tok = NULL, *tpe = NULL;
+    uint8_t *seen = NULL;
+    fm_status st = fm_cpu_engine_new(FM_CPU_AUTO, o->threads, &e);
+    if (st != FM_OK) return st;
+    snprintf(p->device_desc, sizeof p->device_desc, "%s", fm_cpu_engine_describe(e));
+    int want = o->layers > 0 ? o->layers : (c->n_moe < 2 ? c->n_moe : 2);
+    progress(c, "building %s layers (%d)", c->ckpt ? "checkpoint" : "random", want);
+    st = host_layers(c, want, &ls, &nl);
+    if (st != FM_OK) goto done;
+    p->layers_distinct = nl;
+    p->fmt = ls[0]->fmt;
+
+    if (o->bandwidth_Bps > 0) {
+        p->bandwidth_Bps = o->bandwidth_Bps;
+        snprintf(p->bandwidth_note, sizeof p->bandwidth_note, "given with --bandwidth");
+    } else {
+        size_t bytes = o->bw_probe_bytes ? o->bw_probe_bytes : DEFAULT_CPU_PROBE;
+        progress(c, "measuring memory bandwidth%s (%d MiB)", "", (int)(bytes >> 20));
+        p->bandwidth_Bps = fm_cpu_measure_bandwidth(bytes, o->threads);
+        snprintf(p->bandwidth_note, sizeof p->bandwidth_note, "measured now: streaming read of %zu MiB", bytes >> 20);
+        if (!(p->bandwidth_Bps > 0)) {
+            st = fm_error(FM_E_NUMERIC, "profile: the bandwidth probe returned %g B/s", p->bandwidth_Bps);
+            goto done;
+        }
+    }
+    if (o->peak_flops > 0) {
+        p->peak_flops = o->peak_flops;
+        snprintf(p->peak_note, sizeof p->peak_note, "given with --peak-gflops");
+    } else {
+        p->peak_flops = fm_prof_cpu_peak_flops(o->threads, p->peak_note, sizeof p->peak_note);
+    }
+    p->tile_n = o->tile_n;
+    p->time_source = FM_TSRC_HOST;
+    snprintf(p->time_note, sizeof p->time_note,
+             "phase timers inside the CPU engine; trace phase spans are laid out in pipeline order inside each "
+             "layer call with their measured durations");
+
+    int maxB = 0;
+    for (int i = 0; i < o->n_batch; i++) maxB = o->batches[i] > maxB ? o->batches[i] : maxB;
+    int H = c->d.hidden, k = c->d.topk, E = c->d.n_experts;
+    x = fm_malloc((size_t)maxB * H * sizeof *x);
+    out = fm_malloc((size_t)maxB * H * sizeof *out);
+    w = fm_malloc((size_t)maxB * k * sizeof *w);
+    ids = fm_malloc((size_t)maxB * k * sizeof *ids);
+    tok = fm_malloc((size_t)maxB * sizeof *tok);
+    tpe = fm_malloc((size_t)E * sizeof *tpe);
+    seen = fm_malloc((size_t)E);
+    if (!x || !out || !w || !ids || !tok || !tpe || !seen) {
+        st = FM_E_NOMEM;
+        goto done;
+    }
+    fm_phase_times pt;
+    memset(&pt, 0, sizeof pt);
+    fm_cpu_engine_set_phase_times(e, &pt);
+
+    for (int bi = 0; bi < o->n_batch && st == FM_OK; bi++) {
+        int B = o->batches[bi];
+        fm_prof_batch *b = &p->b[p->n_batch];
+        memset(b, 0, sizeof *b);
+        b->batch = B;
+        progress(c, "batch %s%d", "", B);
+        double *step_ns = fm_calloc((size_t)o->steps, sizeof *step_ns);
+        if (!step_ns) { st = FM_E_NOMEM; break; }
+        double active_sum = 0, tile_tok = 0, tile_rows = 0;
+        long layer_calls = 0;
+        uint64_t tb = fm_now_ns();
+        b->t_begin_s = now_s(c->t0);
+        for (int s = 0; s < o->warmup + o->steps && st == FM_OK; s++) {
+            int measured = s >= o->warmup;
+            fill_inputs(c, B, s, x, tok);
+            uint64_t s0 = fm_now_ns();
+            for (int l = 0; l < p->layers_per_step; l++) {
+                const fm_moe_layer *L = ls[l % nl];
+                fm_phase_times before = pt;
+                fm_moe_out mo = {out, ids, w};
+                uint64_t l0 = fm_now_ns();
+                st = fm_cpu_forward(e, &c->d, L, x, FM_DT_F32, B, tok, &mo);
+                uint64_t l1 = fm_now_ns();
+                if (st != FM_OK) break;
+                char nm[64];
+                snprintf(nm, sizeof nm, "layer %d", L->layer);
+                add_span(p, c->t0, l0, l1, 1, 1, p->n_batch, 2, -1, nm);
+                uint64_t t = l0;
+                for (int ph = 0; ph < FM_PH_COUNT; ph++) {
+                    double d = pt.ns[ph] - before.ns[ph];
+                    if (d <= 0) continue;
+                    if (measured) b->row_ns[ph] += d;
+                    add_span(p, c->t0, t, t + (uint64_t)d, 1, 1, p->n_batch, 3, ph, fm_phase_name((fm_phase)ph));
+                    t += (uint64_t)d;
+                }
+                if (!measured) continue;
+                layer_calls++;
+                active_sum += count_distinct(ids, B * k, E, seen);
+                if (o->tile_n > 0) {
+                    memset(tpe, 0, (size_t)E * sizeof *tpe);
+                    for (int i = 0; i < B * k; i++)
+                        if (ids[i] >= 0 && ids[i] < E) tpe[ids[i]]++;
+                    for (int q = 0; q < E; q++)
+                        if (tpe[q] > 0) {
+                            tile_tok += tpe[q];
+                            tile_rows += (double)((tpe[q] + o->tile_n - 1) / o->tile_n) * o->tile_n;
+                        }
+                }
+            }
+            uint64_t s1 = fm_now_ns();
+            char nm[64];
+            snprintf(nm, sizeof nm, "%s B=%d", measured ? "step" : "warm-up step", B);
+            add_span(p, c->t0, s0, s1, 1, 1, p->n_batch, 1, -1, nm);
+            if (measured) step_ns[s - o->warmup] = (double)(s1 - s0);
+        }
+        uint64_t te = fm_now_ns();
+        if (st == FM_OK) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "batch %d", B);
+            add_span(p, c->t0, tb, te, 1, 1, p->n_batch, 0, -1, nm);
+            b->t_end_s = now_s(c->t0);
+            b->steps = o->steps;
+            double sum = 0;
+            b->step_ns_min = INFINITY;
+            for (int s = 0; s < o->steps; s++) {
+                sum += step_ns[s];
+                b->step_ns_min = fmin(b->step_ns_min, step_ns[s]);
+                b->step_ns_max = fmax(b->step_ns_max, step_ns[s]);
+            }
+            b->step_ns = sum / o->steps;
+            for (int ph = 0; ph < FM_PH_COUNT; ph++) b->row_ns[ph] /= o->steps;
+            b->active_observed = layer_calls ? active_sum / layer_calls : 0;
+            b->tile_fill_observed = tile_rows > 0 ? tile_tok / tile_rows : -1;
+            p->n_batch++;
+        }
+        free(step_ns);
+    }
+    p->fused_mask = pt.fused_mask;
+    fm_cpu_engine_set_phase_times(e, NULL);
+done:
+    free(x);
+    free(out);
+    free(w);
+    free(ids);
+    free(tok);
+    free(tpe);
+    free(seen);
+    for (int i = 0; i < nl; i++) fm_moe_layer_free(ls[i]);
+    free(ls);
+    fm_cpu_engine_free(e);
+    return st;
+}
+
+/* ------------------------------------------------------------- CUDA */
+
+/* Turns the kernel records of one batch into per-step phase times. Kernels
+ * of one cudaGraphLaunch share its correlation id, so each group of the
+ * most common size (> 1) is one replay of the step's graph. Without graphs
+ * (every kernel its own correlation id) the routing kernels count the
+ * layers: one per layer. */
+static void cupti_breakdown(run_ctx *c, fm_prof_batch *b, int bi, const fm_kernel_rec *r, size_t n, uint64_t ta,
+                            uint64_t tz) {
+    fm_profile *p = c->p;
+    size_t m = 0;
+    uint32_t *corr = fm_malloc((n ? n : 1) * sizeof *corr);
+    uint32_t *cnt = fm_calloc(n ? n : 1, sizeof *cnt);
+    if (!corr || !cnt) {
+        free(corr);
+        free(cnt);
+        return;
+    }
+    /* distinct correlation ids and their kernel counts (records arrive in
+     * order per stream; a small quadratic scan is fine for a few thousand) */
+    size_t in_window = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].start_ns < ta || r[i].start_ns > tz) continue;
+        in_window++;
+        size_t j = 0;
+        while (j < m && corr[j] != r[i].correlation) j++;
+        if (j == m) corr[m++] = r[i].correlation;
+        cnt[j]++;
+    }
+    uint32_t mode = 0, mode_n = 0;
+    for (size_t j = 0; j < m; j++) {
+        uint32_t f = 0;
+        for (size_t q = 0; q < m; q++) f += cnt[q] == cnt[j];
+        if (cnt[j] > 1 && (f > mode_n || (f == mode_n && cnt[j] > mode))) {
+            mode = cnt[j];
+            mode_n = f;
+        }
+    }
+    double ph[FM_PH_COUNT] = {0};
+    double routes = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].start_ns < ta || r[i].start_ns > tz) continue;
+        size_t j = 0;
+        while (j < m && corr[j] != r[i].correlation) j++;
+        int in_step = mode > 1 ? cnt[j] == mode : 1;
+        if (in_step) ph[r[i].phase] += (double)(r[i].end_ns - r[i].start_ns);
+        if (r[i].phase == FM_PH_ROUTE) routes++;
+        add_span(p, c->t0, r[i].start_ns, r[i].end_ns, 2, (int)r[i].stream, bi, 4, r[i].phase, r[i].name);
+    }
+    double steps = mode > 1 ? mode_n : (routes > 0 ? routes / p->layers_per_step : b->steps);
+    if (steps <= 0) steps = 1;
+    for (int q = 0; q < FM_PH_COUNT; q++) b->row_ns[q] = ph[q] / steps;
+    /* GPU step spans: first start to last end of each replay */
+    for (size_t j = 0; mode > 1 && j < m; j++) {
+        if (cnt[j] != mode) continue;
+        uint64_t s0 = UINT64_MAX, s1 = 0;
+        for (size_t i = 0; i < n; i++)
+            if (r[i].correlation == corr[j] && r[i].start_ns >= ta && r[i].start_ns <= tz) {
+                if (r[i].start_ns < s0) s0 = r[i].start_ns;
+                if (r[i].end_ns > s1) s1 = r[i].end_ns;
+            }
+        char nm[64];
+        snprintf(nm, sizeof nm, "step B=%d (graph replay)", b->batch);
+        if (s1 > s0) add_span(p, c->t0, s0, s1, 2, 0, bi, 1, -1, nm);
+    }
+    (void)in_window;
+    free(corr);
+    free(cnt);
+}
+
+static fm_status run_cuda(run_ctx *c) {
+    const fm_prof_opts *o = c->o;
+    fm_profile *p = c->p;
+    char why[256] = "";
+    if (!fm_cuda_available(why, sizeof why))
+        return fm_error(FM_E_UNSUPPORTED, "profile --device cuda: no usable CUDA GPU: %s", why);
+    fm_cuda_engine *e = NULL;
+    fm_cuda_layer **cl = NULL;
+    fm_cuda_layer **step = NULL;
+    fm_cupti *cu = NULL;
+    int nl = 0;
+    fm_status st = fm_cuda_engine_new(o->cuda_device, &e);
+    if (st != FM_OK) return st;
+    snprintf(p->device_desc, sizeof p->device_desc, "%s", fm_cuda_engine_describe(e));
+    int want = o->layers > 0 ? o->layers : (c->n_moe < 2 ? c->n_moe : 2);
+    cl = fm_calloc((size_t)want, sizeof *cl);
+    step = fm_calloc((size_t)p->layers_per_step, sizeof *step);
+    if (!cl || !step) { st = FM_E_NOMEM; goto done; }
+    if (c->ckpt) {
+        fm_moe_layer **hl = NULL;
+        int hn = 0;
+        st = host_layers(c, want, &hl, &hn);
+        for (int i = 0; st == FM_OK && i < hn; i++) {
+            st = fm_cuda_layer_upload(e, &c->d, hl[i], &cl[i]);
+            if (st == FM_OK) nl++;
+        }
+        if (hn) p->fmt = hl[0]->fmt;
+        for (int i = 0; i < hn; i++) fm_moe_layer_free(hl[i]);
+        free(hl);
+    } else {
+        for (int i = 0; st == FM_OK && i < want && i < c->n_moe; i++) {
+            st = fm_cuda_layer_random(e, &c->d, p->fmt, o->seed, c->moe_idx[i], &cl[i]);
+            if (st == FM_OK) nl++;
+        }
+    }
+    if (st != FM_OK) goto done;
+    p->layers_distinct = nl;
+    for (int l = 0; l < p->layers_per_step; l++) step[l] = cl[l % nl];
+
+    fm_tune_key key;
+    memset(&key, 0, sizeof key);
+    st = fm_cuda_engine_key(e, &c->d, p->fmt, &key);
+    if (st != FM_OK) goto done;
+    size_t plen = 0;
+    for (int bi = 0; bi < o->n_batch; bi++) {
+        fm_tune_choice ch;
+        if (fm_tune_choose(&key, o->batches[bi], &ch) != FM_OK) continue;
+        char line[1024];
+        fm_tune_provenance_line(&key, o->batches[bi], &ch, line, sizeof line);
+        int wr = snprintf(p->provenance + plen, sizeof p->provenance - plen, "%s%s", plen ? "\n" : "", line);
+        if (wr > 0 && (size_t)wr < sizeof p->provenance - plen) plen += (size_t)wr;
+        if (o->tile_n == 0 && ch.cfg.path == FM_PATH_LARGE && ch.cfg.tile_n > p->tile_n) p->tile_n = ch.cfg.tile_n;
+    }
+    if (o->tile_n > 0) p->tile_n = o->tile_n;
+    if (o->progress && p->provenance[0]) fprintf(o->progress, "%s\n", p->provenance);
+
+    if (o->bandwidth_Bps > 0) {
+        p->bandwidth_Bps = o->bandwidth_Bps;
+        snprintf(p->bandwidth_note, sizeof p->bandwidth_note, "given with --bandwidth");
+    } else {
+        size_t bytes = o->bw_probe_bytes ? o->bw_probe_bytes : DEFAULT_GPU_PROBE;
+        p->bandwidth_Bps = fm_cuda_measure_bandwidth(e, bytes);
+        snprintf(p->bandwidth_note, sizeof p->bandwidth_note, "measured now: device streaming read of %zu MiB",
+                 bytes >> 20);
+        if (!(p->bandwidth_Bps > 0)) {
+            st = fm_error(FM_E_CUDA, "profile: the GPU bandwidth probe failed: %s", fm_last_error());
+            goto done;
+        }
+    }
+    if (o->peak_flops > 0) {
+        p->peak_flops = o->peak_flops;
+        snprintf(p->peak_note, sizeof p->peak_note, "given with --peak-gflops");
+    } else {
+        p->peak_flops = gpu_peak(p->device_desc, p->peak_note, sizeof p->peak_note);
+    }
+
+    if (fm_cupti_start(&cu) == FM_OK) {
+        p->time_source = FM_TSRC_CUPTI;
+        snprintf(p->time_note, sizeof p->time_note,
+                 "CUPTI concurrent-kernel activity records: each kernel inside the CUDA graph, per stream");
+    } else {
+        p->time_source = FM_TSRC_EVENTS;
+        snprintf(p->time_note, sizeof p->time_note, "CUDA events between phases (CUPTI unavailable: %.160s)",
+                 fm_last_error());
+    }
+    fm_phase_times pt;
+    for (int bi = 0; bi < o->n_batch; bi++) {
+        int B = o->batches[bi];
+        fm_prof_batch *b = &p->b[p->n_batch];
+        memset(b, 0, sizeof *b);
+        b->batch = B;
+        progress(c, "batch %s%d", "", B);
+        memset(&pt, 0, sizeof pt);
+        if (!cu) fm_cuda_engine_set_phase_times(e, &pt);
+        if (cu) fm_cupti_clear(cu);
+        fm_cuda_bench_result r;
+        memset(&r, 0, sizeof r);
+        uint64_t ta = fm_now_ns();
+        b->t_begin_s = now_s(c->t0);
+        st = fm_cuda_bench(e, &c->d, step, p->layers_per_step, B, o->seed, o->steps, &r);
+        uint64_t tz = fm_now_ns();
+        b->t_end_s = now_s(c->t0);
+        fm_cuda_engine_set_phase_times(e, NULL);
+        if (st != FM_OK) break;
+        b->steps = o->steps;
+        b->step_ns = r.us_per_layer * 1e3 * p->layers_per_step;
+        b->step_ns_min = r.us_min * 1e3 * p->layers_per_step;
+        b->step_ns_max = r.us_max * 1e3 * p->layers_per_step;
+        b->active_observed = r.active_experts;
+        char nm[64];
+        snprintf(nm, sizeof nm, "batch %d (%.40s)", B, r.kernel);
+        add_span(p, c->t0, ta, tz, 1, 1, p->n_batch, 0, -1, nm);
+        if (cu) {
+            st = fm_cupti_flush(cu);
+            if (st != FM_OK) break;
+            const fm_kernel_rec *rec = NULL;
+            size_t n = fm_cupti_records(cu, &rec);
+            cupti_breakdown(c, b, p->n_batch, rec, n, ta, tz);
+        } else if (pt.calls > 0) {
+            /* calls counts layer executions: scale to one step */
+            for (int q = 0; q < FM_PH_COUNT; q++) b->row_ns[q] = pt.ns[q] / (double)pt.calls * p->layers_per_step;
+            p->fused_mask = pt.fused_mask;
+        } else {
+            p->time_source = FM_TSRC_HOST;
+            snprintf(p->time_note, sizeof p->time_note, "CUDA graph replay times only: no per-phase source");
+        }
+        p->n_batch++;
+    }
+    if (cu && fm_cupti_dropped(cu)) {
+        size_t l = strlen(p->time_note);
+        snprintf(p->time_note + l, sizeof p->time_note - l, "; %llu records dropped",
+                 (unsigned long long)fm_cupti_dropped(cu));
+    }
+done:
+    fm_cupti_stop(cu);
+    for (int i = 0; i < nl; i++) fm_cuda_layer_free(cl[i]);
+    free(cl);
+    free(step);
+    fm_cuda_engine_free(e);
+    return st;
+}
+
+/* ------------------------------------------------------------- entry */
+
+fm_status fm_profile_run(const fm_prof_opts *o, fm_profile **out) {
+    if (!o || !out) return fm_error(FM_E_ARG, "profile: NULL argument");
+    *out = NULL;
+    fm_status st = check_opts(o);
+    if (st != FM_OK) return st;
+    run_ctx c;
+    memset(&c, 0, sizeof c);
+    c.o = o;
+    fm_telemetry *tm = NULL;
+    fm_profile *p = fm_profile_new();
+    if (!p) return FM_E_NOMEM;
+    c.p = p;
+    if (o->preset) {
+        st = fm_preset_desc(o->preset, o->fmt, &c.d);
+        snprintf(p->model, sizeof p->model, "%s", o->preset);
+    } else {
+        st = fm_model_desc_load(o->model_dir, &c.d);
+        if (st == FM_OK) st = fm_ckpt_open(o->model_dir, &c.ckpt);
+        snprintf(p->model, sizeof p->model, "%s", o->model_dir);
+    }
+    if (st != FM_OK) goto fail;
+    p->fmt = o->preset ? c.d.expert_format : (o->fmt != FM_QF_NONE ? o->fmt : c.d.expert_format);
+    snprintf(p->family, sizeof p->family, "%s", c.d.family);
+    p->device = o->device;
+    p->E = c.d.n_experts;
+    p->k = c.d.topk;
+    p->H = c.d.hidden;
+    p->I = c.d.moe_inter;
+    p->n_shared = c.d.n_shared;
+    p->shared_inter = c.d.n_shared > 0 ? c.d.shared_inter : 0;
+    p->group_size = c.d.group_size;
+    p->warmup = o->warmup;
+    c.moe_idx = fm_calloc((size_t)(c.d.n_layers > 0 ? c.d.n_layers : 1), sizeof *c.moe_idx);
+    if (!c.moe_idx) { st = FM_E_NOMEM; goto fail; }
+    for (int l = 0; l < c.d.n_layers; l++)
+        if (fm_model_is_moe_layer(&c.d, l)) c.moe_idx[c.n_moe++] = l;
+    if (c.n_moe == 0) {
+        st = fm_error(FM_E_RANGE, "%s: the model has no MoE layer", p->model);
+        goto fail;
+    }
+    p->model_moe_layers = c.n_moe;
+    p->layers_per_step = o->step_layers > 0 ? o->step_layers : c.n_moe;
+
+    c.t0 = fm_now_ns();
+    st = fm_telemetry_start(o->device, o->cuda_device, o->period_ms, c.t0, &tm);
+    if (st != FM_OK) goto fail;
+    snprintf(p->telem_note, sizeof p->telem_note, "%s", fm_telemetry_note(tm));
+    st = o->device == FM_DEV_CUDA ? run_cuda(&c) : run_cpu(&c);
+    fm_telemetry_stop(tm);
+    if (st != FM_OK) goto fail;
+    p->duration_s = now_s(c.t0);
+    const fm_telem_sample *s = NULL;
+    size_t ns = fm_telemetry_samples(tm, &s);
+    if (ns) {
+        p->samples = fm_malloc(ns * sizeof *s);
+        if (!p->samples) { st = FM_E_NOMEM; goto fail; }
+        memcpy(p->samples, s, ns * sizeof *s);
+        p->n_samples = ns;
+    }
+    st = fm_profile_finish(p);
+    if (st != FM_OK) goto fail;
+    fm_telemetry_free(tm);
+    fm_ckpt_close(c.ckpt);
+    free(c.moe_idx);
+    *out = p;
+    return FM_OK;
+fail:
+    fm_telemetry_free(tm);
+    fm_ckpt_close(c.ckpt);
+    free(c.moe_idx);
+    fm_profile_free(p);
+    return st;
+}
