@@ -94,38 +94,46 @@ fm_status fm_dist_new_exec(const fm_model_desc *d, const fm_moe_layer *l, const 
         s = FM_E_NOMEM;
         goto fail;
     }
-    fm_moe_layer tmp;
-    if (o->mode == FM_DIST_EP) {
-        fm_dist_expert_view(d, l, 0, ds->zero_router, &ds->dexp, &tmp);
-        if (l->has_shared) fm_dist_expert_view(d, l, -1, ds->zero_router, &ds->dsh, &tmp);
-    }
     for (int i = 0; i < ds->nloc; i++) {
         rank_state *r = &ds->rs[i];
         r->rank = fm_comm_local_rank(c, i);
+        /* The layer this rank computes from: a TP slice or the whole layer. */
+        const fm_model_desc *dr = d;
+        const fm_moe_layer *lr = l;
         if (o->mode == FM_DIST_TP) {
-            s = fm_dist_tp_view(d, l, r->rank, ds->R, &r->dtp, &r->ltp, &r->arrays);
-            if (!s) s = prepare(ds, i, &r->dtp, &r->ltp, &r->htp);
-            if (s) goto fail;
+            if ((s = fm_dist_tp_view(d, l, r->rank, ds->R, &r->dtp, &r->ltp, &r->arrays))) goto fail;
+            dr = &r->dtp;
+            lr = &r->ltp;
+            if (o->layout == FM_DIST_REPLICATED) {
+                /* one normal forward of the slice; routing inside the engine */
+                if ((s = prepare(ds, i, dr, lr, &r->htp))) goto fail;
+                continue;
+            }
+            /* token-sharded: the token owner routes, so ranks compute given
+             * (token, expert) pairs through one-expert views of the slice */
+            r->e0 = 0;
+            r->ne = l->n_experts;
         } else {
             r->ne = l->n_experts / ds->R;
             r->e0 = r->rank * r->ne;
-            r->lexp = fm_calloc((size_t)r->ne, sizeof *r->lexp);
-            r->hexp = fm_calloc((size_t)r->ne, sizeof *r->hexp);
-            if (!r->lexp || !r->hexp) {
-                s = FM_E_NOMEM;
-                goto fail;
-            }
-            fm_model_desc dv;
-            for (int j = 0; j < r->ne; j++) {
-                fm_dist_expert_view(d, l, r->e0 + j, ds->zero_router, &dv, &r->lexp[j]);
-                s = prepare(ds, i, &ds->dexp, &r->lexp[j], &r->hexp[j]);
-                if (s) goto fail;
-            }
-            if (l->has_shared) {
-                fm_dist_expert_view(d, l, -1, ds->zero_router, &dv, &r->lsh);
-                s = prepare(ds, i, &ds->dsh, &r->lsh, &r->hsh);
-                if (s) goto fail;
-            }
+        }
+        fm_moe_layer tmp;
+        fm_dist_expert_view(dr, lr, 0, ds->zero_router, &ds->dexp, &tmp);
+        if (l->has_shared) fm_dist_expert_view(dr, lr, -1, ds->zero_router, &ds->dsh, &tmp);
+        r->lexp = fm_calloc((size_t)r->ne, sizeof *r->lexp);
+        r->hexp = fm_calloc((size_t)r->ne, sizeof *r->hexp);
+        if (!r->lexp || !r->hexp) {
+            s = FM_E_NOMEM;
+            goto fail;
+        }
+        fm_model_desc dv;
+        for (int j = 0; j < r->ne; j++) {
+            fm_dist_expert_view(dr, lr, r->e0 + j, ds->zero_router, &dv, &r->lexp[j]);
+            if ((s = prepare(ds, i, &ds->dexp, &r->lexp[j], &r->hexp[j]))) goto fail;
+        }
+        if (l->has_shared) {
+            fm_dist_expert_view(dr, lr, -1, ds->zero_router, &dv, &r->lsh);
+            if ((s = prepare(ds, i, &ds->dsh, &r->lsh, &r->hsh))) goto fail;
         }
     }
     snprintf(ds->desc, sizeof ds->desc, "%s%d, %s tokens%s%s, %s, engine %s", fm_dist_mode_name(o->mode), o->ranks,
@@ -347,89 +355,99 @@ static void bs_free(bufset *b) {
 
 /* -------------------------------------------------------------------- TP */
 
+/* Token record of the TP all-gather: k x int32 expert, k x F32 weight
+ * (routed by the token's owner, on its full-precision activations), then the
+ * encoded row. */
+static size_t tp_rec_bytes(int k, size_t rowb) { return (sizeof(int32_t) + sizeof(float)) * (size_t)k + rowb; }
+
 static fm_status tp_forward(fm_dist *ds, const void *x, fm_dtype xdt, int T, const int32_t *tid, fm_moe_out *o,
                             fm_dist_stats *st, int32_t *ids0, float *w0) {
-    const int nl = ds->nloc, R = ds->R, H = ds->l->hidden;
+    const int nl = ds->nloc, R = ds->R, H = ds->l->hidden, k = ds->l->topk;
     const int sharded = ds->o.layout == FM_DIST_TOKEN_SHARDED;
     const int C = (T + R - 1) / R, Tp = sharded ? C * R : T;
-    const size_t rowb = fm_codec_row_bytes(ds->o.compress, H);
+    const size_t rowb = fm_codec_row_bytes(ds->o.compress, H), rb = tp_rec_bytes(k, rowb);
     fm_status s = FM_OK;
-    bufset part = {0}, snd = {0}, rcv = {0}, xg = {0}, tsnd = {0}, trcv = {0}, fin = {0};
-    if ((s = bs_init(&part, nl)) || (s = bs_init(&snd, nl)) || (s = bs_init(&rcv, nl)) || (s = bs_init(&xg, nl)) ||
-        (s = bs_init(&tsnd, nl)) || (s = bs_init(&trcv, nl)) || (s = bs_init(&fin, nl)))
+    bufset part = {0}, snd = {0}, rcv = {0}, fin = {0};
+    float *xc = NULL, *xg = NULL, *wg = NULL;
+    int32_t *ig = NULL;
+    int64_t pairs_dummy;
+    int active_dummy;
+    if ((s = bs_init(&part, nl)) || (s = bs_init(&snd, nl)) || (s = bs_init(&rcv, nl)) || (s = bs_init(&fin, nl)))
         goto done;
-
     for (int i = 0; i < nl; i++)
         if (!bs_alloc(&part, i, (size_t)Tp * H, sizeof(float), "partial output")) {
             s = FM_E_NOMEM;
             goto done;
         }
 
-    if (sharded) {
-        /* Each rank encodes its own chunk; the all-gather gives every rank
-         * all T tokens (rows past T are padding, never decoded). */
-        for (int i = 0; i < nl; i++) {
-            const int rank = ds->rs[i].rank;
-            int t0, n;
-            chunk_of(rank, T, R, &t0, &n);
-            uint64_t t_start = fm_now_ns();
-            uint8_t *m = bs_alloc(&snd, i, (size_t)C, rowb, "all-gather send");
-            float *row = alloc_array((size_t)H, sizeof(float), "row");
-            if (!m || !row || !bs_alloc(&rcv, i, (size_t)C * R, rowb, "all-gather recv")) {
-                free(row);
-                s = FM_E_NOMEM;
-                goto done;
-            }
-            for (int t = 0; t < n && !s; t++) {
-                s = fm_dist_row_f32(x, xdt, H, t0 + t, row);
-                if (!s) s = fm_codec_encode_row(ds->o.compress, row, H, m + (size_t)t * rowb);
-                if (s) fm_error(s, "dist: token %d: %s", t0 + t, fm_last_error());
-            }
-            free(row);
-            if (s) goto done;
-            if (tid) {
-                int32_t *ts = bs_alloc(&tsnd, i, (size_t)C, sizeof(int32_t), "token ids");
-                if (!ts || !bs_alloc(&trcv, i, (size_t)C * R, sizeof(int32_t), "token ids")) {
-                    s = FM_E_NOMEM;
-                    goto done;
-                }
-                memcpy(ts, tid + t0, (size_t)n * sizeof(int32_t));
-            }
-            st->compute_ns[rank] += (double)(fm_now_ns() - t_start);
-        }
-        if ((s = fm_comm_all_gather(ds->c, (const void *const *)snd.p, rcv.p, (size_t)C * rowb))) goto done;
-        if (tid && (s = fm_comm_all_gather(ds->c, (const void *const *)tsnd.p, trcv.p, (size_t)C * sizeof(int32_t))))
-            goto done;
-    }
-
-    for (int i = 0; i < nl; i++) {
-        rank_state *r = &ds->rs[i];
-        uint64_t t_start = fm_now_ns();
-        const void *xin = x;
-        fm_dtype xt = xdt;
-        const int32_t *tin = tid;
-        if (sharded) {
-            float *xf = bs_alloc(&xg, i, (size_t)T * H, sizeof(float), "gathered tokens");
-            if (!xf) {
-                s = FM_E_NOMEM;
-                goto done;
-            }
-            for (int t = 0; t < T; t++)
-                fm_codec_decode_row(ds->o.compress, (const uint8_t *)rcv.p[i] + (size_t)t * rowb, H, xf + (size_t)t * H);
-            xin = xf;
-            xt = FM_DT_F32;
-            tin = tid ? trcv.p[i] : NULL;
-        }
-        s = exec_forward(ds, i, r->htp, &r->dtp, &r->ltp, xin, xt, T, tin, part.p[i], i == 0 ? ids0 : NULL,
-                         i == 0 ? w0 : NULL);
-        if (s) goto done;
-        st->compute_ns[r->rank] += (double)(fm_now_ns() - t_start);
-    }
-
     if (!sharded) {
+        for (int i = 0; i < nl; i++) {
+            rank_state *r = &ds->rs[i];
+            uint64_t t_start = fm_now_ns();
+            s = exec_forward(ds, i, r->htp, &r->dtp, &r->ltp, x, xdt, T, tid, part.p[i], i == 0 ? ids0 : NULL,
+                             i == 0 ? w0 : NULL);
+            if (s) goto done;
+            st->compute_ns[r->rank] += (double)(fm_now_ns() - t_start);
+        }
         if ((s = fm_comm_all_reduce_sum(ds->c, (float *const *)part.p, (size_t)T * H))) goto done;
         memcpy(o->out, part.p[0], (size_t)T * H * sizeof(float));
     } else {
+        xc = alloc_array((size_t)C * H, sizeof(float), "token chunk");
+        xg = alloc_array((size_t)T * H, sizeof(float), "gathered tokens");
+        ig = alloc_array((size_t)T * k, sizeof(int32_t), "gathered ids");
+        wg = alloc_array((size_t)T * k, sizeof(float), "gathered weights");
+        if (!xc || !xg || !ig || !wg) {
+            s = FM_E_NOMEM;
+            goto done;
+        }
+        /* 1. Owners route their chunk and encode (routing, row) records. */
+        for (int i = 0; i < nl; i++) {
+            const int rank = ds->rs[i].rank;
+            uint64_t t_start = fm_now_ns();
+            int t0, n;
+            chunk_of(rank, T, R, &t0, &n);
+            uint8_t *m = bs_alloc(&snd, i, (size_t)C, rb, "all-gather send");
+            if (!m || !bs_alloc(&rcv, i, (size_t)C * R, rb, "all-gather recv")) {
+                s = FM_E_NOMEM;
+                goto done;
+            }
+            if ((s = rows_f32(x, xdt, H, t0, n, xc))) goto done;
+            int32_t *ids = ids0 + (size_t)t0 * k;
+            float *w = w0 + (size_t)t0 * k;
+            if (n && (s = ds->ex.route(ds->ex.ctx, i, ds->d, ds->l, xc, n, tid ? tid + t0 : NULL, ids, w))) goto done;
+            for (int t = 0; t < n; t++) {
+                uint8_t *rec = m + (size_t)t * rb;
+                memcpy(rec, ids + (size_t)t * k, sizeof(int32_t) * (size_t)k);
+                memcpy(rec + sizeof(int32_t) * (size_t)k, w + (size_t)t * k, sizeof(float) * (size_t)k);
+                s = fm_codec_encode_row(ds->o.compress, xc + (size_t)t * H, H, rec + rb - rowb);
+                if (s) {
+                    fm_error(s, "dist: token %d: %s", t0 + t, fm_last_error());
+                    goto done;
+                }
+            }
+            st->compute_ns[rank] += (double)(fm_now_ns() - t_start);
+        }
+        /* 2. Everyone gets every token (rows past T are padding). */
+        if ((s = fm_comm_all_gather(ds->c, (const void *const *)snd.p, rcv.p, (size_t)C * rb))) goto done;
+        /* 3. Each rank: every pair on its slice, then the shared slice. */
+        for (int i = 0; i < nl; i++) {
+            rank_state *r = &ds->rs[i];
+            uint64_t t_start = fm_now_ns();
+            for (int t = 0; t < T; t++) {
+                const uint8_t *rec = (const uint8_t *)rcv.p[i] + (size_t)t * rb;
+                memcpy(ig + (size_t)t * k, rec, sizeof(int32_t) * (size_t)k);
+                memcpy(wg + (size_t)t * k, rec + sizeof(int32_t) * (size_t)k, sizeof(float) * (size_t)k);
+                fm_codec_decode_row(ds->o.compress, rec + rb - rowb, H, xg + (size_t)t * H);
+            }
+            if (i == 0) { /* the routing of tokens of non-local owners */
+                memcpy(ids0, ig, sizeof(int32_t) * (size_t)T * k);
+                memcpy(w0, wg, sizeof(float) * (size_t)T * k);
+            }
+            if ((s = ep_compute(ds, i, xg, T, ig, wg, part.p[i], &pairs_dummy, &active_dummy))) goto done;
+            if ((s = shared_compute(ds, i, xg, T, part.p[i]))) goto done;
+            st->compute_ns[r->rank] += (double)(fm_now_ns() - t_start);
+        }
+        /* 4. Sum the slices; each rank keeps its own chunk. */
         for (int i = 0; i < nl; i++)
             if (!bs_alloc(&fin, i, (size_t)C * H, sizeof(float), "reduce-scatter recv")) {
                 s = FM_E_NOMEM;
@@ -443,18 +461,19 @@ static fm_status tp_forward(fm_dist *ds, const void *x, fm_dtype xdt, int T, con
             memcpy(o->out + (size_t)t0 * H, fin.p[i], (size_t)n * H * sizeof(float));
         }
     }
-    for (int p = 0; p < R; p++) st->pairs[p] = (int64_t)T * ds->l->topk;
-    int a = count_active(ids0, (int64_t)T * ds->l->topk, ds->l->n_experts);
+    for (int p = 0; p < R; p++) st->pairs[p] = (int64_t)T * k;
+    int a = count_active(ids0, (int64_t)T * k, ds->l->n_experts);
     for (int p = 0; p < R; p++) st->active[p] = a;
     finish_load(st, R);
 done:
     bs_free(&part);
     bs_free(&snd);
     bs_free(&rcv);
-    bs_free(&xg);
-    bs_free(&tsnd);
-    bs_free(&trcv);
     bs_free(&fin);
+    free(xc);
+    free(xg);
+    free(ig);
+    free(wg);
     return s;
 }
 
