@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# `fp4moe explain` and `fp4moe tune` through the CLI: the default path when no
+# config file matches, the tuned file when one does (lookup order across
+# $FP4MOE_CONFIG_DIR, the user cache and the shipped configs), malformed and
+# mismatched files ignored with a warning on stderr, bad arguments, and `tune`
+# failing clearly without a GPU.
+set -u
+CLI="${FM_CLI:-}"
+DATA="${FM_TEST_DATA:-}/tune"
+if [ -z "$CLI" ] || [ ! -x "$CLI" ]; then echo "SKIPPED: FM_CLI not set or not executable"; exit 77; fi
+if [ ! -f "$DATA/NVIDIA_H200-132sm-nvfp4-E256-H4096-I2048-k6.json" ]; then echo "SKIPPED: test data missing"; exit 77; fi
+
+T=$(mktemp -d /tmp/fm_sh_tune.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+mkdir -p "$T/env" "$T/xdg/fp4moe/configs" "$T/shipped" "$T/home"
+export FP4MOE_CONFIG_DIR="$T/env" XDG_CACHE_HOME="$T/xdg" FP4MOE_SHIPPED_CONFIGS="$T/shipped" HOME="$T/home"
+NAME=NVIDIA_H200-132sm-nvfp4-E256-H4096-I2048-k6.json
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+has() { grep -qF -- "$2" "$1" || fail "$3: expected '$2' in $(basename "$1"):"$'\n'"$(cat "$1")"; }
+hasnt() { if grep -qF -- "$2" "$1"; then fail "$3: did not expect '$2'"; fi; }
+
+run() { # run NAME ARGS...: stdout to $T/NAME.out, stderr to $T/NAME.err, status in $rc
+    local n=$1; shift
+    "$CLI" "$@" >"$T/$n.out" 2>"$T/$n.err"
+    rc=$?
+}
+
+# 1. No file anywhere: the built-in default, loudly.
+run none explain --preset deepseek-v4-flash --batch 16 --gpu "NVIDIA H200"
+[ $rc -eq 0 ] || fail "explain without files exited $rc: $(cat "$T/none.err")"
+has "$T/none.out" "chosen           built-in default" "no file"
+has "$T/none.out" "WARNING: no tuned config for NVIDIA H200 (132 SMs) nvfp4 E=256 H=4096 I=2048 k=6; using defaults; run: fp4moe tune --preset deepseek-v4-flash --batch 16" "no file"
+has "$T/none.out" "1. \$FP4MOE_CONFIG_DIR $T/env: no such file" "no file trail"
+has "$T/none.out" "2. user cache $T/xdg/fp4moe/configs: no such file" "no file trail"
+has "$T/none.out" "3. shipped $T/shipped: no such file" "no file trail"
+# 256*(1-(250/256)^16) = 80.84; 16*6/80.84 = 1.19
+has "$T/none.out" "= 80.8 of 256" "active experts at B=16"
+has "$T/none.out" "16*6/80.8 = 1.19" "tokens per expert at B=16"
+
+# 2. A shipped file: used, with its bucket, figures and path.
+cp "$DATA/$NAME" "$T/shipped/$NAME"
+run shipped explain --preset deepseek-v4-flash --batch 16,20,200 --gpu H200
+[ $rc -eq 0 ] || fail "explain with a shipped file exited $rc"
+has "$T/shipped.out" "chosen           tuned, bucket 16 (nearest to 16" "shipped"
+has "$T/shipped.out" "chosen           tuned, bucket 16 (nearest to 20" "shipped nearest"
+has "$T/shipped.out" "chosen           tuned, bucket 256 (nearest to 200" "shipped nearest"
+has "$T/shipped.out" "250.00 us vs the default's 262.00 us" "shipped figures"
+has "$T/shipped.out" "provenance: backend=cuda gpu=\"NVIDIA H200\"" "shipped provenance"
+has "$T/shipped.out" "config=$T/shipped/$NAME bucket=16" "shipped provenance"
+has "$T/shipped.out" "params={rows_per_block=16,k_split=4,warps=4,stages=1,tile_n=8,switch_tpe=1.5}" "shipped params"
+hasnt "$T/shipped.out" "WARNING" "shipped"
+[ -s "$T/shipped.err" ] && fail "unexpected stderr: $(cat "$T/shipped.err")"
+
+# 3. Lookup order: the user cache beats shipped, $FP4MOE_CONFIG_DIR beats both.
+cp "$DATA/$NAME" "$T/xdg/fp4moe/configs/$NAME"
+run cache explain --preset deepseek-v4-flash --batch 1 --gpu "NVIDIA H200"
+has "$T/cache.out" "config=$T/xdg/fp4moe/configs/$NAME" "user cache first"
+has "$T/cache.out" "3. shipped $T/shipped: not searched" "user cache first"
+cp "$DATA/$NAME" "$T/env/$NAME"
+run env explain --preset deepseek-v4-flash --batch 1 --gpu "NVIDIA H200"
+has "$T/env.out" "config=$T/env/$NAME" "env dir first"
+rm -f "$T/env/$NAME" "$T/xdg/fp4moe/configs/$NAME"
+
+# 4. Malformed or mismatched files in $FP4MOE_CONFIG_DIR: ignored with a
+#    warning that names the file and the problem; shipped still used.
+check_bad() { # check_bad FILE EXPECTED-SUBSTRING
+    cp "$DATA/$1" "$T/env/$NAME"
+    run bad explain --preset deepseek-v4-flash --batch 16 --gpu "NVIDIA H200"
+    [ $rc -eq 0 ] || fail "$1: exited $rc"
+    has "$T/bad.err" "fp4moe explain: warning: $T/env/$NAME: ignored: " "$1"
+    has "$T/bad.err" "$2" "$1"
+    has "$T/bad.out" "config=$T/shipped/$NAME" "$1 falls through"
+}
+check_bad bad_truncated.json "not valid JSON"
+check_bad bad_wrong_type.json "buckets[1].batch: must be an integer"
+check_bad bad_missing_key.json "buckets[1].params.warps: missing"
+check_bad bad_negative.json "buckets[1].params.k_split: -2 is outside"
+check_bad bad_unknown_path.json "unknown path 'huge'"
+check_bad bad_mismatched_key.json "tuned for nvfp4 E=128"
+check_bad bad_other_sm.json "tuned on 114 SMs, this GPU has 132"
+head -c 400 /dev/urandom >"$T/env/$NAME"
+run rnd explain --preset deepseek-v4-flash --batch 16 --gpu "NVIDIA H200"
+[ $rc -eq 0 ] || fail "random bytes: exited $rc"
+has "$T/rnd.err" "ignored" "random bytes"
+: >"$T/env/$NAME"
+run empty explain --preset deepseek-v4-flash --batch 16 --gpu "NVIDIA H200"
+has "$T/empty.err" "ignored" "empty file"
+rm -f "$T/env/$NAME"
+
+# 5. A file for another GPU does not apply: H100 gets the default.
+run h100 explain --preset deepseek-v4-flash --batch 16 --gpu H100
+has "$T/h100.out" "WARNING: no tuned config for NVIDIA H100 80GB HBM3 (132 SMs)" "other GPU"
+has "$T/h100.out" "NVIDIA_H100_80GB_HBM3-132sm-nvfp4-E256-H4096-I2048-k6.json" "other GPU file name"
+
+# 6. JSON output.
+run json explain --preset deepseek-v4-flash --batch 1,16 --gpu "NVIDIA H200" --json
+[ $rc -eq 0 ] || fail "--json exited $rc"
+if command -v python3 >/dev/null 2>&1; then
+    python3 - "$T/json.out" "$T/shipped/$NAME" <<'EOF' || fail "--json content"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["target"]["name"] == "NVIDIA H200" and d["target"]["sm_count"] == 132, d["target"]
+b = {x["batch"]: x for x in d["batches"]}
+assert b[1]["choice"]["tuned"] is True and b[1]["choice"]["config"] == sys.argv[2], b[1]["choice"]
+assert b[16]["choice"]["bucket"] == 16 and b[16]["choice"]["params"]["k_split"] == 4
+assert abs(b[1]["active_experts"] - 6.0) < 1e-9
+assert [l["status"] for l in b[1]["lookup"]][:3] == ["no such file", "no such file", "found"], b[1]["lookup"]
+EOF
+fi
+
+# 7. The CPU path and bad arguments.
+run cpu explain --preset tiny-qwen3 --batch 4
+[ $rc -eq 0 ] || fail "explain without --gpu exited $rc"
+if grep -qF "no CUDA GPU present" "$T/cpu.out"; then
+    has "$T/cpu.out" "CPU engine" "cpu path"
+    # tune needs a GPU: a clear error, non-zero exit, no file written.
+    run tune tune --preset tiny-qwen3 --batch 1 --out "$T/tuned"
+    [ $rc -ne 0 ] || fail "tune without a GPU succeeded"
+    has "$T/tune.err" "no CUDA GPU" "tune without a GPU"
+    [ -e "$T/tuned" ] && [ -n "$(ls -A "$T/tuned")" ] && fail "tune without a GPU wrote files"
+fi
+run nogpu explain --preset deepseek-v4-flash --gpu "Voodoo 2"
+[ $rc -ne 0 ] || fail "unknown GPU accepted"
+has "$T/nogpu.err" "unknown GPU 'Voodoo 2'" "unknown GPU"
+run nomodel explain --batch 4
+[ $rc -eq 2 ] || fail "explain without a model exited $rc"
+run nopreset explain --preset no-such-model
+[ $rc -ne 0 ] || fail "unknown preset accepted"
+has "$T/nopreset.err" "no-such-model" "unknown preset"
+run badbatch explain --preset tiny-qwen3 --batch 0,x
+[ $rc -eq 2 ] || fail "bad --batch exited $rc"
+run badfmt explain --preset tiny-qwen3 --format fp3
+[ $rc -eq 2 ] || fail "bad --format exited $rc"
+run help explain --help
+[ $rc -eq 0 ] || fail "explain --help exited $rc"
+has "$T/help.out" "NVIDIA H200" "explain --help lists GPUs"
+run thelp tune --help
+[ $rc -eq 0 ] || fail "tune --help exited $rc"
+run tbad tune --preset tiny-qwen3 --all-presets
+[ $rc -eq 2 ] || fail "tune with two model sources exited $rc"
+
+# 8. --model DIR: the shape comes from config.json.
+mkdir -p "$T/model"
+cat >"$T/model/config.json" <<'EOF'
+{"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048,
+ "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+ "norm_topk_prob": true, "vocab_size": 151936, "intermediate_size": 6144}
+EOF
+run model explain --model "$T/model" --batch 8 --gpu "NVIDIA H200"
+if [ $rc -eq 0 ]; then
+    has "$T/model.out" "E=128 H=2048 I=768 k=8" "--model shape"
+    has "$T/model.out" "run: fp4moe tune --preset qwen3-30b-a3b" "--model preset hint"
+else
+    fail "--model exited $rc: $(cat "$T/model.err")"
+fi
+
+if [ $fails -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
+echo "ok"
