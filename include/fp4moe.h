@@ -1098,6 +1098,8 @@ typedef struct {
     double compute_ns[FM_DIST_MAX_RANKS]; /* local ranks only (0 elsewhere)     */
     double comm_ns;                    /* time inside collectives               */
     int64_t comm_bytes;                /* payload bytes sent by one rank        */
+    int64_t act_bytes;                 /* of which activations (all-gather or
+                                          dispatch) sent by local rank 0        */
 } fm_dist_stats;
 
 /*

@@ -427,6 +427,7 @@ static fm_status tp_forward(fm_dist *ds, const void *x, fm_dtype xdt, int T, con
             }
             st->compute_ns[rank] += (double)(fm_now_ns() - t_start);
         }
+        st->act_bytes = (int64_t)C * (int64_t)rb;
         /* 2. Everyone gets every token (rows past T are padding). */
         if ((s = fm_comm_all_gather(ds->c, (const void *const *)snd.p, rcv.p, (size_t)C * rb))) goto done;
         /* 3. Each rank: every pair on its slice, then the shared slice. */
@@ -650,6 +651,7 @@ static fm_status ep_sharded(fm_dist *ds, const void *x, fm_dtype xdt, int T, con
             }
         st->compute_ns[rank] += (double)(fm_now_ns() - t_start);
     }
+    for (int p = 0; p < R; p++) st->act_bytes += (int64_t)((size_t *)ssz.p[0])[p];
     if ((s = fm_comm_all_to_allv(ds->c, (const void *const *)snd.p, (const size_t *const *)ssz.p, rcv.p,
                                  (const size_t *const *)rsz.p)))
         goto done;
