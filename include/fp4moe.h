@@ -168,7 +168,10 @@ fm_status fm_st_open(const char *path, fm_st_file **out);
 /* Reads only the header (no mapping of the data). data pointers are NULL. */
 fm_status fm_st_open_header(const char *path, fm_st_file **out);
 /* Parses a header from memory: buf = the whole file (or its first bytes),
- * file_size = the full size of the file. Used by the fuzzer and tests. */
+ * file_size = the full size of the file. Used by the fuzzer and tests.
+ * When buf holds the whole file, data pointers point into buf; else NULL.
+ * Errors: FM_E_FORMAT malformed, FM_E_RANGE header > 100 MB or shape
+ * product overflow, FM_E_UNSUPPORTED unknown dtype or ndim > FM_MAX_DIMS. */
 fm_status fm_st_parse(const uint8_t *buf, size_t buf_len, uint64_t file_size,
                       fm_st_file **out);
 void fm_st_close(fm_st_file *f);

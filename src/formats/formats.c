@@ -55,13 +55,15 @@ uint8_t fm_f32_to_e2m1(float x) {
 
 /* ------------------------------------------------------------------ E4M3 */
 
+/* Bit construction rather than ldexp: dequantization calls this per block. */
 float fm_e4m3_to_f32(uint8_t code) {
-    int sign = code >> 7, e = (code >> 3) & 0xF, m = code & 7;
-    float v;
-    if (e == 0xF && m == 7) return sign ? -NAN : NAN;
-    if (e == 0) v = ldexpf((float)m, -9);
-    else v = ldexpf(1.0f + (float)m / 8.0f, e - 7);
-    return sign ? -v : v;
+    uint32_t sign = (uint32_t)(code & 0x80) << 24, e = (code >> 3) & 0xFu, m = code & 7u;
+    if (e == 0xF && m == 7) return bits_f32(sign | 0x7FC00000u);
+    if (e == 0) { /* subnormal: m * 2^-9, exact in float */
+        float v = (float)m * 0x1p-9f;
+        return sign ? -v : v;
+    }
+    return bits_f32(sign | ((e + 120u) << 23) | (m << 20));
 }
 
 uint8_t fm_f32_to_e4m3(float x) {
@@ -84,8 +86,9 @@ uint8_t fm_f32_to_e4m3(float x) {
 /* ------------------------------------------------------------------ E8M0 */
 
 float fm_e8m0_to_f32(uint8_t code) {
-    if (code == 0xFF) return NAN;
-    return ldexpf(1.0f, (int)code - 127);
+    if (code == 0xFF) return bits_f32(0x7FC00000u);
+    if (code == 0) return bits_f32(0x00400000u); /* 2^-127 is an f32 subnormal */
+    return bits_f32((uint32_t)code << 23);
 }
 
 uint8_t fm_f32_to_e8m0_floor(float x) {
@@ -281,7 +284,8 @@ static inline uint8_t nibble_at(const uint8_t *row, int64_t c) {
     return (c & 1) ? (uint8_t)(byte >> 4) : (uint8_t)(byte & 0x0F);
 }
 
-/* For MXFP4 and BF16, scale2 is not used (the struct may leave it 0). */
+/* The block scale is decoded once per block. For MXFP4 and BF16 scale2 is
+ * not used (the struct may leave it 0). An unknown format gives NaN. */
 void fm_qmatrix_dequant_row(const fm_qmatrix *m, int64_t row, float *out) {
     const uint8_t *p = m->packed + row * m->row_stride;
     if (m->fmt == FM_QF_BF16) {
@@ -292,17 +296,18 @@ void fm_qmatrix_dequant_row(const fm_qmatrix *m, int64_t row, float *out) {
         }
         return;
     }
-    const uint8_t *s = m->scales + row * m->scale_stride;
-    if (m->fmt == FM_QF_NVFP4) {
-        for (int64_t c = 0; c < m->cols; c++) {
-            float bs = fm_e4m3_to_f32(s[c / 16]) * m->scale2;
-            out[c] = fm_e2m1_to_f32(nibble_at(p, c)) * bs;
-        }
-    } else if (m->fmt == FM_QF_MXFP4) {
-        for (int64_t c = 0; c < m->cols; c++)
-            out[c] = fm_e2m1_to_f32(nibble_at(p, c)) * fm_e8m0_to_f32(s[c / 32]);
-    } else {
+    int blk = fm_qformat_block(m->fmt);
+    if (!blk) {
         for (int64_t c = 0; c < m->cols; c++) out[c] = NAN;
+        return;
+    }
+    const uint8_t *s = m->scales + row * m->scale_stride;
+    for (int64_t c0 = 0; c0 < m->cols; c0 += blk) {
+        /* ModelOpt's dequantize: E2M1 * (float(scale) * scale2), in float. */
+        float bs = m->fmt == FM_QF_NVFP4 ? fm_e4m3_to_f32(s[c0 / blk]) * m->scale2
+                                         : fm_e8m0_to_f32(s[c0 / blk]);
+        int64_t end = c0 + blk < m->cols ? c0 + blk : m->cols;
+        for (int64_t c = c0; c < end; c++) out[c] = fm_e2m1_to_f32(nibble_at(p, c)) * bs;
     }
 }
 
@@ -316,16 +321,18 @@ void fm_qmatrix_dequant_row_f64(const fm_qmatrix *m, int64_t row, double *out) {
         }
         return;
     }
-    const uint8_t *s = m->scales + row * m->scale_stride;
-    if (m->fmt == FM_QF_NVFP4) {
-        for (int64_t c = 0; c < m->cols; c++)
-            out[c] = (double)fm_e2m1_to_f32(nibble_at(p, c)) * (double)fm_e4m3_to_f32(s[c / 16]) *
-                     (double)m->scale2;
-    } else if (m->fmt == FM_QF_MXFP4) {
-        for (int64_t c = 0; c < m->cols; c++)
-            out[c] = (double)fm_e2m1_to_f32(nibble_at(p, c)) * (double)fm_e8m0_to_f32(s[c / 32]);
-    } else {
+    int blk = fm_qformat_block(m->fmt);
+    if (!blk) {
         for (int64_t c = 0; c < m->cols; c++) out[c] = NAN;
+        return;
+    }
+    const uint8_t *s = m->scales + row * m->scale_stride;
+    for (int64_t c0 = 0; c0 < m->cols; c0 += blk) {
+        double bs = m->fmt == FM_QF_NVFP4
+                        ? (double)fm_e4m3_to_f32(s[c0 / blk]) * (double)m->scale2
+                        : (double)fm_e8m0_to_f32(s[c0 / blk]);
+        int64_t end = c0 + blk < m->cols ? c0 + blk : m->cols;
+        for (int64_t c = c0; c < end; c++) out[c] = (double)fm_e2m1_to_f32(nibble_at(p, c)) * bs;
     }
 }
 

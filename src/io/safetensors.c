@@ -101,8 +101,8 @@ static int cmp_offsets(const void *a, const void *b) {
     return strcmp(x->name, y->name);
 }
 
-/* qsort_r is a GNU extension; the name index sorts through a file-static
- * pointer instead would not be thread-safe, so sort pairs. */
+/* The name index sorts (name, position) pairs, which keeps the comparator
+ * free of global state without the non-portable qsort_r. */
 typedef struct { const char *name; size_t idx; } name_idx;
 static int cmp_name_idx(const void *a, const void *b) {
     return strcmp(((const name_idx *)a)->name, ((const name_idx *)b)->name);
