@@ -11,6 +11,9 @@ differences of the library (see src/formats/formats.c):
         the cast); ml_dtypes gives NaN, so it is fed the clamped value.
   E8M0: the library's encoder is floor(log2 x); it is checked against
         numpy's frexp, not against ml_dtypes' rounding cast.
+Finally fm_quantize_nvfp4 is compared bit for bit with ModelOpt's NVFP4
+quantizer replayed in float32 numpy, and fm_quantize_mxfp4 with the OCP
+scale rule, on random matrices with outliers, zero blocks and midpoints.
 """
 import os
 import subprocess
@@ -147,8 +150,79 @@ if cols.shape == (x.size, 5):
         check(bad.size == 0, f"{name} encode differs for {x[bad[:10]].tolist()}: "
               f"ours {ours[bad[:10]].tolist()} ref {want[bad[:10]].tolist()}")
 
+# ------------------------------------------------- NVFP4 / MXFP4 quantizers
+# Reference NVFP4: ModelOpt's NVFP4QTensor.quantize replayed step by step in
+# float32 numpy (torch does the same float32 operations); reference MXFP4:
+# the OCP rule 2^(floor(log2 amax) - 2) with the same E2M1 rounding.
+E2M1_BOUNDS = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=np.float32)
+
+
+def cast_fp4(x):
+    sign = (x < 0).astype(np.int64)
+    a = np.abs(x)
+    ordv = np.searchsorted(E2M1_BOUNDS, a, side="left")
+    odd = (a == 0.75) | (a == 1.75) | (a == 3.5)
+    return (sign << 3) + ordv + odd
+
+
+def pack(q):
+    return ((q[:, 1::2] << 4) | q[:, 0::2]).astype(np.uint8).tobytes()
+
+
+def ref_nvfp4(w):
+    amax = np.float32(np.abs(w).max())
+    s2 = np.float32(amax / np.float32(6.0 * 448.0))
+    blocks = w.reshape(w.shape[0], -1, 16)
+    bamax = np.abs(blocks).max(axis=-1).astype(np.float32)
+    s = (bamax / (np.float32(6.0) * s2)).astype(np.float32)
+    s[s == 0] = np.float32(1.0)
+    sc = s.astype(ml_dtypes.float8_e4m3fn)
+    d = (sc.astype(np.float32) * s2).astype(np.float32)
+    scaled = (blocks / d[..., None]).astype(np.float32).reshape(w.shape)
+    return pack(cast_fp4(scaled)), sc.view(np.uint8).tobytes(), s2
+
+
+def ref_mxfp4(w):
+    blocks = w.reshape(w.shape[0], -1, 32).astype(np.float64)
+    bamax = np.abs(blocks).max(axis=-1)
+    _, e = np.frexp(bamax)
+    code = np.where(bamax > 0, np.clip(e - 1 - 2 + 127, 0, 254), 0)
+    scaled = np.ldexp(blocks, (127 - code)[..., None]).astype(np.float32).reshape(w.shape)
+    return pack(cast_fp4(scaled)), code.astype(np.uint8).tobytes()
+
+
+def run_quant(fmt, w):
+    inp = "\n".join(f"{u:08x}" for u in w.astype(np.float32).ravel().view(np.uint32).tolist())
+    r = subprocess.run([tool, "quant", fmt, str(w.shape[0]), str(w.shape[1])], input=inp + "\n",
+                       check=True, capture_output=True, text=True).stdout
+    out = dict(line.split(" ", 1) for line in r.splitlines())
+    return out
+
+
+for trial in range(6):
+    rows, cols = 24, 256
+    w = (rng.standard_normal((rows, cols)) * [0.02, 1.0, 300.0, 1e-3, 5.0, 0.5][trial]).astype(np.float32)
+    w[rng.random((rows, cols)) < 0.01] *= 40  # outliers
+    w[3, 32:64] = 0  # an all-zero block for both formats
+    w[5] *= np.float32(1e-2)  # a quiet row
+    if trial == 5:  # values sitting exactly on E2M1 midpoints after scaling
+        w[7, :16] = np.float32([6, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, -0.25, -0.75, -2.5, -5, 0, 1, 2, 3])
+    o = run_quant("nvfp4", w)
+    p_ref, s_ref, s2_ref = ref_nvfp4(w)
+    check(o["status"] == "ok", f"nvfp4 trial {trial}: status {o['status']}")
+    check(int(o["scale2"], 16) == int(np.float32(s2_ref).view(np.uint32)),
+          f"nvfp4 trial {trial}: scale2 {o['scale2']} != ModelOpt {np.float32(s2_ref).view(np.uint32):08x}")
+    check(bytes.fromhex(o["scales"]) == s_ref, f"nvfp4 trial {trial}: block scales differ from ModelOpt")
+    check(bytes.fromhex(o["packed"]) == p_ref, f"nvfp4 trial {trial}: packed codes differ from ModelOpt")
+    o = run_quant("mxfp4", w)
+    p_ref, s_ref = ref_mxfp4(w)
+    check(o["status"] == "ok", f"mxfp4 trial {trial}: status {o['status']}")
+    check(bytes.fromhex(o["scales"]) == s_ref, f"mxfp4 trial {trial}: scales differ from the OCP rule")
+    check(bytes.fromhex(o["packed"]) == p_ref, f"mxfp4 trial {trial}: packed codes differ")
+
 if failures:
     for f in failures:
         print("FAIL:", f)
     sys.exit(1)
-print(f"formats match ml_dtypes: all codes decoded, {x.size} floats encoded")
+print(f"formats match ml_dtypes: all codes decoded, {x.size} floats encoded; "
+      "NVFP4 matches ModelOpt and MXFP4 the OCP rule on 6 matrices")

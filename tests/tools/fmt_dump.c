@@ -7,10 +7,15 @@
  *                     (65536 each)
  *   fmt_dump encode   reads f32 bit patterns (hex, one per line) on stdin;
  *                     prints "<e2m1> <e4m3> <e8m0_floor> <bf16> <f16>" in hex
+ *   fmt_dump quant nvfp4|mxfp4 ROWS COLS
+ *                     reads ROWS*COLS f32 bit patterns on stdin, quantizes
+ *                     them; prints "status <name>", then "packed <hex>",
+ *                     "scales <hex>" and "scale2 <f32 bits hex>"
  */
 #include "fp4moe.h"
 
 #include <inttypes.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -44,6 +49,39 @@ int main(int argc, char **argv) {
         }
         return 0;
     }
-    fprintf(stderr, "usage: fmt_dump decode | fmt_dump encode < f32-bits-hex\n");
+    if (argc == 5 && strcmp(argv[1], "quant") == 0) {
+        fm_qformat qf = fm_qformat_from_name(argv[2]);
+        long rows = atol(argv[3]), cols = atol(argv[4]);
+        int blk = fm_qformat_block(qf);
+        if (!blk || rows <= 0 || cols <= 0 || cols % blk || rows * cols > (1L << 24)) {
+            fprintf(stderr, "fmt_dump: bad quant arguments\n");
+            return 2;
+        }
+        size_t n = (size_t)(rows * cols);
+        float *w = malloc(n * sizeof(float));
+        uint8_t *packed = calloc(n / 2, 1), *scales = calloc(n / (size_t)blk, 1);
+        if (!w || !packed || !scales) return 1;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u;
+            if (scanf("%" SCNx32, &u) != 1) {
+                fprintf(stderr, "fmt_dump: expected %zu values\n", n);
+                return 1;
+            }
+            memcpy(&w[i], &u, 4);
+        }
+        float s2 = 1.0f;
+        fm_status st = qf == FM_QF_NVFP4 ? fm_quantize_nvfp4(w, rows, cols, packed, scales, &s2)
+                                         : fm_quantize_mxfp4(w, rows, cols, packed, scales);
+        printf("status %s\npacked ", fm_status_name(st));
+        for (size_t i = 0; i < n / 2; i++) printf("%02x", packed[i]);
+        printf("\nscales ");
+        for (size_t i = 0; i < n / (size_t)blk; i++) printf("%02x", scales[i]);
+        printf("\nscale2 %08" PRIx32 "\n", bits(s2));
+        free(w);
+        free(packed);
+        free(scales);
+        return 0;
+    }
+    fprintf(stderr, "usage: fmt_dump decode | encode < f32-bits-hex | quant nvfp4|mxfp4 ROWS COLS\n");
     return 2;
 }
