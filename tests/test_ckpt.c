@@ -128,6 +128,8 @@ static void test_lazy_shards(void **st) {
     assert_non_null(fm_ckpt_find(c, "layers.0.w"));
     assert_null(fm_ckpt_find(c, "layers.2.w"));
     assert_non_null(strstr(fm_last_error(), "model-00003-of-00003.safetensors"));
+    assert_non_null(strstr(fm_last_error(), "tensor 'layers.2.w'"));
+    assert_non_null(strstr(fm_last_error(), "data must end exactly"));
     assert_non_null(fm_ckpt_find(c, "layers.1.w"));
     fm_ckpt_close(c);
 }

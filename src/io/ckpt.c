@@ -204,9 +204,14 @@ const fm_st_tensor *fm_ckpt_find(fm_ckpt *c, const char *name) {
     pthread_mutex_lock(&c->mu);
     if (!s->st) {
         char p[4096];
-        if (fm_path_join(p, sizeof p, c->dir, s->file) != FM_OK || fm_st_open(p, &s->st) != FM_OK) {
+        fm_status st = fm_path_join(p, sizeof p, c->dir, s->file);
+        if (st == FM_OK) st = fm_st_open(p, &s->st);
+        if (st != FM_OK) {
             pthread_mutex_unlock(&c->mu);
-            return NULL; /* fm_st_open's message names the shard and problem */
+            char why[1024];
+            snprintf(why, sizeof why, "%s", fm_last_error());
+            fm_error(st, "tensor '%s': %s", name, why);
+            return NULL;
         }
     }
     pthread_mutex_unlock(&c->mu);
