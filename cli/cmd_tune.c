@@ -11,7 +11,8 @@
 static void tune_usage(FILE *f) {
     fprintf(f,
             "usage: fp4moe tune (--model DIR | --preset NAME | --all-presets) [--batch LIST]\n"
-            "                   [--format LIST] [--out DIR] [--budget-s S] [--layers N] [--seed S]\n\n"
+            "                   [--format LIST] [--out DIR] [--budget-s S] [--layers N] [--seed S]\n"
+            "       fp4moe tune --summary DIR\n\n"
             "For each batch bucket (default 1,2,4,8,16,32,64,128,256,512), times the built-in\n"
             "default and candidate kernel configs on this GPU under CUDA-graph replay, checks a\n"
             "would-be winner's output against the float64 reference, and keeps the default\n"
@@ -22,7 +23,9 @@ static void tune_usage(FILE *f) {
             "--format LIST   nvfp4, mxfp4 (comma-separated; default: each model's own format)\n"
             "--budget-s S    sweep time per model and format (default 30)\n"
             "--layers N      distinct layers in the timed graph (default: enough to defeat L2)\n"
-            "--all-presets   every preset except the tiny test ones\n");
+            "--all-presets   every preset except the tiny test ones\n"
+            "--summary DIR   print a Markdown table of the config files in DIR (gain over the\n"
+            "                defaults per bucket; for docs/perf.md); needs no GPU\n");
 }
 
 static void log_line(void *ctx, const char *line) {
@@ -78,7 +81,7 @@ static int tune_one(const fm_model_desc *d, const char *label, fm_qformat fmt, c
 }
 
 int fm_cmd_tune(int argc, char **argv) {
-    const char *model = NULL, *preset = NULL, *out = NULL, *fmt_s = NULL;
+    const char *model = NULL, *preset = NULL, *out = NULL, *fmt_s = NULL, *summary = NULL;
     const char *batch_s = "1,2,4,8,16,32,64,128,256,512";
     int all = 0, layers = 0;
     double budget = 30;
@@ -95,6 +98,7 @@ int fm_cmd_tune(int argc, char **argv) {
         else if (!strcmp(a, "--out")) out = v;
         else if (!strcmp(a, "--format")) fmt_s = v;
         else if (!strcmp(a, "--batch")) batch_s = v;
+        else if (!strcmp(a, "--summary")) summary = v;
         else if (!strcmp(a, "--budget-s")) {
             if (fm_cli_parse_int("tune", a, v, 0, 86400, &n)) return 2;
             budget = (double)n;
@@ -110,6 +114,18 @@ int fm_cmd_tune(int argc, char **argv) {
             return 2;
         }
         i++;
+    }
+    if (summary) {
+        if (model || preset || all) {
+            fprintf(stderr, "fp4moe tune: error: --summary does not tune; give it alone\n");
+            return 2;
+        }
+        char *md = NULL;
+        fm_status s = fm_tune_summarize(summary, &md);
+        if (s) return fm_cli_fail("tune", s);
+        fputs(md, stdout);
+        free(md);
+        return fflush(stdout) == 0 ? 0 : 1;
     }
     if ((!!model + !!preset + all) != 1) {
         fprintf(stderr, "fp4moe tune: error: give exactly one of --model DIR, --preset NAME or --all-presets\n\n");

@@ -683,6 +683,11 @@ void fm_tune_cuda_free(fm_tune_cuda *t);
 const fm_tune_key *fm_tune_cuda_key(const fm_tune_cuda *t);
 const char *fm_tune_cuda_describe(const fm_tune_cuda *t);
 fm_tune_backend fm_tune_cuda_backend(fm_tune_cuda *t);
+
+/* A Markdown summary of every config file in dir (per shape and bucket: the
+ * default's and the chosen µs, the gain, the parameters), for docs/perf.md.
+ * Files that do not parse are listed as ignored. *out is malloc'd. */
+fm_status fm_tune_summarize(const char *dir, char **out);
 /* @section tune end */
 
 /* ---------------------------------------------------- profiling and telemetry (src/prof) */
