@@ -197,6 +197,20 @@ static void progress(const run_ctx *c, const char *fmt, const char *a, int b) {
     fflush(c->o->progress);
 }
 
+/* Checkpoints from `gen` or partial downloads hold a few layers: a layer is
+ * present when some tensor is named "...layers.<idx>.". Deciding this from
+ * the names (not from a failed bind) keeps a broken shard's error visible. */
+static int layer_present(fm_ckpt *ck, int idx) {
+    char pat[48];
+    snprintf(pat, sizeof pat, "layers.%d.", idx);
+    for (size_t i = 0; i < fm_ckpt_count(ck); i++) {
+        const char *n = fm_ckpt_name_at(ck, i);
+        for (const char *q = n ? strstr(n, pat) : NULL; q; q = strstr(q + 1, pat))
+            if (q == n || q[-1] == '.') return 1;
+    }
+    return 0;
+}
+
 /* Binds or generates up to `want` distinct MoE layers (host memory). */
 static fm_status host_layers(run_ctx *c, int want, fm_moe_layer ***out, int *n_out) {
     fm_moe_layer **ls = fm_calloc((size_t)want, sizeof *ls);
@@ -205,12 +219,9 @@ static fm_status host_layers(run_ctx *c, int want, fm_moe_layer ***out, int *n_o
     fm_status st = FM_OK;
     for (int i = 0; i < c->n_moe && n < want; i++) {
         if (c->ckpt) {
+            if (!layer_present(c->ckpt, c->moe_idx[i])) continue;
             fm_qformat q = c->o->fmt == FM_QF_NVFP4 || c->o->fmt == FM_QF_MXFP4 ? c->o->fmt : FM_QF_NONE;
             st = fm_moe_layer_bind(c->ckpt, &c->d, c->moe_idx[i], q, &ls[n]);
-            if (st == FM_E_NOTFOUND) { /* checkpoints from `gen` hold a few layers */
-                st = FM_OK;
-                continue;
-            }
         } else {
             st = fm_moe_layer_random(&c->d, c->p->fmt, c->o->seed, c->moe_idx[i], &ls[n]);
         }
