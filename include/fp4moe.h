@@ -783,6 +783,17 @@ size_t fm_cupti_records(const fm_cupti *c, const fm_kernel_rec **out);
 void fm_cupti_clear(fm_cupti *c);         /* drops the records read so far */
 uint64_t fm_cupti_dropped(const fm_cupti *c);
 void fm_cupti_stop(fm_cupti *c);          /* disables and frees            */
+/* Per-step phase times from the kernel records of one batch. Kernels of one
+ * cudaGraphLaunch share its correlation id: groups of the most common size
+ * (> 1) are the steps. Without graphs, routing kernels count the layers
+ * (one per layer; layers_per_step per step). Kernels named "...expert..."
+ * that the name rules leave in FM_PH_OTHER are gate/up when first after a
+ * routing kernel on their stream, down when second. Sorts r by (stream,
+ * start) and updates r[i].phase; step_of[i] (may be NULL) gets the step
+ * index of record i, or -1. Fills ns_per_step (mean over steps); returns
+ * the number of steps (0 when none were found). */
+int fm_prof_kernel_steps(fm_kernel_rec *r, size_t n, int layers_per_step, int *step_of,
+                         double ns_per_step[FM_PH_COUNT]);
 
 /* ---- the profile */
 #define FM_PROF_MAX_BATCH 16

@@ -463,6 +463,81 @@ static void test_telemetry_nvml_absent(void **st) {
     unsetenv("FP4MOE_NVML_LIB");
 }
 
+static fm_kernel_rec krec(const char *name, uint64_t start, uint64_t dur, uint32_t corr) {
+    fm_kernel_rec r;
+    memset(&r, 0, sizeof r);
+    snprintf(r.name, sizeof r.name, "%s", name);
+    r.start_ns = start;
+    r.end_ns = start + dur;
+    r.stream = 7;
+    r.correlation = corr;
+    r.phase = fm_prof_kernel_phase(name);
+    return r;
+}
+
+/* 3 graph replays of a 2-layer step (route, expert gate/up, expert down per
+ * layer) plus a lone kernel outside the graph, in scrambled order. */
+static void test_kernel_steps_graph(void **st) {
+    (void)st;
+    fm_kernel_rec r[32];
+    size_t n = 0;
+    uint64_t t = 1000;
+    for (uint32_t rep = 0; rep < 3; rep++)
+        for (int l = 0; l < 2; l++) {
+            r[n++] = krec("fm_route_kernel", t, 100, 10 + rep), t += 150;
+            r[n++] = krec("void fm_expert_kernel<1, 2, false>(fm_expert_params, int, int)", t, 1000, 10 + rep), t += 1100;
+            r[n++] = krec("void fm_expert_kernel<1, 1, false>(fm_expert_params, int, int)", t, 500, 10 + rep), t += 600;
+        }
+    r[n++] = krec("fm_gen_kernel", 10, 50000, 5);
+    for (size_t i = 0; i < n; i += 2) { /* scramble */
+        size_t j = (i * 7 + 3) % n;
+        fm_kernel_rec x = r[i];
+        r[i] = r[j];
+        r[j] = x;
+    }
+    int step_of[32];
+    double ns[FM_PH_COUNT];
+    assert_int_equal(fm_prof_kernel_steps(r, n, 2, step_of, ns), 3);
+    assert_true(ns[FM_PH_ROUTE] == 200 && ns[FM_PH_GATEUP] == 2000 && ns[FM_PH_DOWN] == 1000);
+    assert_true(ns[FM_PH_OTHER] == 0);
+    int lone = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i) assert_true(r[i].start_ns >= r[i - 1].start_ns); /* one stream: sorted by start */
+        if (!strcmp(r[i].name, "fm_gen_kernel")) {
+            assert_int_equal(step_of[i], -1);
+            assert_int_equal(r[i].phase, FM_PH_OTHER);
+            lone++;
+        } else {
+            assert_int_equal(step_of[i], (int)r[i].correlation - 10);
+        }
+    }
+    assert_int_equal(lone, 1);
+}
+
+/* Without graphs every kernel has its own correlation id: routing kernels
+ * count layers; a trailing partial step is left out. */
+static void test_kernel_steps_no_graph(void **st) {
+    (void)st;
+    fm_kernel_rec r[32];
+    size_t n = 0;
+    uint64_t t = 0;
+    uint32_t corr = 1;
+    for (int l = 0; l < 5; l++) {
+        r[n++] = krec("fm_route_kernel", t, 100, corr++), t += 200;
+        r[n++] = krec("fm_gate_up_small", t, 300 + l, corr++), t += 400;
+        r[n++] = krec("fm_down_small", t, 200, corr++), t += 300;
+    }
+    int step_of[32];
+    double ns[FM_PH_COUNT];
+    assert_int_equal(fm_prof_kernel_steps(r, n, 2, step_of, ns), 2);
+    assert_true(ns[FM_PH_ROUTE] == 200 && ns[FM_PH_DOWN] == 400);
+    assert_true(ns[FM_PH_GATEUP] == (300 + 301 + 302 + 303) / 2.0);
+    assert_int_equal(step_of[0], 0);
+    assert_int_equal(step_of[3 * 2], 1);
+    assert_int_equal(step_of[3 * 4], -1);
+    assert_int_equal(fm_prof_kernel_steps(r, 0, 2, step_of, ns), 0);
+}
+
 static void test_cupti_without_build(void **st) {
     (void)st;
 #ifdef FM_HAVE_CUPTI
@@ -485,6 +560,7 @@ int main(void) {
         cmocka_unit_test(test_trace),              cmocka_unit_test(test_html),
         cmocka_unit_test(test_write_atomic),       cmocka_unit_test(test_telemetry_cpu),
         cmocka_unit_test(test_telemetry_nvml_absent), cmocka_unit_test(test_cupti_without_build),
+        cmocka_unit_test(test_kernel_steps_graph), cmocka_unit_test(test_kernel_steps_no_graph),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -407,72 +407,37 @@ done:
 
 /* ------------------------------------------------------------- CUDA */
 
-/* Turns the kernel records of one batch into per-step phase times. Kernels
- * of one cudaGraphLaunch share its correlation id, so each group of the
- * most common size (> 1) is one replay of the step's graph. Without graphs
- * (every kernel its own correlation id) the routing kernels count the
- * layers: one per layer. */
-static void cupti_breakdown(run_ctx *c, fm_prof_batch *b, int bi, const fm_kernel_rec *r, size_t n, uint64_t ta,
+/* Kernel records of one batch (those that started inside its window) to
+ * per-step phase times, kernel spans per stream and one span per step. */
+static void cupti_breakdown(run_ctx *c, fm_prof_batch *b, int bi, const fm_kernel_rec *recs, size_t n, uint64_t ta,
                             uint64_t tz) {
     fm_profile *p = c->p;
-    size_t m = 0;
-    uint32_t *corr = fm_malloc((n ? n : 1) * sizeof *corr);
-    uint32_t *cnt = fm_calloc(n ? n : 1, sizeof *cnt);
-    if (!corr || !cnt) {
-        free(corr);
-        free(cnt);
+    fm_kernel_rec *r = fm_malloc((n ? n : 1) * sizeof *r);
+    int *step_of = fm_malloc((n ? n : 1) * sizeof *step_of);
+    if (!r || !step_of) {
+        free(r);
+        free(step_of);
         return;
     }
-    /* distinct correlation ids and their kernel counts (records arrive in
-     * order per stream; a small quadratic scan is fine for a few thousand) */
-    size_t in_window = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (r[i].start_ns < ta || r[i].start_ns > tz) continue;
-        in_window++;
-        size_t j = 0;
-        while (j < m && corr[j] != r[i].correlation) j++;
-        if (j == m) corr[m++] = r[i].correlation;
-        cnt[j]++;
-    }
-    uint32_t mode = 0, mode_n = 0;
-    for (size_t j = 0; j < m; j++) {
-        uint32_t f = 0;
-        for (size_t q = 0; q < m; q++) f += cnt[q] == cnt[j];
-        if (cnt[j] > 1 && (f > mode_n || (f == mode_n && cnt[j] > mode))) {
-            mode = cnt[j];
-            mode_n = f;
-        }
-    }
-    double ph[FM_PH_COUNT] = {0};
-    double routes = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (r[i].start_ns < ta || r[i].start_ns > tz) continue;
-        size_t j = 0;
-        while (j < m && corr[j] != r[i].correlation) j++;
-        int in_step = mode > 1 ? cnt[j] == mode : 1;
-        if (in_step) ph[r[i].phase] += (double)(r[i].end_ns - r[i].start_ns);
-        if (r[i].phase == FM_PH_ROUTE) routes++;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (recs[i].start_ns >= ta && recs[i].start_ns <= tz) r[m++] = recs[i];
+    int steps = fm_prof_kernel_steps(r, m, p->layers_per_step, step_of, b->row_ns);
+    for (size_t i = 0; i < m; i++)
         add_span(p, c->t0, r[i].start_ns, r[i].end_ns, 2, (int)r[i].stream, bi, 4, r[i].phase, r[i].name);
-    }
-    double steps = mode > 1 ? mode_n : (routes > 0 ? routes / p->layers_per_step : b->steps);
-    if (steps <= 0) steps = 1;
-    for (int q = 0; q < FM_PH_COUNT; q++) b->row_ns[q] = ph[q] / steps;
-    /* GPU step spans: first start to last end of each replay */
-    for (size_t j = 0; mode > 1 && j < m; j++) {
-        if (cnt[j] != mode) continue;
+    for (int s = 0; s < steps; s++) {
         uint64_t s0 = UINT64_MAX, s1 = 0;
-        for (size_t i = 0; i < n; i++)
-            if (r[i].correlation == corr[j] && r[i].start_ns >= ta && r[i].start_ns <= tz) {
+        for (size_t i = 0; i < m; i++)
+            if (step_of[i] == s) {
                 if (r[i].start_ns < s0) s0 = r[i].start_ns;
                 if (r[i].end_ns > s1) s1 = r[i].end_ns;
             }
         char nm[64];
-        snprintf(nm, sizeof nm, "step B=%d (graph replay)", b->batch);
+        snprintf(nm, sizeof nm, "step B=%d (GPU)", b->batch);
         if (s1 > s0) add_span(p, c->t0, s0, s1, 2, 0, bi, 1, -1, nm);
     }
-    (void)in_window;
-    free(corr);
-    free(cnt);
+    free(r);
+    free(step_of);
 }
 
 static fm_status run_cuda(run_ctx *c) {
