@@ -145,6 +145,11 @@ fm_status fm_route_select(const fm_model_desc *d, const fm_moe_layer *l, int t,
         score[e] = z;
     }
 
+    if (d->route == FM_ROUTE_NOAUX_TC)
+        for (int e = 0; e < E; e++) score[e] = 1.0f / (1.0f + expf(-score[e]));
+    else if (d->route == FM_ROUTE_DSV4)
+        for (int e = 0; e < E; e++) score[e] = sqrt_softplus(score[e]);
+
     if (fm_route_is_hash_layer(d, l)) {
         if (!token_id)
             return fm_error(FM_E_ARG,
@@ -182,11 +187,7 @@ fm_status fm_route_select(const fm_model_desc *d, const fm_moe_layer *l, int t,
             break;
         case FM_ROUTE_NOAUX_TC:
         case FM_ROUTE_DSV4:
-            for (int e = 0; e < E; e++) {
-                score[e] = d->route == FM_ROUTE_NOAUX_TC ? 1.0f / (1.0f + expf(-score[e]))
-                                                         : sqrt_softplus(score[e]);
-                sel[e] = score[e] + (l->score_bias ? l->score_bias[e] : 0.0f);
-            }
+            for (int e = 0; e < E; e++) sel[e] = score[e] + (l->score_bias ? l->score_bias[e] : 0.0f);
             if (uses_groups(d)) mask_groups(d, E, sel, scratch + 3 * (int64_t)E, scratch + 4 * (int64_t)E);
             break;
         }
