@@ -51,10 +51,12 @@ def same_f32(a, b):
 
 # ---------------------------------------------------------------- decode
 out = subprocess.run([tool, "decode"], check=True, capture_output=True, text=True).stdout
+tok = np.array(out.split()).reshape(-1, 3)
 tables = {}
-for line in out.splitlines():
-    fmt, code, hexbits = line.split()
-    tables.setdefault(fmt, []).append((int(code), int(hexbits, 16)))
+for fmt in np.unique(tok[:, 0]):
+    sel = tok[tok[:, 0] == fmt]
+    tables[str(fmt)] = list(zip(sel[:, 1].astype(np.int64).tolist(),
+                                [int(h, 16) for h in sel[:, 2].tolist()]))
 
 refs = {
     "e2m1": (16, ml_dtypes.float4_e2m1fn, np.uint8),
@@ -80,7 +82,7 @@ for fmt, (n, dt, store) in refs.items():
 # ---------------------------------------------------------------- encode
 rng = np.random.default_rng(20261129)
 parts = [
-    rng.integers(0, 2**32, 40000, dtype=np.uint64).astype(np.uint32).view(np.float32),
+    rng.integers(0, 2**32, 30000, dtype=np.uint64).astype(np.uint32).view(np.float32),
     (rng.standard_normal(20000) * 3).astype(np.float32),
     (rng.standard_normal(20000) * 300).astype(np.float32),
     np.ldexp(rng.uniform(-1, 1, 20000), rng.integers(-40, 20, 20000)).astype(np.float32),
@@ -94,7 +96,7 @@ for dt, store, n in [(ml_dtypes.float4_e2m1fn, np.uint8, 8), (ml_dtypes.float8_e
     v = np.arange(n, dtype=store).view(dt).astype(np.float64)
     mid = ((v[:-1] + v[1:]) / 2).astype(np.float32)
     if mid.size > 4000:  # 16-bit formats: a sample keeps the test fast
-        mid = np.concatenate([mid[:1500], rng.choice(mid, 1000, replace=False), mid[-1500:]])
+        mid = np.concatenate([mid[:800], rng.choice(mid, 1000, replace=False), mid[-800:]])
     edges_arr = np.concatenate([mid, np.nextafter(mid, np.float32(0)), np.nextafter(mid, np.float32(np.inf)),
                                 v.astype(np.float32)])
     parts.append(edges_arr)
@@ -104,7 +106,8 @@ x = np.concatenate(parts).astype(np.float32)
 
 inp = "\n".join(f"{u:08x}" for u in x.view(np.uint32).tolist()) + "\n"
 res = subprocess.run([tool, "encode"], input=inp, check=True, capture_output=True, text=True).stdout
-cols = np.array([[int(t, 16) for t in line.split()] for line in res.splitlines()], dtype=np.int64)
+cols = np.array([int(t, 16) for t in res.split()], dtype=np.int64)
+cols = cols.reshape(-1, 5) if cols.size % 5 == 0 else cols.reshape(-1, 1)
 check(cols.shape == (x.size, 5), f"encode: got {cols.shape} results for {x.size} inputs")
 
 if cols.shape == (x.size, 5):
@@ -195,7 +198,9 @@ def run_quant(fmt, w):
     inp = "\n".join(f"{u:08x}" for u in w.astype(np.float32).ravel().view(np.uint32).tolist())
     r = subprocess.run([tool, "quant", fmt, str(w.shape[0]), str(w.shape[1])], input=inp + "\n",
                        check=True, capture_output=True, text=True).stdout
-    out = dict(line.split(" ", 1) for line in r.splitlines())
+    out = dict(line.split(" ", 1) for line in r.splitlines() if " " in line)
+    for k in ("status", "packed", "scales", "scale2"):
+        out.setdefault(k, "")
     return out
 
 
@@ -210,7 +215,7 @@ for trial in range(6):
     o = run_quant("nvfp4", w)
     p_ref, s_ref, s2_ref = ref_nvfp4(w)
     check(o["status"] == "ok", f"nvfp4 trial {trial}: status {o['status']}")
-    check(int(o["scale2"], 16) == int(np.float32(s2_ref).view(np.uint32)),
+    check(int(o["scale2"] or "0", 16) == int(np.float32(s2_ref).view(np.uint32)),
           f"nvfp4 trial {trial}: scale2 {o['scale2']} != ModelOpt {np.float32(s2_ref).view(np.uint32):08x}")
     check(bytes.fromhex(o["scales"]) == s_ref, f"nvfp4 trial {trial}: block scales differ from ModelOpt")
     check(bytes.fromhex(o["packed"]) == p_ref, f"nvfp4 trial {trial}: packed codes differ from ModelOpt")
