@@ -3,11 +3,19 @@
  * Timing uses fm_cuda_bench (layers back to back in one CUDA graph, median
  * with min/max over replays) on enough distinct layers that their active
  * experts do not fit in L2, since a config that only wins when weights are
- * cached would lose in a real decode step. Correctness compares the GPU
- * output of each would-be winner with the float64 reference on a few tokens;
- * the reference is computed once per checked batch and reused for every
- * candidate. Compiled in every build: without CUDA the fm_cuda_* calls
- * answer FM_E_UNSUPPORTED and so does fm_tune_cuda_new. */
+ * cached would lose in a real decode step. Those layers are generated on the
+ * GPU.
+ *
+ * Correctness compares the GPU output of each would-be winner with the
+ * float64 reference. Generating a full host copy of a DeepSeek-sized layer
+ * (6+ GB) and its reference would cost more than the sweep, so the check
+ * runs on a layer of the same family, H, I, k and format with fewer experts
+ * (at most 16): the expert kernels, whose parameters are being tuned, see
+ * the same matrix shapes, and several tokens share each expert, which
+ * exercises the multi-token tiles. The reference is computed once and
+ * reused for every candidate and bucket; the forced config decides the
+ * kernel path whatever the batch. Compiled in every build: without CUDA the
+ * fm_cuda_* calls answer FM_E_UNSUPPORTED and so does fm_tune_cuda_new. */
 #include "tune/tune_internal.h"
 #include "util/util.h"
 
@@ -16,10 +24,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Tokens checked against the reference: enough to cover several experts
- * per token and a partial tile, few enough that the float64 reference of a
- * DeepSeek-sized layer stays at seconds. */
-#define CHECK_T_MAX 4
+/* Tokens checked against the reference. With k of at most 16 experts each,
+ * they share experts, so multi-token tiles run. The float64 reference is
+ * single-threaded and takes seconds per token for DeepSeek-sized experts,
+ * which is why there are only two. */
+#define CHECK_T 2
+/* Experts of the check layer. */
+#define CHECK_E_MAX 16
 /* Replays per measurement (fm_cuda_bench reports median, min, max). */
 #define BENCH_REPS 20
 /* Distinct layers: the graph should stream at least this many bytes at
@@ -27,25 +38,36 @@
 #define MIN_STREAM_BYTES (512ll << 20)
 #define MAX_LAYER_BYTES_TOTAL (48ll << 30)
 
-typedef struct {
-    int T;
-    uint16_t *x;     /* [T, H] BF16 */
-    float *ref;      /* [T, H]      */
-    int32_t *ids;    /* [T, k]      */
-} ref_case;
-
 struct fm_tune_cuda {
     fm_cuda_engine *e;
-    fm_model_desc d;
+    fm_model_desc d;       /* the model, for timing            */
+    fm_model_desc dc;      /* the check layer's description    */
     fm_qformat fmt;
     fm_tune_key key;
     uint64_t seed;
     int n_layers;
-    fm_cuda_layer **layers; /* layers[0] is the upload of host */
-    fm_moe_layer *host;
-    ref_case refs[CHECK_T_MAX + 1];
-    char describe[512];
+    fm_cuda_layer **layers;
+    fm_moe_layer *host;    /* the check layer, on the host     */
+    fm_cuda_layer *check;  /* ... and on the GPU               */
+    uint16_t *x;           /* [CHECK_T, H] BF16                */
+    float *ref;            /* [CHECK_T, H]                     */
+    int32_t *ids;          /* [CHECK_T, k]                     */
+    char describe[640];
 };
+
+/* The model with at most CHECK_E_MAX experts, groups adjusted so routing
+ * stays valid (group-limited routing is kept when it still fits). */
+static fm_status check_desc(const fm_model_desc *d, fm_model_desc *dc) {
+    *dc = *d;
+    int E = d->n_experts < CHECK_E_MAX ? d->n_experts : CHECK_E_MAX;
+    if (E < 2 * d->topk && d->n_experts >= 2 * d->topk) E = 2 * d->topk;
+    if (E > d->n_experts) E = d->n_experts;
+    dc->n_experts = E;
+    int per = dc->n_group > 0 && E % dc->n_group == 0 ? E / dc->n_group : 0;
+    if (dc->n_group > 1 && (per < 2 || dc->topk > dc->topk_group * per)) dc->n_group = dc->topk_group = 1;
+    if (dc->n_group < 1) dc->n_group = dc->topk_group = 1;
+    return fm_model_desc_validate(dc);
+}
 
 static int moe_layer_at_or_after(const fm_model_desc *d, int from) {
     int nl = d->n_layers > 0 ? d->n_layers : from + 1;
@@ -82,22 +104,38 @@ fm_status fm_tune_cuda_new(const fm_model_desc *d, fm_qformat fmt, int n_layers,
     }
     t->layers = fm_calloc((size_t)n_layers, sizeof *t->layers);
     if (!t->layers) { s = FM_E_NOMEM; goto fail; }
-
-    /* Layer 0 is built on the host and uploaded, so the reference and the
-     * GPU see the very same weights; the others are generated on the GPU. */
-    if ((s = fm_moe_layer_random(d, fmt, seed, L0, &t->host))) goto fail;
-    if ((s = fm_cuda_layer_upload(t->e, d, t->host, &t->layers[0]))) goto fail;
-    t->n_layers = 1;
     int L = L0, round = 0;
     while (t->n_layers < n_layers) {
+        s = fm_cuda_layer_random(t->e, d, fmt, seed + (uint64_t)round, L, &t->layers[t->n_layers]);
+        if (s == FM_E_NOMEM && t->n_layers >= 2) { s = FM_OK; break; } /* as many as fit */
+        if (s) goto fail;
+        t->n_layers++;
         int nx = moe_layer_at_or_after(d, L + 1);
         if (nx < 0) { round++; nx = L0; } /* out of layers: same indices, next seed */
         L = nx;
-        if ((s = fm_cuda_layer_random(t->e, d, fmt, seed + (uint64_t)round, L, &t->layers[t->n_layers]))) goto fail;
-        t->n_layers++;
     }
-    snprintf(t->describe, sizeof t->describe, "%s; %d layers of %s weights (%.1f MB per expert)",
-             fm_cuda_engine_describe(t->e), t->n_layers, fm_qformat_name(fmt), (double)eb / 1e6);
+
+    /* The check layer and its reference, once. */
+    if ((s = check_desc(d, &t->dc))) goto fail;
+    if ((s = fm_moe_layer_random(&t->dc, fmt, seed, L0, &t->host))) goto fail;
+    if ((s = fm_cuda_layer_upload(t->e, &t->dc, t->host, &t->check))) goto fail;
+    int64_t H = d->hidden, k = d->topk;
+    t->x = fm_malloc((size_t)(CHECK_T * H) * sizeof *t->x);
+    t->ref = fm_malloc((size_t)(CHECK_T * H) * sizeof *t->ref);
+    t->ids = fm_malloc((size_t)(CHECK_T * k) * sizeof *t->ids);
+    float *w = fm_malloc((size_t)(CHECK_T * k) * sizeof *w);
+    if (!t->x || !t->ref || !t->ids || !w) { free(w); s = FM_E_NOMEM; goto fail; }
+    for (int64_t i = 0; i < CHECK_T * H; i++)
+        t->x[i] = fm_f32_to_bf16(fm_rng_normal(seed, fm_hash_str("tune.check.x"), (uint64_t)i));
+    fm_moe_out o = {.out = t->ref, .topk_ids = t->ids, .topk_weights = w};
+    s = fm_moe_forward_ref(&t->dc, t->host, t->x, FM_DT_BF16, CHECK_T, NULL, &o);
+    free(w);
+    if (s) goto fail;
+    snprintf(t->describe, sizeof t->describe,
+             "%s; timing %d layers of %s weights (%.1f MB per expert); checking %d tokens on a %d-expert layer of the "
+             "same shape against the float64 reference",
+             fm_cuda_engine_describe(t->e), t->n_layers, fm_qformat_name(fmt), (double)eb / 1e6, CHECK_T,
+             t->dc.n_experts);
     *out = t;
     return FM_OK;
 fail:
@@ -113,12 +151,11 @@ void fm_tune_cuda_free(fm_tune_cuda *t) {
     if (!t) return;
     for (int i = 0; i < t->n_layers; i++) fm_cuda_layer_free(t->layers[i]);
     free(t->layers);
+    fm_cuda_layer_free(t->check);
     fm_moe_layer_free(t->host);
-    for (int i = 0; i <= CHECK_T_MAX; i++) {
-        free(t->refs[i].x);
-        free(t->refs[i].ref);
-        free(t->refs[i].ids);
-    }
+    free(t->x);
+    free(t->ref);
+    free(t->ids);
     if (t->e) {
         fm_cuda_engine_set_config(t->e, NULL);
         fm_cuda_engine_free(t->e);
@@ -151,49 +188,27 @@ static fm_status cuda_bench(void *ctx, const fm_kernel_config *cfg, int T, doubl
     return FM_OK;
 }
 
-static fm_status ref_for(fm_tune_cuda *t, int T, ref_case **out) {
-    ref_case *rc = &t->refs[T];
-    *out = rc;
-    if (rc->ref) return FM_OK;
-    int64_t H = t->d.hidden, k = t->d.topk;
-    rc->x = fm_malloc((size_t)(T * H) * sizeof *rc->x);
-    rc->ref = fm_malloc((size_t)(T * H) * sizeof *rc->ref);
-    rc->ids = fm_malloc((size_t)(T * k) * sizeof *rc->ids);
-    float *w = fm_malloc((size_t)(T * k) * sizeof *w);
-    if (!rc->x || !rc->ref || !rc->ids || !w) { free(w); return FM_E_NOMEM; }
-    for (int64_t i = 0; i < T * H; i++)
-        rc->x[i] = fm_f32_to_bf16(fm_rng_normal(t->seed, fm_hash_str("tune.check.x"), (uint64_t)(T * 1000003ll) + (uint64_t)i));
-    fm_moe_out o = {.out = rc->ref, .topk_ids = rc->ids, .topk_weights = w};
-    fm_status s = fm_moe_forward_ref(&t->d, t->host, rc->x, FM_DT_BF16, T, NULL, &o);
-    free(w);
-    if (s) { free(rc->ref); rc->ref = NULL; }
-    return s;
-}
-
 static fm_status cuda_check(void *ctx, const fm_kernel_config *cfg, int T, double *rel_err, int *ids_equal) {
     fm_tune_cuda *t = ctx;
-    int Tc = T < CHECK_T_MAX ? T : CHECK_T_MAX;
-    ref_case *rc;
-    fm_status s = ref_for(t, Tc, &rc);
-    if (s) return s;
+    (void)T; /* the forced config decides the path; see the top of the file */
     int64_t H = t->d.hidden, k = t->d.topk;
-    float *y = fm_malloc((size_t)(Tc * H) * sizeof *y), *w = fm_malloc((size_t)(Tc * k) * sizeof *w);
-    int32_t *ids = fm_malloc((size_t)(Tc * k) * sizeof *ids);
+    float *y = fm_malloc((size_t)(CHECK_T * H) * sizeof *y), *w = fm_malloc((size_t)(CHECK_T * k) * sizeof *w);
+    int32_t *ids = fm_malloc((size_t)(CHECK_T * k) * sizeof *ids);
     if (!y || !w || !ids) { free(y); free(w); free(ids); return FM_E_NOMEM; }
     /* Poisoned, so an output the kernel never wrote shows up as NaN. */
-    for (int64_t i = 0; i < Tc * H; i++) y[i] = NAN;
+    for (int64_t i = 0; i < CHECK_T * H; i++) y[i] = NAN;
     fm_moe_out o = {.out = y, .topk_ids = ids, .topk_weights = w};
     fm_cuda_engine_set_config(t->e, cfg);
-    s = fm_cuda_forward(t->e, &t->d, t->layers[0], rc->x, FM_DT_BF16, Tc, NULL, &o);
+    fm_status s = fm_cuda_forward(t->e, &t->dc, t->check, t->x, FM_DT_BF16, CHECK_T, NULL, &o);
     if (s == FM_OK) {
         double num = 0, den = 0;
-        for (int64_t i = 0; i < Tc * H; i++) {
-            double dlt = (double)y[i] - (double)rc->ref[i];
+        for (int64_t i = 0; i < CHECK_T * H; i++) {
+            double dlt = (double)y[i] - (double)t->ref[i];
             num += dlt * dlt;
-            den += (double)rc->ref[i] * rc->ref[i];
+            den += (double)t->ref[i] * t->ref[i];
         }
         *rel_err = isfinite(num) ? sqrt(num / (den > 0 ? den : 1e-300)) : INFINITY;
-        *ids_equal = memcmp(ids, rc->ids, (size_t)(Tc * k) * sizeof *ids) == 0;
+        *ids_equal = memcmp(ids, t->ids, (size_t)(CHECK_T * k) * sizeof *ids) == 0;
     }
     free(y);
     free(w);
