@@ -35,7 +35,7 @@ test-asan: deps
 FUZZ_SECONDS ?= 30
 fuzz: deps
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DFM_FUZZ=ON -DFM_CUDA=OFF
-	cmake --build build-fuzz -j $(JOBS)
+	cmake --build build-fuzz -j $(JOBS) --target fuzzers
 	scripts/run_fuzz.sh build-fuzz $(FUZZ_SECONDS)
 
 clean:
