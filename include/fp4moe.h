@@ -1143,6 +1143,7 @@ typedef struct {
     double load_imbalance;/* mean over the timed steps                         */
     int64_t comm_bytes;   /* per step                                          */
     char transport[160];
+    char method[160];     /* how the times were taken                          */
 } fm_dist_bench_result;
 /* reps steps at batch T with seeded random activations. */
 fm_status fm_dist_bench(fm_dist *ds, int T, uint64_t seed, int reps,

@@ -624,6 +624,60 @@ static void test_ep_calls_each_expert_once(void **state) {
     fm_moe_layer_free(m.l);
 }
 
+/* bench's device path (an engine that times itself, TP with replicated
+ * tokens): per-rank figures are the engine's, the total is the slowest rank
+ * plus the all-reduce, speedup and efficiency follow from them. */
+static fm_status fake_prepare(void *ctx, int local, const fm_model_desc *d, const fm_moe_layer *v, void **h) {
+    (void)ctx;
+    (void)local;
+    (void)d;
+    *h = (void *)(intptr_t)(v->inter + 1); /* remembers the width it was given */
+    return FM_OK;
+}
+static fm_status fake_bench(void *ctx, int local, void *h, const fm_model_desc *d, int T, uint64_t seed, int reps,
+                            double *us) {
+    (void)ctx;
+    (void)seed;
+    (void)reps;
+    (void)d;
+    *us = (double)((intptr_t)h - 1) * T + 10.0 * local; /* width x T, rank 1 slower */
+    return FM_OK;
+}
+
+static void test_bench_device_path(void **state) {
+    (void)state;
+    model m;
+    if (load("tiny-qwen3", FM_QF_NVFP4, &m)) fail(); /* I=64 */
+    fm_dist_exec ex = dbl_exec();
+    ex.prepare = fake_prepare;
+    ex.bench = fake_bench;
+    fm_dist_opts o = {.mode = FM_DIST_TP, .ranks = 2};
+    fm_comm *c;
+    fm_dist *ds;
+    assert_int_equal(fm_comm_sim_new(2, &c), FM_OK);
+    assert_int_equal(fm_dist_new_exec(&m.d, m.l, &o, c, ex, &ds), FM_OK);
+    fm_dist_bench_result r;
+    assert_int_equal(fm_dist_bench(ds, 4, 1, 5, &r), FM_OK);
+    assert_true(r.us_rank[0] == 32.0 * 4);        /* slice of 32 rows */
+    assert_true(r.us_rank[1] == 32.0 * 4 + 10.0);
+    assert_true(r.us_single == 64.0 * 4);         /* the whole layer  */
+    assert_true(r.us_comm >= 0 && r.us_total == r.us_rank[1] + r.us_comm);
+    assert_true(r.speedup == r.us_single / r.us_total && r.efficiency == r.speedup / 2);
+    assert_int_equal(r.comm_bytes, 4 * m.l->hidden * (int64_t)sizeof(float));
+    assert_non_null(strstr(r.method, "device"));
+    fm_dist_free(ds);
+    /* EP has no device path: ranks are timed through forward */
+    o.mode = FM_DIST_EP;
+    assert_int_equal(fm_dist_new_exec(&m.d, m.l, &o, c, dbl_exec(), &ds), FM_OK);
+    assert_int_equal(fm_dist_bench(ds, 3, 1, 2, &r), FM_OK);
+    assert_true(r.us_rank[0] > 0 && r.us_rank[1] > 0 && r.us_single > 0);
+    assert_true(r.load_imbalance >= 1.0);
+    assert_null(strstr(r.method, "device"));
+    fm_dist_free(ds);
+    fm_comm_free(c);
+    fm_moe_layer_free(m.l);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),
@@ -635,6 +689,7 @@ int main(void) {
         cmocka_unit_test(test_ep_calls_each_expert_once),
         cmocka_unit_test(test_sharded_equals_unsharded),
         cmocka_unit_test(test_compression_cost),
+        cmocka_unit_test(test_bench_device_path),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -193,6 +193,35 @@ static fm_status sim_all_to_allv(fm_comm *c, const void *const *send, const size
     return FM_OK;
 }
 
+static int cmp_dbl(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The simulated all-reduce on scratch buffers, for bench's device path. */
+static fm_status sim_time_all_reduce(fm_comm *c, size_t count, int reps, double *us) {
+    const int R = c->size;
+    float **b = fm_calloc((size_t)R, sizeof *b);
+    double *t = fm_calloc((size_t)reps, sizeof *t);
+    fm_status s = (b && t) ? FM_OK : FM_E_NOMEM;
+    for (int r = 0; r < R && !s; r++)
+        if (!(b[r] = fm_calloc(count ? count : 1, sizeof(float)))) s = FM_E_NOMEM;
+    for (int it = 0; it < reps && !s; it++) {
+        uint64_t t0 = fm_now_ns();
+        s = sim_all_reduce(c, b, count);
+        t[it] = (double)(fm_now_ns() - t0) / 1e3;
+    }
+    if (!s) {
+        qsort(t, (size_t)reps, sizeof *t, cmp_dbl);
+        *us = t[reps / 2];
+    }
+    if (b)
+        for (int r = 0; r < R; r++) free(b[r]);
+    free(b);
+    free(t);
+    return s;
+}
+
 static void sim_destroy(fm_comm *c) {
     sim_state *st = c->impl;
     if (st) free(st->scratch);
@@ -207,6 +236,7 @@ static const fm_comm_ops sim_ops = {
     .all_gather = sim_all_gather,
     .all_to_allv = sim_all_to_allv,
     .destroy = sim_destroy,
+    .time_all_reduce = sim_time_all_reduce,
 };
 
 fm_status fm_comm_sim_new(int n_ranks, fm_comm **out) {

@@ -253,6 +253,46 @@ static fm_status nccl_all_to_allv(fm_comm *c, const void *const *send, const siz
     return FM_OK;
 }
 
+static int cmp_dbl(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static fm_status nccl_time_all_reduce(fm_comm *c, size_t count, int reps, double *us) {
+    nccl_state *st = c->impl;
+    fm_status s = stage(c, count * sizeof(float), 0);
+    if (s) return s;
+    for (int i = 0; i < st->n; i++) {
+        CUDA_TRY(cudaSetDevice(c->device[i]));
+        CUDA_TRY(cudaMemsetAsync(st->dsend[i], 0, count * sizeof(float), st->stream[i]));
+    }
+    double *t = fm_calloc((size_t)reps + 1, sizeof(double));
+    if (!t) return FM_E_NOMEM;
+    for (int it = -1; it < reps; it++) { /* it = -1: warm-up (connections) */
+        uint64_t t0 = fm_now_ns();
+        ncclResult_t r = st->api.GroupStart();
+        for (int i = 0; i < st->n && r == ncclSuccess; i++)
+            r = st->api.AllReduce(st->dsend[i], st->dsend[i], count, ncclFloat32, ncclSum, st->comm[i], st->stream[i]);
+        if (r == ncclSuccess) r = st->api.GroupEnd();
+        if (r != ncclSuccess) {
+            free(t);
+            return fm_error(FM_E_CUDA, "NCCL all-reduce of %zu floats: %s", count, st->api.GetErrorString(r));
+        }
+        for (int i = 0; i < st->n; i++) {
+            cudaError_t e = cudaStreamSynchronize(st->stream[i]);
+            if (e != cudaSuccess) {
+                free(t);
+                return fm_error(FM_E_CUDA, "cudaStreamSynchronize: %s", cudaGetErrorString(e));
+            }
+        }
+        if (it >= 0) t[it] = (double)(fm_now_ns() - t0) / 1e3;
+    }
+    qsort(t, (size_t)reps, sizeof *t, cmp_dbl);
+    *us = t[reps / 2];
+    free(t);
+    return FM_OK;
+}
+
 static void nccl_destroy(fm_comm *c) {
     nccl_state *st = c->impl;
     if (!st) return;
@@ -282,6 +322,7 @@ static const fm_comm_ops nccl_ops = {
     .all_gather = nccl_all_gather,
     .all_to_allv = nccl_all_to_allv,
     .destroy = nccl_destroy,
+    .time_all_reduce = nccl_time_all_reduce,
 };
 
 static fm_status state_new(int n, nccl_state **out) {

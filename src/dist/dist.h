@@ -15,6 +15,9 @@ typedef struct fm_comm_ops {
     fm_status (*all_to_allv)(fm_comm *c, const void *const *send, const size_t *const *send_bytes,
                              void *const *recv, const size_t *const *recv_bytes);
     void (*destroy)(fm_comm *c);
+    /* Optional: median time of an all-reduce of count floats on buffers that
+     * stay on the device (no host staging), for bench. */
+    fm_status (*time_all_reduce)(fm_comm *c, size_t count, int reps, double *us);
 } fm_comm_ops;
 
 struct fm_comm {
@@ -47,6 +50,10 @@ typedef struct fm_dist_exec {
     fm_status (*route)(void *ctx, int local, const fm_model_desc *d, const fm_moe_layer *l, const float *x, int T,
                        const int32_t *token_ids, int32_t *ids, float *weights);
     void (*destroy)(void *ctx);
+    /* Optional: device time of one prepared view at batch T (median over
+     * reps, e.g. CUDA-graph replay), for bench. */
+    fm_status (*bench)(void *ctx, int local, void *handle, const fm_model_desc *d, int T, uint64_t seed, int reps,
+                       double *us);
 } fm_dist_exec;
 
 /* A rank's views and their prepared engine handles. */

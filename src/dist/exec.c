@@ -67,6 +67,15 @@ static fm_status cuda_forward(void *ctx, int local, void *h, const fm_model_desc
     (void)v;
     return fm_cuda_forward(c->eng[local], d, h, x, xdt, T, tid, o);
 }
+static fm_status cuda_bench(void *ctx, int local, void *h, const fm_model_desc *d, int T, uint64_t seed, int reps,
+                            double *us) {
+    cuda_ctx *c = ctx;
+    fm_cuda_layer *layers[1] = {h};
+    fm_cuda_bench_result r;
+    fm_status s = fm_cuda_bench(c->eng[local], d, layers, 1, T, seed, reps, &r);
+    if (!s) *us = r.us_per_layer;
+    return s;
+}
 static void cuda_destroy(void *ctx) {
     cuda_ctx *c = ctx;
     if (!c) return;
@@ -104,7 +113,8 @@ fm_status fm_dist_exec_cuda(const fm_comm *comm, fm_dist_exec *out) {
                           .release = cuda_release,
                           .forward = cuda_forward,
                           .route = cpu_route,
-                          .destroy = cuda_destroy};
+                          .destroy = cuda_destroy,
+                          .bench = cuda_bench};
     return FM_OK;
 }
 
