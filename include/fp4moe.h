@@ -733,6 +733,8 @@ typedef enum {
     FM_TM_MEM_MHZ,
     FM_TM_TEMP_C,
     FM_TM_CPU_UTIL,    /* host CPU utilization %, all cores (/proc/stat)   */
+    FM_TM_PROC_UTIL,   /* this process's share of all cores %, which stays
+                          meaningful on a machine shared with other work */
     FM_TM_COUNT
 } fm_telem_metric;
 const char *fm_telem_metric_name(fm_telem_metric m); /* "sm_util_pct", ... */

@@ -440,8 +440,9 @@ static void test_telemetry_cpu(void **st) {
     assert_true(n >= 2); /* one at start, one at stop */
     for (size_t i = 0; i < n; i++) {
         assert_true(isnan(s[i].v[FM_TM_SM_UTIL]));
-        double c = s[i].v[FM_TM_CPU_UTIL];
+        double c = s[i].v[FM_TM_CPU_UTIL], o = s[i].v[FM_TM_PROC_UTIL];
         assert_true(isnan(c) || (c >= 0 && c <= 100));
+        assert_true(isnan(o) || (o >= 0 && o <= 100));
         if (i) assert_true(s[i].t_s >= s[i - 1].t_s);
     }
     assert_non_null(strstr(fm_telemetry_note(t), "/proc/stat"));

@@ -174,6 +174,9 @@ static void write_verdict(const fm_profile *p, fm_prof_batch *b) {
     if (!isnan(b->telem.mean[FM_TM_SM_UTIL])) {
         util = b->telem.mean[FM_TM_SM_UTIL];
         util_name = "SM utilization";
+    } else if (!isnan(b->telem.mean[FM_TM_PROC_UTIL])) {
+        util = b->telem.mean[FM_TM_PROC_UTIL];
+        util_name = "CPU utilization by this process";
     } else if (!isnan(b->telem.mean[FM_TM_CPU_UTIL])) {
         util = b->telem.mean[FM_TM_CPU_UTIL];
         util_name = "CPU utilization";

@@ -209,13 +209,14 @@ void fm_profile_print(const fm_profile *p, FILE *f) {
         fprintf(f, "| batch | samples | SM %% | mem %% | power W | of limit | SM MHz | mem MHz | temp C | CPU %% | "
                    "throttle |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     else
-        fprintf(f, "| batch | samples | CPU %% |\n|---|---|---|\n");
+        fprintf(f, "| batch | samples | host CPU %% | fp4moe CPU %% |\n|---|---|---|---|\n");
     for (int i = 0; i < p->n_batch; i++) {
         const fm_telem_summary *t = &p->b[i].telem;
-        char cpu[32];
+        char cpu[32], own[32];
         fmt_metric(cpu, sizeof cpu, t->mean[FM_TM_CPU_UTIL], t->max[FM_TM_CPU_UTIL], "");
+        fmt_metric(own, sizeof own, t->mean[FM_TM_PROC_UTIL], t->max[FM_TM_PROC_UTIL], "");
         if (!gpu) {
-            fprintf(f, "| %d | %d | %s |\n", p->b[i].batch, t->n, cpu);
+            fprintf(f, "| %d | %d | %s | %s |\n", p->b[i].batch, t->n, cpu, own);
             continue;
         }
         char sm[32], mem[32], pw[32], lim[32], smc[32], mc[32], tc[32], thr[128];
@@ -389,7 +390,7 @@ static const struct { fm_telem_metric m; const char *track; } k_counters[] = {
     {FM_TM_SM_UTIL, "SM utilization %"}, {FM_TM_MEM_UTIL, "memory utilization %"},
     {FM_TM_POWER_W, "power W"},          {FM_TM_SM_MHZ, "SM clock MHz"},
     {FM_TM_MEM_MHZ, "memory clock MHz"}, {FM_TM_TEMP_C, "temperature C"},
-    {FM_TM_CPU_UTIL, "host CPU utilization %"},
+    {FM_TM_CPU_UTIL, "host CPU utilization %"}, {FM_TM_PROC_UTIL, "fp4moe CPU utilization %"},
 };
 
 fm_status fm_profile_trace_json(const fm_profile *p, char **out) {

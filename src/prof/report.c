@@ -191,7 +191,7 @@ static void telemetry_chart(fm_sb *sb, const fm_profile *p, fm_telem_metric m, c
         tmax = fmax(tmax, p->samples[i].t_s);
     }
     if (!n) return;
-    if (m == FM_TM_SM_UTIL || m == FM_TM_MEM_UTIL || m == FM_TM_CPU_UTIL) vmax = 100;
+    if (m == FM_TM_SM_UTIL || m == FM_TM_MEM_UTIL || m == FM_TM_CPU_UTIL || m == FM_TM_PROC_UTIL) vmax = 100;
     if (m == FM_TM_POWER_W)
         for (size_t i = 0; i < p->n_samples; i++)
             if (!isnan(p->samples[i].v[FM_TM_POWER_LIMIT_W])) vmax = fmax(vmax, p->samples[i].v[FM_TM_POWER_LIMIT_W]);
@@ -391,7 +391,8 @@ fm_status fm_profile_report_html(const fm_profile *p, char **out) {
         {FM_TM_SM_UTIL, "SM utilization %"}, {FM_TM_MEM_UTIL, "memory-controller utilization %"},
         {FM_TM_POWER_W, "power W (scale: power limit)"}, {FM_TM_SM_MHZ, "SM clock MHz"},
         {FM_TM_MEM_MHZ, "memory clock MHz"}, {FM_TM_TEMP_C, "temperature C"},
-        {FM_TM_CPU_UTIL, "host CPU utilization %"},
+        {FM_TM_CPU_UTIL, "host CPU utilization % (all processes)"},
+        {FM_TM_PROC_UTIL, "fp4moe CPU utilization % (of all cores)"},
     };
     for (size_t c = 0; c < sizeof charts / sizeof charts[0]; c++) telemetry_chart(&sb, p, charts[c].m, charts[c].t);
     if (!p->n_samples) fm_sb_puts(&sb, "<p>no telemetry samples</p>\n");

@@ -53,8 +53,8 @@ struct fm_telemetry {
     nvml_api nv;
     char note[256];
     /* /proc/stat: previous totals for the utilization delta */
-    unsigned long long cpu_busy, cpu_total;
-    int cpu_ok;
+    unsigned long long cpu_busy, cpu_total, proc_ticks;
+    int cpu_ok, proc_ok;
     fm_telem_sample *s;
     size_t n, cap;
     int oom; /* sample storage could not grow: later samples dropped */
@@ -62,7 +62,8 @@ struct fm_telemetry {
 
 const char *fm_telem_metric_name(fm_telem_metric m) {
     static const char *const names[FM_TM_COUNT] = {"sm_util_pct", "mem_util_pct", "power_w", "power_limit_w",
-                                                   "sm_mhz",      "mem_mhz",      "temp_c",  "cpu_util_pct"};
+                                                   "sm_mhz",      "mem_mhz",      "temp_c",  "cpu_util_pct",
+                                                   "proc_cpu_util_pct"};
     return (unsigned)m < FM_TM_COUNT ? names[m] : "invalid";
 }
 
@@ -102,15 +103,42 @@ static int read_proc_stat(unsigned long long *busy, unsigned long long *total) {
     return 1;
 }
 
+/* utime + stime of this process, in clock ticks like /proc/stat. */
+static int read_proc_self(unsigned long long *ticks) {
+    char buf[1024];
+    FILE *f = fopen("/proc/self/stat", "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    /* the command name (field 2) may hold spaces: fields resume after ')' */
+    const char *p = strrchr(buf, ')');
+    if (!p) return 0;
+    unsigned long long ut = 0, st = 0;
+    if (sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2) return 0;
+    *ticks = ut + st;
+    return 1;
+}
+
 static void take_sample(fm_telemetry *t) {
     fm_telem_sample s;
     s.t_s = (double)(fm_now_ns() - t->t0_ns) * 1e-9;
     for (int m = 0; m < FM_TM_COUNT; m++) s.v[m] = NAN;
     s.throttle = 0;
-    unsigned long long busy, total;
+    unsigned long long busy, total, ticks;
+    int have_self = read_proc_self(&ticks);
     if (read_proc_stat(&busy, &total)) {
-        if (t->cpu_ok && total > t->cpu_total)
+        if (t->cpu_ok && total > t->cpu_total) {
             s.v[FM_TM_CPU_UTIL] = 100.0 * (double)(busy - t->cpu_busy) / (double)(total - t->cpu_total);
+            if (have_self && t->proc_ok && ticks >= t->proc_ticks) {
+                double u = 100.0 * (double)(ticks - t->proc_ticks) / (double)(total - t->cpu_total);
+                s.v[FM_TM_PROC_UTIL] = u > 100.0 ? 100.0 : u;
+            }
+        }
+        if (have_self) {
+            t->proc_ticks = ticks;
+            t->proc_ok = 1;
+        }
         t->cpu_busy = busy;
         t->cpu_total = total;
         t->cpu_ok = 1;
