@@ -777,7 +777,17 @@ static fm_status build(fm_trace *t, fm_tr_file *files, int nf) {
             u->parse_s += ru->parse_s;
             u->outside_events += ru->outside_events;
             u->outside_ns += ru->outside_ns;
-            u->nfiles += ru->nfiles;
+            for (int i = 0; i < ru->nfiles && s == FM_OK; i++) {
+                char **nf2 = realloc(u->files, ((size_t)u->nfiles + 1) * sizeof *nf2);
+                if (!nf2) {
+                    s = FM_E_NOMEM;
+                    break;
+                }
+                u->files = nf2;
+                u->files[u->nfiles] = fm_strdup(ru->files[i]);
+                if (!u->files[u->nfiles]) s = FM_E_NOMEM;
+                else u->nfiles++;
+            }
             u->nstreams += ru->nstreams;
         }
         if (s == FM_OK) s = finalize_unit(t, u, agk, adur, ain, an);

@@ -47,8 +47,11 @@ static const struct {
     {FM_CAT_MOE_GEMM, "fused_moe|moe_gemm|moegemm|moe_mm|moe_wna16|marlin|groupproblemshape|grouped_?gemm|"
                       "gemmgrouped|group_?mm|bmm_e2m1|bmm_e4m3|bmm_mxe|_moe_|cutlass_moe|trtllm.*moe|"
                       "moe.*gemm|deep_?gemm.*(group|masked|contiguous)|m_grouped"},
-    /* attention (before the generic CUTLASS / GEMM rules) */
-    {FM_CAT_ATTENTION, "flash|fmha|mla_decode|mla_kernel|flashmla|batchmla|batchdecode|batchprefill|"
+    /* norms and rotary embeddings, before attention: FlashInfer names all its
+     * kernels flashinfer::... (norm, rope, sampling as well as attention) */
+    {FM_CAT_GLUE, "rmsnorm|rms_norm|layernorm|layer_norm|rotary|rope_|_rope|ropekernel"},
+    /* attention (before the generic CUTLASS / GEMM rules); "flash" but not "flashinfer" */
+    {FM_CAT_ATTENTION, "flash([^i]|$)|fmha|mla_decode|mla_kernel|flashmla|batchmla|batchdecode|batchprefill|"
                        "singledecode|singleprefill|paged_?attention|attention|attn|_fwd_kernel|decode_att|"
                        "fwd_grouped_kernel|merge_?state|mqa_logits|xqa|kernel_mha|mha_|reshape_and_cache|"
                        "kv_?cache|set_kv_buffer|store_kv|sparse_mla|lightning_indexer|indexer"},
