@@ -48,6 +48,15 @@ static long layer_of(const char *name) {
     return v;
 }
 
+/* "412.3 KB", "6.34 GB": decimal units, as bandwidth figures use. */
+static const char *human(char *buf, size_t cap, double b) {
+    const char *u[] = {"B", "KB", "MB", "GB", "TB"};
+    int i = 0;
+    while (b >= 1000 && i < 4) { b /= 1000; i++; }
+    snprintf(buf, cap, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+    return buf;
+}
+
 static const char *route_name(const fm_model_desc *d) {
     switch (d->route) {
     case FM_ROUTE_NOAUX_TC: return "noaux_tc (sigmoid, bias-corrected grouped top-k)";
@@ -209,15 +218,19 @@ fm_status fm_inspect(const char *dir, int as_json, FILE *out, int *n_problems) {
             if (d.act == FM_ACT_GPTOSS) fprintf(out, ", alpha %g", (double)d.swiglu_alpha);
             fprintf(out, "\nlayers       %d (%d MoE, first %d dense)\n", d.n_layers, n_moe, d.first_dense);
             int64_t pe = fm_model_expert_bytes(&d, d.expert_format);
-            fprintf(out, "bytes        %.3f MB per expert, %.3f GB routed per layer, %.3f GB routed in all MoE layers\n",
-                    pe * 1e-6, pe * (double)d.n_experts * 1e-9, pe * (double)d.n_experts * n_moe * 1e-9);
+            char b1[32], b2[32], b3[32];
+            fprintf(out, "bytes        %s per expert, %s routed per MoE layer, %s routed in all %d MoE layers\n",
+                    human(b1, sizeof b1, (double)pe), human(b2, sizeof b2, (double)pe * d.n_experts),
+                    human(b3, sizeof b3, (double)pe * d.n_experts * n_moe), n_moe);
         }
         fprintf(out, "present      MoE layers [");
         for (size_t i = 0; i < json_array_size(layers_present); i++)
             fprintf(out, "%s%lld", i ? ", " : "", (long long)json_integer_value(json_array_get(layers_present, i)));
         fprintf(out, "]");
         if (json_array_size(dense_present)) fprintf(out, ", %zu dense layer(s)", json_array_size(dense_present));
-        fprintf(out, "; routed %.3f GB, shared %.3f GB\n", routed_present * 1e-9, shared_present * 1e-9);
+        char b4[32], b5[32];
+        fprintf(out, "; routed %s, shared %s\n", human(b4, sizeof b4, (double)routed_present),
+                human(b5, sizeof b5, (double)shared_present));
         fprintf(out, "problems     %d\n", col.n);
         for (size_t i = 0; i < json_array_size(col.problems); i++)
             fprintf(out, "  - %s\n", json_string_value(json_array_get(col.problems, i)));
