@@ -80,26 +80,11 @@ int fm_cli_dist_validate(const char *cmd, const fm_cli_dist *o, fm_device dev) {
     return 0;
 }
 
-static fm_status open_dist(const fm_cli_dist *o, fm_device dev, fm_cpu_engine *cpu, const fm_model_desc *d,
-                           const fm_moe_layer *l, fm_comm **c, fm_dist **ds) {
-    fm_dist_opts op = {.mode = o->tp ? FM_DIST_TP : FM_DIST_EP,
-                       .ranks = o->tp ? o->tp : o->ep,
-                       .layout = o->layout,
-                       .compress = o->compress};
-    *c = NULL;
-    *ds = NULL;
-    fm_status s = fm_dist_check(d, l, &op);
-    if (s) return s;
-    if (dev == FM_DEV_CPU) s = fm_comm_sim_new(op.ranks, c);
-    else if (o->mpi) s = fm_comm_nccl_new_mpi(c);
-    else s = fm_comm_nccl_new(op.ranks, c);
-    if (s) return s;
-    s = dev == FM_DEV_CPU ? fm_dist_new_cpu(d, l, &op, *c, cpu, ds) : fm_dist_new_cuda(d, l, &op, *c, ds);
-    if (s) {
-        fm_comm_free(*c);
-        *c = NULL;
-    }
-    return s;
+fm_dist_opts fm_cli_dist_lib_opts(const fm_cli_dist *o) {
+    return (fm_dist_opts){.mode = o->tp ? FM_DIST_TP : FM_DIST_EP,
+                          .ranks = o->tp ? o->tp : o->ep,
+                          .layout = o->layout,
+                          .compress = o->compress};
 }
 
 fm_status fm_cli_dist_forward(const fm_cli_dist *o, fm_device dev, fm_cpu_engine *cpu, const fm_model_desc *d,
@@ -107,7 +92,8 @@ fm_status fm_cli_dist_forward(const fm_cli_dist *o, fm_device dev, fm_cpu_engine
                               fm_moe_out *out, FILE *info) {
     fm_comm *c;
     fm_dist *ds;
-    fm_status s = open_dist(o, dev, cpu, d, l, &c, &ds);
+    const fm_dist_opts op = fm_cli_dist_lib_opts(o);
+    fm_status s = fm_dist_open(&op, dev, o->mpi, cpu, d, l, &c, &ds);
     if (s) return s;
     fm_dist_stats st;
     s = fm_dist_forward(ds, x, xdt, T, token_ids, out, &st);
@@ -129,7 +115,8 @@ fm_status fm_cli_dist_bench(const fm_cli_dist *o, fm_device dev, fm_cpu_engine *
                             FILE *out) {
     fm_comm *c;
     fm_dist *ds;
-    fm_status s = open_dist(o, dev, cpu, d, l, &c, &ds);
+    const fm_dist_opts op = fm_cli_dist_lib_opts(o);
+    fm_status s = fm_dist_open(&op, dev, o->mpi, cpu, d, l, &c, &ds);
     if (s) return s;
     fprintf(out, "dist: %s\n", fm_dist_describe(ds));
     if (dev == FM_DEV_CPU)

@@ -24,6 +24,9 @@ int fm_cli_dist_parse(const char *cmd, int argc, char **argv, int *i, fm_cli_dis
 int fm_cli_dist_active(const fm_cli_dist *o);
 int fm_cli_dist_validate(const char *cmd, const fm_cli_dist *o, fm_device dev);
 
+/* The library's options for the parsed flags (for fm_dist_run). */
+fm_dist_opts fm_cli_dist_lib_opts(const fm_cli_dist *o);
+
 /* One MoE block over the sharded layer (forward). cpu: the engine of
  * --device cpu (ignored for cuda). One line of load/communication figures
  * goes to info (may be NULL). */

@@ -1147,6 +1147,18 @@ typedef struct {
     char transport[160];
     char method[160];     /* how the times were taken                          */
 } fm_dist_bench_result;
+/* Opens the transport for dev (simulated ranks for FM_DEV_CPU; NCCL over
+ * o->ranks GPUs of this process, or one GPU per MPI process when mpi is set,
+ * for FM_DEV_CUDA) and the sharded layer on it (cpu: the engine of
+ * FM_DEV_CPU). Free with fm_dist_free, then fm_comm_free. */
+fm_status fm_dist_open(const fm_dist_opts *o, fm_device dev, int mpi, fm_cpu_engine *cpu, const fm_model_desc *d,
+                       const fm_moe_layer *l, fm_comm **comm, fm_dist **out);
+/* fm_dist_open + fm_dist_forward + free: one sharded MoE block, e.g. in
+ * place of fm_cpu_forward / fm_cuda_forward in `forward`. */
+fm_status fm_dist_run(const fm_dist_opts *o, fm_device dev, int mpi, fm_cpu_engine *cpu, const fm_model_desc *d,
+                      const fm_moe_layer *l, const void *x, fm_dtype xdt, int T, const int32_t *token_ids,
+                      fm_moe_out *out, fm_dist_stats *st);
+
 /* reps steps at batch T with seeded random activations. */
 fm_status fm_dist_bench(fm_dist *ds, int T, uint64_t seed, int reps,
                         fm_dist_bench_result *r);

@@ -266,6 +266,35 @@ static void test_engine_bench_runs(void **state) {
     free_setup(&s);
 }
 
+/* fm_dist_run: the one call `forward` makes; device/transport choices. */
+static void test_engine_run_entry(void **state) {
+    (void)state;
+    setup s;
+    setup_case(&k_cases[6], 5, &s); /* mixtral, E=8 */
+    const int H = s.l->hidden, T = 5;
+    float *out = malloc(sizeof(float) * (size_t)T * H);
+    fm_moe_out mo = {.out = out};
+    fm_dist_opts o = {.mode = FM_DIST_EP, .ranks = 8, .layout = FM_DIST_TOKEN_SHARDED};
+    fm_dist_stats st;
+    assert_int_equal(fm_dist_run(&o, FM_DEV_CPU, 0, g_eng, &s.d, s.l, s.x, FM_DT_F32, T, NULL, &mo, &st), FM_OK);
+    assert_true(rel_err(out, s.ref, (size_t)T * H) <= 1e-5);
+    assert_int_equal(st.ranks, 8);
+    /* MPI ranks are GPU processes; the simulation has none */
+    assert_int_equal(fm_dist_run(&o, FM_DEV_CPU, 1, g_eng, &s.d, s.l, s.x, FM_DT_F32, T, NULL, &mo, NULL), FM_E_ARG);
+    assert_int_equal(fm_dist_run(&o, FM_DEV_CPU, 0, NULL, &s.d, s.l, s.x, FM_DT_F32, T, NULL, &mo, NULL), FM_E_ARG);
+    o.ranks = 3; /* refused before any transport is opened */
+    assert_int_equal(fm_dist_run(&o, FM_DEV_CUDA, 0, NULL, &s.d, s.l, s.x, FM_DT_F32, T, NULL, &mo, NULL), FM_E_ARG);
+    assert_non_null(strstr(fm_last_error(), "E=8 experts are not divisible by 3"));
+#ifndef FM_HAVE_CUDA
+    o.ranks = 2;
+    assert_int_equal(fm_dist_run(&o, FM_DEV_CUDA, 0, NULL, &s.d, s.l, s.x, FM_DT_F32, T, NULL, &mo, NULL),
+                     FM_E_UNSUPPORTED);
+    assert_non_null(strstr(fm_last_error(), "CUDA"));
+#endif
+    free(out);
+    free_setup(&s);
+}
+
 static int grp_setup(void **state) {
     (void)state;
     return fm_cpu_engine_new(FM_CPU_AUTO, 1, &g_eng) == FM_OK ? 0 : -1;
@@ -283,6 +312,7 @@ int main(void) {
         cmocka_unit_test(test_engine_compression_cost),
         cmocka_unit_test(test_engine_bf16_input),
         cmocka_unit_test(test_engine_bench_runs),
+        cmocka_unit_test(test_engine_run_entry),
     };
     return cmocka_run_group_tests(tests, grp_setup, grp_teardown);
 }
