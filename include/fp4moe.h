@@ -1041,7 +1041,7 @@ const char *fm_compress_name(fm_compress c);         /* "none", "fp8", "nvfp4" *
 int fm_dist_layout_from_name(const char *s, fm_dist_layout *out);
 int fm_compress_from_name(const char *s, fm_compress *out);
 
-typedef struct {
+typedef struct fm_dist_opts { /* tagged: other sections may forward-declare it */
     fm_dist_mode mode;
     int ranks;             /* R, 1..FM_DIST_MAX_RANKS                         */
     fm_dist_layout layout;
