@@ -161,6 +161,13 @@ fm_status fm_gen_checkpoint(const fm_model_desc *d, const fm_gen_opts *o, const 
     for (int l = 0; l < d->n_layers; l++) n_moe += fm_model_is_moe_layer(d, l);
     if (o->n_moe_layers < 1 || o->n_moe_layers > n_moe)
         return fm_error(FM_E_RANGE, "--layers %d: the model has %d MoE layers", o->n_moe_layers, n_moe);
+    /* "out/" would put the temporary directory inside the output */
+    char outp[4096];
+    size_t ol = strlen(out_dir);
+    if (ol >= sizeof outp) return fm_error(FM_E_ARG, "path too long: %s", out_dir);
+    memcpy(outp, out_dir, ol + 1);
+    while (ol > 1 && outp[ol - 1] == '/') outp[--ol] = 0;
+    out_dir = outp;
     struct stat sb;
     if (stat(out_dir, &sb) == 0) return fm_error(FM_E_IO, "%s: already exists (gen never overwrites; remove it first)", out_dir);
     uint64_t shard_max = o->shard_bytes ? o->shard_bytes : GEN_DEFAULT_SHARD;
