@@ -459,6 +459,21 @@ fm_status fm_cpu_bench(fm_cpu_engine *e, const fm_model_desc *d, fm_moe_layer *c
  * level cache, bounded by half of physical memory (at least 1). */
 int fm_cpu_bench_default_layers(const fm_model_desc *d, fm_qformat fmt);
 
+/* `fp4moe forward`: layer `layer` of the checkpoint in model_dir applied to
+ * tensor hidden_states [T, H] (F32/BF16/F16) of input (plus I32 token_ids
+ * [T] when present; required by hash-routed layers). Writes output with
+ * hidden_states [T, H] F32 (routed + shared), topk_ids I32 [T, k] ascending
+ * per row, topk_weights F32 [T, k] in the same order; the file appears only
+ * when everything succeeded. info (may be NULL) gets a one-line summary. */
+typedef struct {
+    const char *model_dir, *input, *output;
+    int layer;
+    fm_device device;
+    fm_cpu_isa isa;  /* CPU only */
+    int n_threads;   /* CPU only; <= 0: all */
+} fm_forward_file_opts;
+fm_status fm_forward_file(const fm_forward_file_opts *o, char *info, size_t cap);
+
 /* Monotonic clock in nanoseconds. */
 uint64_t fm_now_ns(void);
 

@@ -9,7 +9,7 @@
 #include "cpu/cpu_int.h"
 #include "util/util.h"
 
-#define SPIN_ITERS 20000
+#define SPIN_ITERS 4000
 
 struct fm_pool {
     int n;
