@@ -266,6 +266,31 @@ static void test_finish_and_verdicts(void **st) {
     fm_profile_free(p);
 }
 
+static void test_contended_note(void **st) {
+    (void)st;
+    fm_profile *p = synthetic();
+    p->n_batch = 1;
+    p->b[0].active_observed = 6;
+    p->b[0].step_ns = 1e9 * layer_bytes(6) / 4.6e12 / 0.5;
+    p->b[0].row_ns[FM_PH_GATEUP] = 0.9 * p->b[0].step_ns;
+    p->b[0].t_end_s = 1;
+    p->samples = calloc(2, sizeof *p->samples);
+    p->n_samples = 2;
+    for (int i = 0; i < 2; i++) {
+        p->samples[i] = sample(0.5, NAN, 100, 0);
+        p->samples[i].v[FM_TM_PROC_UTIL] = 30;
+    }
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_int_equal(p->b[0].verdict, FM_VERDICT_UNDERUSED);
+    assert_string_equal(p->b[0].verdict_text, "under-used: 50 % of floor at 30 % CPU utilization by this process "
+                                              "(other processes kept the host at 100 % CPU: timings are contended)");
+    p->samples[0].v[FM_TM_PROC_UTIL] = p->samples[1].v[FM_TM_PROC_UTIL] = 90;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_int_equal(p->b[0].verdict, FM_VERDICT_BUSY);
+    assert_null(strstr(p->b[0].verdict_text, "contended"));
+    fm_profile_free(p);
+}
+
 static void test_delta(void **st) {
     (void)st;
     fm_prof_batch a, b;
@@ -562,6 +587,7 @@ int main(void) {
         cmocka_unit_test(test_write_atomic),       cmocka_unit_test(test_telemetry_cpu),
         cmocka_unit_test(test_telemetry_nvml_absent), cmocka_unit_test(test_cupti_without_build),
         cmocka_unit_test(test_kernel_steps_graph), cmocka_unit_test(test_kernel_steps_no_graph),
+        cmocka_unit_test(test_contended_note),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

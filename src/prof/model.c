@@ -26,6 +26,7 @@
 #define VERDICT_BUSY_UTIL 80.0
 #define FASTER_THAN_FLOOR_PCT 110.0
 #define POOR_TILE_FILL 0.25
+#define CONTENDED_GAP 40.0 /* host CPU % minus this process's CPU %          */
 
 const char *fm_time_source_name(fm_time_source s) {
     switch (s) {
@@ -267,6 +268,13 @@ fm_status fm_profile_finish(fm_profile *p) {
             b->tile_fill_is_expected = 1;
         }
         write_verdict(p, b);
+        /* Other work on the machine skews every figure above: say so. */
+        double host = b->telem.mean[FM_TM_CPU_UTIL], own = b->telem.mean[FM_TM_PROC_UTIL];
+        if (!isnan(host) && !isnan(own) && host - own >= CONTENDED_GAP) {
+            size_t len = strlen(b->verdict_text);
+            set_text(b->verdict_text + len, sizeof b->verdict_text - len,
+                     " (other processes kept the host at %.0f %% CPU: timings are contended)", host);
+        }
     }
     return FM_OK;
 }

@@ -201,22 +201,22 @@ void fm_profile_print(const fm_profile *p, FILE *f) {
                 b->floor_ns * 1e-6, b->step_ns * 1e-6, b->pct_of_floor, b->achieved_Bps / 1e9,
                 b->achieved_flops / 1e9, tile);
     }
-    fprintf(f, "\ntelemetry per batch (mean/max):\n");
+    fprintf(f, "\ntelemetry per batch (mean/max) beside the throughput:\n");
     int gpu = 0;
     for (int i = 0; i < p->n_batch; i++)
         if (!isnan(p->b[i].telem.mean[FM_TM_SM_UTIL]) || !isnan(p->b[i].telem.mean[FM_TM_POWER_W])) gpu = 1;
     if (gpu)
-        fprintf(f, "| batch | samples | SM %% | mem %% | power W | of limit | SM MHz | mem MHz | temp C | CPU %% | "
-                   "throttle |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+        fprintf(f, "| batch | tok/s | samples | SM %% | mem %% | power W | of limit | SM MHz | mem MHz | temp C | "
+                   "host CPU %% | throttle |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     else
-        fprintf(f, "| batch | samples | host CPU %% | fp4moe CPU %% |\n|---|---|---|---|\n");
+        fprintf(f, "| batch | tok/s | samples | host CPU %% | fp4moe CPU %% |\n|---|---|---|---|---|\n");
     for (int i = 0; i < p->n_batch; i++) {
         const fm_telem_summary *t = &p->b[i].telem;
         char cpu[32], own[32];
         fmt_metric(cpu, sizeof cpu, t->mean[FM_TM_CPU_UTIL], t->max[FM_TM_CPU_UTIL], "");
         fmt_metric(own, sizeof own, t->mean[FM_TM_PROC_UTIL], t->max[FM_TM_PROC_UTIL], "");
         if (!gpu) {
-            fprintf(f, "| %d | %d | %s | %s |\n", p->b[i].batch, t->n, cpu, own);
+            fprintf(f, "| %d | %.0f | %d | %s | %s |\n", p->b[i].batch, p->b[i].tokens_per_s, t->n, cpu, own);
             continue;
         }
         char sm[32], mem[32], pw[32], lim[32], smc[32], mc[32], tc[32], thr[128];
@@ -232,7 +232,8 @@ void fm_profile_print(const fm_profile *p, FILE *f) {
         fmt_metric(mc, sizeof mc, t->mean[FM_TM_MEM_MHZ], t->max[FM_TM_MEM_MHZ], "");
         fmt_metric(tc, sizeof tc, t->mean[FM_TM_TEMP_C], t->max[FM_TM_TEMP_C], "");
         fm_telemetry_throttle_str(t->throttle_any, thr, sizeof thr);
-        fprintf(f, "| %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", p->b[i].batch, t->n, sm, mem, pw, lim,
+        fprintf(f, "| %d | %.0f | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", p->b[i].batch,
+                p->b[i].tokens_per_s, t->n, sm, mem, pw, lim,
                 smc, mc, tc, cpu, thr);
     }
     fprintf(f, "\nverdict:\n");

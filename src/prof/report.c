@@ -306,13 +306,13 @@ static void telem_table(fm_sb *sb, const fm_profile *p) {
     int used[FM_TM_COUNT] = {0};
     for (int i = 0; i < p->n_batch; i++)
         for (int m = 0; m < FM_TM_COUNT; m++) used[m] |= !isnan(p->b[i].telem.mean[m]);
-    fm_sb_puts(sb, "<table class=\"telem\"><tr><th>batch</th><th>samples</th>");
+    fm_sb_puts(sb, "<table class=\"telem\"><tr><th>batch</th><th>tok/s</th><th>samples</th>");
     for (int m = 0; m < FM_TM_COUNT; m++)
         if (used[m]) fm_sb_printf(sb, "<th>%s mean / max</th>", fm_telem_metric_name((fm_telem_metric)m));
     fm_sb_puts(sb, "<th>throttle</th></tr>\n");
     for (int i = 0; i < p->n_batch; i++) {
         const fm_telem_summary *t = &p->b[i].telem;
-        fm_sb_printf(sb, "<tr><td>%d</td><td>%d</td>", p->b[i].batch, t->n);
+        fm_sb_printf(sb, "<tr><td>%d</td><td>%.0f</td><td>%d</td>", p->b[i].batch, p->b[i].tokens_per_s, t->n);
         for (int m = 0; m < FM_TM_COUNT; m++) {
             if (!used[m]) continue;
             if (isnan(t->mean[m]))

@@ -366,6 +366,9 @@ static fm_status run_cpu(run_ctx *c) {
             snprintf(nm, sizeof nm, "%s B=%d", measured ? "step" : "warm-up step", B);
             add_span(p, c->t0, s0, s1, 1, 1, p->n_batch, 1, -1, nm);
             if (measured) step_ns[s - o->warmup] = (double)(s1 - s0);
+            if (o->progress && (s1 - s0) > 1000000000ull)
+                fprintf(o->progress, "profile: batch %d %s %d: %.0f ms\n", B, measured ? "step" : "warm-up step",
+                        measured ? s - o->warmup + 1 : s + 1, (double)(s1 - s0) * 1e-6);
         }
         uint64_t te = fm_now_ns();
         if (st == FM_OK) {
