@@ -496,6 +496,9 @@ fm_status fm_cuda_engine_key(const fm_cuda_engine *e, const fm_model_desc *d,
 void fm_cuda_engine_set_config(fm_cuda_engine *e, const fm_kernel_config *cfg);
 /* Accumulates per-phase times (CUDA events between phases) when set. */
 void fm_cuda_engine_set_phase_times(fm_cuda_engine *e, fm_phase_times *pt);
+/* Runs the shared expert (default 1). Benchmarks against peers that compute
+ * only the routed experts turn it off so both sides do the same work. */
+void fm_cuda_engine_set_shared(fm_cuda_engine *e, int enabled);
 
 fm_status fm_cuda_layer_upload(fm_cuda_engine *e, const fm_model_desc *d,
                                const fm_moe_layer *l, fm_cuda_layer **out);

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (after scripts/gpu_build.sh here): GPU tests,
+# compute-sanitizer memcheck + racecheck on a small case, the benchmark of
+# the issue (DeepSeek-V4-Flash NVFP4, B = 1..512, 8 layers in one CUDA graph)
+# with the torch peers measured in the same call, other shapes and MXFP4.
+# Logs and JSON go to $OUT (or ./gpu_out); the summary table prints last.
+#   bash scripts/gpu_run.sh [all|test|bench|variants|peers|cli]...
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=$PWD/.devbuild/lib:${LD_LIBRARY_PATH:-}
+BIN=$PWD/.devbuild/bin
+MODES=${*:-all}
+has() { [[ " $MODES " == *" $1 "* || " $MODES " == *" all "* ]]; }
+BATCH=1,2,4,8,16,32,64,128,256,512
+SUMMARY=$OUT/summary.txt
+: > "$SUMMARY"
+
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv 2>&1 | tee "$OUT/nvidia-smi.txt"
+
+if has test; then
+    echo "== GPU tests"
+    (cd "$OUT" && timeout 300 "$BIN/test_cuda") > "$OUT/test_cuda.log" 2>&1
+    rc=$?
+    tail -n 25 "$OUT/test_cuda.log"
+    echo "test_cuda exit $rc" | tee -a "$SUMMARY"
+    if command -v compute-sanitizer >/dev/null; then
+        for tool in memcheck racecheck; do
+            timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/cuda_smoke" > "$OUT/sanitizer_$tool.log" 2>&1
+            rc=$?
+            echo "compute-sanitizer $tool exit $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)" | tee -a "$SUMMARY"
+        done
+    else
+        echo "compute-sanitizer not found" | tee -a "$SUMMARY"
+    fi
+fi
+
+if has variants; then
+    echo "== kernel variants (DeepSeek-V4-Flash NVFP4, routed only)"
+    timeout 400 "$BIN/cuda_bench" --preset deepseek-v4-flash --batch ${VAR_BATCH:-1,4,16,64,256,512} --layers 8 --reps 20 \
+        --no-shared --variants --json "$OUT/variants.jsonl" 2>&1 | tee "$OUT/variants.txt"
+fi
+
+if has bench; then
+    echo "== benchmark"
+    run_bench() { # name args...
+        local name=$1; shift
+        timeout 300 "$BIN/cuda_bench" "$@" --json "$OUT/bench.jsonl" > "$OUT/bench_$name.txt" 2>&1
+        echo "rc=$?" >> "$OUT/bench_$name.txt"
+        { echo "-- $name: $*"; grep -v '^#' "$OUT/bench_$name.txt"; } >> "$SUMMARY"
+        head -3 "$OUT/bench_$name.txt"
+    }
+    run_bench dsv4_routed --preset deepseek-v4-flash --batch $BATCH --layers 8 --no-shared
+    run_bench dsv4_full --preset deepseek-v4-flash --batch $BATCH --layers 8
+    run_bench dsv4_mxfp4 --preset deepseek-v4-flash --format mxfp4 --batch 1,4,16,64,256,512 --layers 8 --no-shared
+    run_bench glm5 --preset glm-5 --batch 1,4,16,64,256,512 --layers 4 --no-shared
+    run_bench kimik2 --preset kimi-k2 --batch 1,4,16,64,256,512 --layers 4 --no-shared
+    run_bench qwen3 --preset qwen3-30b-a3b --batch 1,4,16,64,256,512 --layers 8
+fi
+
+if has peers; then
+    echo "== torch peers"
+    PYTHONUNBUFFERED=1 timeout 300 python3 scripts/torch_peer.py --E 256 --H 4096 --I 2048 --k 6 --batch $BATCH \
+        --layers 8 --json "$OUT/peers.jsonl" > "$OUT/peers.txt" 2>&1
+    echo "rc=$?" >> "$OUT/peers.txt"
+    { echo "-- torch peers (DeepSeek-V4-Flash shape, routed experts, same routing distribution)"; cat "$OUT/peers.txt"; } >> "$SUMMARY"
+fi
+
+if has cli; then
+    echo "== CLI"
+    timeout 200 "$BIN/fp4moe" bench --device cuda --preset deepseek-v4-flash --batch $BATCH --layers 8 > "$OUT/cli_bench.txt" 2>&1
+    echo "rc=$?" >> "$OUT/cli_bench.txt"
+    { echo "-- fp4moe bench --device cuda --preset deepseek-v4-flash --batch $BATCH --layers 8"; tail -n 20 "$OUT/cli_bench.txt"; } >> "$SUMMARY"
+fi
+
+echo "================ summary"
+cat "$SUMMARY"

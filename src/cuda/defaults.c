@@ -1,0 +1,56 @@
+/* Built-in kernel configs of the CUDA backend. Compiled in every build (no
+ * CUDA needed) so that `explain` and the tuner can show what a GPU run would
+ * pick on any machine. */
+#include "fp4moe.h"
+#include <stddef.h>
+
+const char *fm_kernel_path_name(fm_kernel_path p) {
+    switch (p) {
+    case FM_PATH_SMALL: return "small";
+    case FM_PATH_LARGE: return "large";
+    }
+    return "unknown";
+}
+
+/*
+ * Both paths stream every active expert's FP4 bytes once and run BF16
+ * mma.sync tiles with the expert's weight rows in M (16 rows per warp) and
+ * the expert's tokens in N (tile_n tokens per pass), so no tile row is spent
+ * on padding. They differ in how a thread block splits the work:
+ *
+ * - small: one block = 16 weight rows; its warps split K (k_split = warps)
+ *   and reduce through shared memory. With 1-2 tokens per expert the layer
+ *   has only experts x rows/16 row groups; splitting K multiplies the loads
+ *   in flight, which is what streaming needs.
+ * - large: one block = 16 * warps rows, every warp walks the whole K for its
+ *   own 16 rows (k_split = 1). The warps of a block read the same token
+ *   activations at the same time, so those come from L1, and there are
+ *   enough (expert, row block) items to fill the GPU without splitting K.
+ *
+ * The switch is on expected tokens per expert, T*k/E (switch_tpe). tile_n
+ * covers the typical count of tokens per expert; experts with more tokens
+ * take several passes over the same weight rows (cache hits).
+ */
+fm_kernel_config fm_kernel_config_default(const struct fm_tune_key *key, int T) {
+    fm_kernel_config c;
+    double tpe = 1.0;
+    if (key && key->E > 0 && key->k > 0 && T > 0) tpe = (double)T * key->k / key->E;
+    c.switch_tpe = 1.5f;
+    c.stages = 1;
+    if (tpe < c.switch_tpe) {
+        c.path = FM_PATH_SMALL;
+        c.warps = 8;
+        c.k_split = 8;
+        c.rows_per_block = 16;
+        c.tile_n = 8;
+    } else {
+        c.path = FM_PATH_LARGE;
+        c.warps = 4;
+        c.k_split = 1;
+        c.rows_per_block = 64;
+        /* Tokens per expert are binomial around tpe; cover about tpe + 2
+         * standard deviations in one pass. */
+        c.tile_n = tpe <= 5.0 ? 8 : tpe <= 12.0 ? 16 : 32;
+    }
+    return c;
+}

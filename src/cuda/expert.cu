@@ -1,0 +1,413 @@
+/*
+ * The expert kernels: gate/up (+ activation) and down (+ routing weight and
+ * k-way combine), FP4 weights decoded in registers into BF16 tensor-core
+ * operands.
+ *
+ * Work: one thread block per (active expert, block of weight rows); blocks
+ * reserved for experts that turned out inactive exit at once (the grid is
+ * sized without a host sync). A warp owns 16 weight rows (the M of
+ * mma.m16n8k16) over a range of K and the expert's tokens in N, 8 per MMA
+ * tile, NT tiles per pass. Warps of a block either split K (small path,
+ * reduced through shared memory) or own different rows (large path).
+ *
+ * Weights: each thread reads, per 128-wide K segment, 16 bytes (32 values)
+ * of row g and of row g + 8 (g = lane / 4, t = lane % 4 picks the 32-value
+ * piece), so a warp reads 64 contiguous bytes of 16 rows. The MMA's K order
+ * is a permutation of the real K order, chosen so that the nibbles a thread
+ * holds map to its A fragment with few instructions; the activations are
+ * stored permuted the same way (route.cu, the h store below), so each B
+ * fragment is one aligned 8-byte piece.
+ *
+ * Decoding: a nibble n placed at bits 0..3 becomes BF16 bits
+ * (n << 6 | n << 12) & 0x81C0 (sign to bit 15, the 2 exponent bits and the
+ * mantissa bit to the bottom of the exponent field / top of the mantissa),
+ * i.e. E2M1(n) * 2^-126 (codes +-0.5 land on BF16 subnormals, which BF16
+ * arithmetic keeps). One BF16x2 multiply by the block scale * 2^119 gives
+ * E2M1 * scale * 2^-7, exact in BF16 (at most 5 significant bits); the
+ * activations carry the compensating 2^7, and the per-tensor NVFP4 scale is
+ * applied to the FP32 accumulator.
+ */
+#include "cuda_internal.h"
+#include <string.h>
+#include <cuda_bf16.h>
+#include <stdio.h>
+
+static __device__ __forceinline__ void pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void pdl_launch_dependents(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Streamed once: bypass L1, ask L2 for whole 256-byte pieces. */
+static __device__ __forceinline__ uint4 ld_stream(const void *p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+/* BF16 bits of an E4M3 block scale times 2^119 (exact). */
+static __device__ __forceinline__ uint32_t nv_scale_bits(uint32_t b) {
+    uint32_t mag = b & 0x7Fu;
+    /* mag << 20 is the E4M3 value times 2^-120 as an FP32 (subnormal for E4M3
+     * subnormals); two exact power-of-two products give value * 2^119. */
+    float f = __uint_as_float(mag << 20) * 0x1p120f;
+    f = f * 0x1p119f;
+    uint32_t bits = (__float_as_uint(f) >> 16) | ((b & 0x80u) << 8);
+    return mag == 0x7Fu ? 0x7FC0u : bits;
+}
+/* BF16 bits of an E8M0 scale 2^(e-127) times 2^119; the host rejects
+ * exponents above 135 (they would overflow). */
+static __device__ __forceinline__ uint32_t mx_scale_bits(uint32_t e) {
+    return e == 0xFFu ? 0x7FC0u : (e + 119u) << 7;
+}
+
+static __device__ __forceinline__ uint32_t bf2_mul(uint32_t a, uint32_t s) {
+    __nv_bfloat162 x = *(__nv_bfloat162 *)&a, y = *(__nv_bfloat162 *)&s;
+    __nv_bfloat162 r = __hmul2(x, y);
+    return *(uint32_t *)&r;
+}
+
+/* Four BF16x2 registers from one word of 8 nibbles n0..n7:
+ * r[0] = (n0, n4), r[1] = (n1, n5), r[2] = (n2, n6), r[3] = (n3, n7). */
+static __device__ __forceinline__ void decode8(uint32_t w, uint32_t s2, uint32_t r[4]) {
+    const uint32_t M = 0x81C081C0u;
+    uint32_t w2 = w >> 8;
+    r[0] = bf2_mul(((w & 0x000F000Fu) * 0x1040u) & M, s2);
+    r[1] = bf2_mul(((w & 0x00F000F0u) * 0x104u) & M, s2);
+    r[2] = bf2_mul(((w2 & 0x000F000Fu) * 0x1040u) & M, s2);
+    r[3] = bf2_mul(((w2 & 0x00F000F0u) * 0x104u) & M, s2);
+}
+
+static __device__ __forceinline__ void mma16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* Where element r of a K group of 8 is stored (inverse of route.cu's perm). */
+static __device__ __forceinline__ int kperm_pos(int r) {
+    const int inv = 0x75316420; /* nibble j = stored position of element j */
+    return (r & ~7) | ((inv >> (4 * (r & 7))) & 7);
+}
+
+static __device__ __forceinline__ float act_fn(int act, float g, float u, float alpha, float limit) {
+    if (act == FM_ACT_GPTOSS) {
+        g = fminf(g, limit);
+        u = fminf(fmaxf(u, -limit), limit);
+        return g / (1.0f + __expf(-alpha * g)) * (u + 1.0f);
+    }
+    return g / (1.0f + __expf(-g)) * u;
+}
+
+/*
+ * NMAT = 2: gate and up of the same rows (the activation is applied in
+ * registers, h goes to global as BF16 * 2^7, K-permuted for down).
+ * NMAT = 1: down; the result times the routing weight is added into out.
+ */
+template <int NT, int NMAT, bool MX>
+__global__ void __launch_bounds__(256, NT == 1 ? 2 : 1) fm_expert_kernel(fm_expert_params p, int W, int KS) {
+    extern __shared__ float ex_smem[];
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int rgroups = W / KS, rg = wi / KS, ks = wi % KS;
+    const int rpb = 16 * rgroups;
+
+    const int nrb = ((NMAT == 2 ? p.gate.rows_p : p.down.rows_p) + rpb - 1) / rpb;
+
+    pdl_wait();
+    pdl_launch_dependents();
+
+    int b = blockIdx.x, e, pos0, cnt, rb;
+    bool shared;
+    if (b < p.max_active * nrb) {
+        int a = b / nrb;
+        rb = b % nrb;
+        if (a >= *p.n_active) return;
+        e = p.act_e[a];
+        pos0 = p.act_off[a];
+        cnt = p.act_cnt[a];
+        shared = false;
+    } else {
+        rb = b - p.max_active * nrb;
+        e = 0;
+        pos0 = p.T * p.k;
+        cnt = p.T;
+        shared = true;
+    }
+    /* field by field, so that the parameter structs stay in constant space */
+    const fm_dmat &dA = NMAT == 2 ? (shared ? p.sgate : p.gate) : (shared ? p.sdown : p.down);
+    const fm_dmat &dB = NMAT == 2 ? (shared ? p.sup : p.up) : dA;
+    const int rows = dA.rows, rows_p = dA.rows_p, kp = dA.kp;
+    const float *biasA_p = dA.bias, *biasB_p = dB.bias;
+    const float s2A = dA.scale2[e];
+    const float s2B = NMAT == 2 ? dB.scale2[e] : 0.0f;
+    const int r0 = (rb * rgroups + rg) * 16;
+    const int rowA = r0 + g, rowB = r0 + g + 8;
+    const bool vA = rowA < rows, vB = rowB < rows;
+    const int nseg = kp / FM_KSEG;
+    const int s_begin = ks * nseg / KS, s_end = (ks + 1) * nseg / KS;
+    const int sblk = MX ? 32 : 16;
+
+    const uint8_t *pa[NMAT], *pb[NMAT], *sa[NMAT], *sb[NMAT];
+#pragma unroll
+    for (int m = 0; m < NMAT; m++) {
+        const uint8_t *base = (m == 0 ? dA.packed : dB.packed) + (int64_t)e * (m == 0 ? dA.pstride : dB.pstride);
+        const uint8_t *sbase = (m == 0 ? dA.scales : dB.scales) + (int64_t)e * (m == 0 ? dA.sstride : dB.sstride);
+        pa[m] = base + (int64_t)rowA * (kp / 2) + t * 16;
+        pb[m] = base + (int64_t)rowB * (kp / 2) + t * 16;
+        sa[m] = sbase + (int64_t)rowA * (kp / sblk) + (MX ? t : 2 * t);
+        sb[m] = sbase + (int64_t)rowB * (kp / sblk) + (MX ? t : 2 * t);
+    }
+    const uint16_t *src_base = NMAT == 2 ? p.x_prep : p.h;
+    const int64_t src_stride = NMAT == 2 ? p.Hp : p.hstride;
+
+    for (int pass0 = 0; pass0 < cnt; pass0 += 8 * NT) {
+        float acc[NMAT][NT][4];
+#pragma unroll
+        for (int m = 0; m < NMAT; m++)
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[m][n][i] = 0.0f;
+
+        const uint16_t *src[NT];
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            int idx = pass0 + n * 8 + g;
+            src[n] = NULL;
+            if (idx < cnt) {
+                int pos = pos0 + idx;
+                int64_t row = NMAT == 2 ? (shared ? idx : p.sorted_tok[pos]) : pos;
+                src[n] = src_base + row * src_stride + t * 32;
+            }
+        }
+
+        /* weights and scales of the next segment are loaded before the
+         * current one is decoded (two register stages), so every warp keeps
+         * two segments of loads in flight */
+        uint4 wa[NMAT], wb[NMAT], na[NMAT], nb[NMAT];
+        uint32_t ca[NMAT], cb[NMAT], nca[NMAT], ncb[NMAT];
+#define FM_LOAD_SEG(S, WA, WB, CA, CB)                                                                    \
+    _Pragma("unroll") for (int m = 0; m < NMAT; m++) {                                                    \
+        WA[m] = vA ? ld_stream(pa[m] + (int64_t)(S) * 64) : make_uint4(0, 0, 0, 0);                      \
+        WB[m] = vB ? ld_stream(pb[m] + (int64_t)(S) * 64) : make_uint4(0, 0, 0, 0);                      \
+        if (MX) {                                                                                          \
+            CA[m] = vA ? __ldg(sa[m] + (S) * 4) : 0;                                                       \
+            CB[m] = vB ? __ldg(sb[m] + (S) * 4) : 0;                                                       \
+        } else {                                                                                           \
+            CA[m] = vA ? __ldg((const unsigned short *)(sa[m] + (S) * 8)) : 0;                              \
+            CB[m] = vB ? __ldg((const unsigned short *)(sb[m] + (S) * 8)) : 0;                              \
+        }                                                                                                  \
+    }
+        if (s_begin < s_end) { FM_LOAD_SEG(s_begin, wa, wb, ca, cb) }
+        for (int s = s_begin; s < s_end; s++) {
+            if (s + 1 < s_end) {
+                FM_LOAD_SEG(s + 1, na, nb, nca, ncb)
+            } else {
+#pragma unroll
+                for (int m = 0; m < NMAT; m++) { na[m] = nb[m] = make_uint4(0, 0, 0, 0); nca[m] = ncb[m] = 0; }
+            }
+            uint4 xb[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int d = 0; d < 4; d++)
+                    xb[n][d] = src[n] ? __ldg((const uint4 *)(src[n] + s * FM_KSEG) + d) : make_uint4(0, 0, 0, 0);
+
+#pragma unroll
+            for (int m = 0; m < NMAT; m++) {
+                uint32_t SA[2], SB[2];
+                if (MX) {
+                    SA[0] = SA[1] = mx_scale_bits(ca[m]) * 0x10001u;
+                    SB[0] = SB[1] = mx_scale_bits(cb[m]) * 0x10001u;
+                } else {
+                    SA[0] = nv_scale_bits(ca[m] & 0xFF) * 0x10001u;
+                    SA[1] = nv_scale_bits(ca[m] >> 8) * 0x10001u;
+                    SB[0] = nv_scale_bits(cb[m] & 0xFF) * 0x10001u;
+                    SB[1] = nv_scale_bits(cb[m] >> 8) * 0x10001u;
+                }
+#pragma unroll
+                for (int d = 0; d < 4; d++) {
+                    uint32_t wA = d == 0 ? wa[m].x : d == 1 ? wa[m].y : d == 2 ? wa[m].z : wa[m].w;
+                    uint32_t wB = d == 0 ? wb[m].x : d == 1 ? wb[m].y : d == 2 ? wb[m].z : wb[m].w;
+                    uint32_t ra[4], rbv[4];
+                    decode8(wA, SA[d >> 1], ra);
+                    decode8(wB, SB[d >> 1], rbv);
+#pragma unroll
+                    for (int n = 0; n < NT; n++) {
+                        mma16816(acc[m][n], ra[0], rbv[0], ra[1], rbv[1], xb[n][d].x, xb[n][d].y);
+                        mma16816(acc[m][n], ra[2], rbv[2], ra[3], rbv[3], xb[n][d].z, xb[n][d].w);
+                    }
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < NMAT; m++) { wa[m] = na[m]; wb[m] = nb[m]; ca[m] = nca[m]; cb[m] = ncb[m]; }
+        }
+#undef FM_LOAD_SEG
+
+        /* K split across warps: sum the partial tiles in shared memory */
+        if (KS > 1) {
+            float *red = ex_smem + (size_t)wi * (NMAT * NT * 4 * 32);
+#pragma unroll
+            for (int m = 0; m < NMAT; m++)
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) red[((m * NT + n) * 4 + i) * 32 + lane] = acc[m][n][i];
+            __syncthreads();
+            if (ks == 0) {
+                for (int o = 1; o < KS; o++) {
+                    const float *r2 = ex_smem + (size_t)(wi + o) * (NMAT * NT * 4 * 32);
+#pragma unroll
+                    for (int m = 0; m < NMAT; m++)
+#pragma unroll
+                        for (int n = 0; n < NT; n++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++) acc[m][n][i] += r2[((m * NT + n) * 4 + i) * 32 + lane];
+                }
+            }
+            __syncthreads();
+        }
+
+        if (ks == 0 && r0 < rows_p) {
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int idx = pass0 + n * 8 + 2 * t + (i & 1);
+                    int row = i < 2 ? rowA : rowB;
+                    if (idx >= cnt) continue;
+                    int pos = pos0 + idx;
+                    float biasA = (biasA_p && row < rows) ? biasA_p[(int64_t)e * rows_p + row] : 0.0f;
+                    float y = acc[0][n][i] * s2A + biasA;
+                    if (NMAT == 2) {
+                        float biasB = (biasB_p && row < rows) ? biasB_p[(int64_t)e * rows_p + row] : 0.0f;
+                        float u = acc[NMAT - 1][n][i] * s2B + biasB;
+                        float hv = row < rows ? act_fn(p.act, y, u, p.alpha, p.limit) : 0.0f;
+                        __nv_bfloat16 hb = __float2bfloat16_rn(hv * 128.0f);
+                        p.h[(int64_t)pos * p.hstride + kperm_pos(row)] = *(uint16_t *)&hb;
+                    } else if (row < rows) {
+                        int tok = shared ? idx : p.sorted_tok[pos];
+                        float wgt = shared ? 1.0f : p.sorted_w[pos];
+                        atomicAdd(&p.out[(int64_t)tok * p.H + row], y * wgt);
+                    }
+                }
+            }
+        }
+    }
+}
+
+static int nt_index(int nt) { return nt == 1 ? 0 : nt == 2 ? 1 : 2; }
+
+typedef void (*fm_kfn)(fm_expert_params, int, int);
+static fm_kfn pick(int nmat, int nt, int mx) {
+    static const fm_kfn gu[2][3] = {
+        {fm_expert_kernel<1, 2, false>, fm_expert_kernel<2, 2, false>, fm_expert_kernel<4, 2, false>},
+        {fm_expert_kernel<1, 2, true>, fm_expert_kernel<2, 2, true>, fm_expert_kernel<4, 2, true>}};
+    static const fm_kfn dn[2][3] = {
+        {fm_expert_kernel<1, 1, false>, fm_expert_kernel<2, 1, false>, fm_expert_kernel<4, 1, false>},
+        {fm_expert_kernel<1, 1, true>, fm_expert_kernel<2, 1, true>, fm_expert_kernel<4, 1, true>}};
+    return nmat == 2 ? gu[mx ? 1 : 0][nt_index(nt)] : dn[mx ? 1 : 0][nt_index(nt)];
+}
+
+static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int nmat, cudaStream_t s) {
+    if ((c->nt != 1 && c->nt != 2 && c->nt != 4) || c->warps < 1 || c->warps > 8 || c->ksplit < 1 ||
+        c->warps % c->ksplit)
+        return fm_error(FM_E_ARG, "invalid CUDA kernel config: tile_n %d, warps %d, k_split %d", c->nt * 8, c->warps,
+                        c->ksplit);
+    const fm_dmat *m = nmat == 2 ? &p->gate : &p->down;
+    const fm_dmat *sm = nmat == 2 ? &p->sgate : &p->sdown;
+    int rpb = 16 * (c->warps / c->ksplit);
+    int nrb = (m->rows_p + rpb - 1) / rpb;
+    int nrb_s = sm->n ? (sm->rows_p + rpb - 1) / rpb : 0;
+    int64_t blocks = (int64_t)p->max_active * nrb + nrb_s;
+    if (blocks <= 0) return FM_OK;
+    if (blocks > 0x7fffffff) return fm_error(FM_E_RANGE, "CUDA grid of %lld blocks is too large", (long long)blocks);
+    size_t smem = c->ksplit > 1 ? (size_t)c->warps * nmat * c->nt * 4 * 32 * sizeof(float) : 0;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = dim3((unsigned)blocks);
+    cfg.blockDim = dim3((unsigned)(32 * c->warps));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    FM_CU(cudaLaunchKernelEx(&cfg, pick(nmat, c->nt, p->mx), *p, c->warps, c->ksplit));
+    FM_CU_LAUNCH(nmat == 2 ? "fm_expert_kernel (gate/up)" : "fm_expert_kernel (down)");
+    return FM_OK;
+}
+
+extern "C" fm_status fm_cuda_launch_gateup(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s) {
+    return launch(p, c, 2, s);
+}
+extern "C" fm_status fm_cuda_launch_down(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s) {
+    return launch(p, c, 1, s);
+}
+
+extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char *buf, size_t cap) {
+    snprintf(buf, cap, "fm_expert_kernel<nt%d,%s> gate_up+down (mma.m16n8k16 bf16, %d warps, k_split %d)", c->nt,
+             mx ? "mxfp4" : "nvfp4", c->warps, c->ksplit);
+    return buf;
+}
+
+/* ------------------------------------------------ bandwidth measurement */
+
+__global__ void fm_stream_read_kernel(const uint4 *p, size_t n, unsigned *sink) {
+    uint32_t acc = 0;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        uint4 a = ld_stream(p + i), b = ld_stream(p + i + stride);
+        uint4 c = ld_stream(p + i + 2 * stride), d = ld_stream(p + i + 3 * stride);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n; i += stride) {
+        uint4 a = ld_stream(p + i);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w;
+    }
+    if (acc == 0x9E3779B9u) atomicAdd(sink, 1u); /* keeps the loads alive */
+}
+
+extern "C" fm_status fm_cuda_stream_read(const void *buf, size_t bytes, cudaStream_t s, int reps, double *best_s) {
+    int dev, sms;
+    FM_CU(cudaGetDevice(&dev));
+    FM_CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    unsigned *sink;
+    FM_CU(cudaMalloc(&sink, sizeof(unsigned)));
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    double best = 1e30;
+    fm_status st = FM_OK;
+    for (int r = 0; r < reps + 1 && st == FM_OK; r++) {
+        cudaEventRecord(a, s);
+        fm_stream_read_kernel<<<sms * 8, 512, 0, s>>>((const uint4 *)buf, bytes / 16, sink);
+        cudaEventRecord(b, s);
+        cudaError_t err = cudaEventSynchronize(b);
+        if (err != cudaSuccess) err = cudaGetLastError();
+        if (err == cudaSuccess) err = cudaGetLastError();
+        if (err != cudaSuccess) {
+            st = fm_error(FM_E_CUDA, "bandwidth kernel failed: %s", cudaGetErrorString(err));
+            break;
+        }
+        float ms = 0;
+        cudaEventElapsedTime(&ms, a, b);
+        if (r > 0 && ms * 1e-3 < best) best = ms * 1e-3;
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaFree(sink);
+    *best_s = best;
+    return st;
+}

@@ -1,0 +1,428 @@
+/* CUDA backend against the float64 CPU reference (skipped without a GPU). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "fp4moe.h"
+#include "io/model_int.h"
+#include "util/util.h"
+
+static fm_cuda_engine *g_eng;
+static char g_why[256];
+
+static int need_gpu(void) {
+    if (g_eng) return 1;
+    printf("SKIPPED: no CUDA GPU (%s)\n", g_why);
+    return 0;
+}
+#define NEED_GPU()                 \
+    do {                           \
+        if (!need_gpu()) skip();   \
+    } while (0)
+
+static int setup(void **state) {
+    (void)state;
+    if (!fm_cuda_available(g_why, sizeof g_why)) return 0;
+    if (fm_cuda_engine_new(0, &g_eng) != FM_OK) {
+        snprintf(g_why, sizeof g_why, "%s", fm_last_error());
+        g_eng = NULL;
+    } else {
+        printf("# %s\n", fm_cuda_engine_describe(g_eng));
+    }
+    return 0;
+}
+static int teardown(void **state) {
+    (void)state;
+    fm_cuda_engine_free(g_eng);
+    g_eng = NULL;
+    return 0;
+}
+
+/* Random BF16 activations (N(0,1)) and their FP32 values. */
+static void make_x(uint64_t seed, int T, int H, uint16_t *xb, float *xf) {
+    for (int64_t i = 0; i < (int64_t)T * H; i++) {
+        xb[i] = fm_f32_to_bf16(fm_rng_normal(seed, 77, (uint64_t)i));
+        xf[i] = fm_bf16_to_f32(xb[i]);
+    }
+}
+
+typedef struct {
+    double rel;       /* ||gpu - ref|| / ||ref||                          */
+    int id_mismatch;  /* top-k ids that differ from fm_route              */
+    double wt_err;    /* max relative difference of the routing weights   */
+    int nonfinite;    /* outputs not finite (poison left or NaN produced) */
+} cmp_result;
+
+/* Runs the GPU forward on a poisoned output and the reference, compares. */
+static void run_compare(const fm_model_desc *d, const fm_moe_layer *hl, fm_cuda_layer *cl, int T,
+                        const uint16_t *xb, const int32_t *tok, cmp_result *r) {
+    int H = d->hidden, k = d->topk;
+    float *out = malloc(sizeof(float) * (size_t)T * H), *ref = malloc(sizeof(float) * (size_t)T * H);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * k), *rids = malloc(sizeof(int32_t) * (size_t)T * k);
+    float *w = malloc(sizeof(float) * (size_t)T * k), *rw = malloc(sizeof(float) * (size_t)T * k);
+    assert_non_null(out); assert_non_null(ref); assert_non_null(ids); assert_non_null(rids);
+    assert_non_null(w); assert_non_null(rw);
+    for (int64_t i = 0; i < (int64_t)T * H; i++) out[i] = NAN;
+    for (int64_t i = 0; i < (int64_t)T * k; i++) { ids[i] = -1; w[i] = NAN; }
+    fm_moe_out o = {out, ids, w};
+    fm_status s = fm_cuda_forward(g_eng, d, cl, xb, FM_DT_BF16, T, tok, &o);
+    if (s) fail_msg("fm_cuda_forward: %s", fm_last_error());
+    fm_moe_out ro = {ref, rids, rw};
+    s = fm_moe_forward_ref(d, hl, xb, FM_DT_BF16, T, tok, &ro);
+    if (s) fail_msg("fm_moe_forward_ref: %s", fm_last_error());
+    double num = 0, den = 0;
+    r->nonfinite = 0;
+    for (int64_t i = 0; i < (int64_t)T * H; i++) {
+        if (!isfinite(out[i])) { r->nonfinite++; continue; }
+        double dd = (double)out[i] - ref[i];
+        num += dd * dd;
+        den += (double)ref[i] * ref[i];
+    }
+    r->rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    r->id_mismatch = 0;
+    r->wt_err = 0;
+    for (int64_t i = 0; i < (int64_t)T * k; i++) {
+        if (ids[i] != rids[i]) r->id_mismatch++;
+        double e = fabs((double)w[i] - rw[i]) / (fabs((double)rw[i]) + 1e-30);
+        if (!(e <= r->wt_err)) r->wt_err = e;
+    }
+    free(out); free(ref); free(ids); free(rids); free(w); free(rw);
+}
+
+static int first_moe_layer(const fm_model_desc *d, int want_hash) {
+    for (int L = 0; L < d->n_layers; L++) {
+        if (!fm_model_is_moe_layer(d, L)) continue;
+        int hash = d->route == FM_ROUTE_DSV4 && L < d->n_hash_layers;
+        if (hash == want_hash) return L;
+    }
+    return -1;
+}
+
+static const char *k_tiny[] = {"tiny-deepseek", "tiny-deepseek-v4", "tiny-qwen3", "tiny-mixtral", "tiny-gptoss"};
+
+/* Every tiny preset (every routing family), both formats, B = 1, 7, 33, 130
+ * (not multiples of the tiles; many experts get no token at B = 1 and 7). */
+static void test_vs_reference(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int Ts[] = {1, 7, 33, 130};
+    const fm_qformat fmts[] = {FM_QF_NVFP4, FM_QF_MXFP4};
+    for (size_t pi = 0; pi < sizeof k_tiny / sizeof k_tiny[0]; pi++)
+        for (int fi = 0; fi < 2; fi++)
+            for (int hash = 0; hash < 2; hash++) {
+                fm_model_desc d;
+                assert_int_equal(fm_preset_desc(k_tiny[pi], fmts[fi], &d), FM_OK);
+                int L = first_moe_layer(&d, hash);
+                if (L < 0) continue;
+                uint64_t seed = 1000 + pi * 10 + fi * 2 + hash;
+                fm_moe_layer *hl;
+                if (fm_moe_layer_random(&d, fmts[fi], seed, L, &hl)) fail_msg("random layer: %s", fm_last_error());
+                fm_cuda_layer *cl;
+                if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+                for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+                    int T = Ts[ti], H = d.hidden;
+                    uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+                    float *xf = malloc(sizeof(float) * (size_t)T * H);
+                    int32_t *tok = malloc(sizeof(int32_t) * (size_t)T);
+                    assert_non_null(xb); assert_non_null(xf); assert_non_null(tok);
+                    make_x(seed * 31 + T, T, H, xb, xf);
+                    for (int t = 0; t < T; t++) tok[t] = (int32_t)(fm_rng_u64(seed, 5, (uint64_t)t) % (uint64_t)(d.vocab_size > 0 ? d.vocab_size : 1));
+                    cmp_result r;
+                    run_compare(&d, hl, cl, T, xb, tok, &r);
+                    printf("# %-16s %s layer %d T=%3d rel %.2e ids %d weights %.1e\n", k_tiny[pi],
+                           fm_qformat_name(fmts[fi]), L, T, r.rel, r.id_mismatch, r.wt_err);
+                    assert_int_equal(r.nonfinite, 0);
+                    assert_int_equal(r.id_mismatch, 0);
+                    assert_true(r.wt_err < 1e-4);
+                    assert_true(r.rel <= 5e-3);
+                    free(xb); free(xf); free(tok);
+                }
+                fm_cuda_layer_free(cl);
+                fm_moe_layer_free(hl);
+            }
+}
+
+/* All tokens identical: the same k experts get every token (T = 130 needs
+ * several passes of every tile width), all other experts get none. */
+static void test_all_on_one_expert(void **state) {
+    (void)state;
+    NEED_GPU();
+    const char *presets[] = {"tiny-qwen3", "tiny-gptoss", "tiny-deepseek"};
+    for (int pi = 0; pi < 3; pi++) {
+        fm_model_desc d;
+        assert_int_equal(fm_preset_desc(presets[pi], FM_QF_NONE, &d), FM_OK);
+        int L = first_moe_layer(&d, 0), T = 130, H = d.hidden;
+        fm_moe_layer *hl;
+        fm_cuda_layer *cl;
+        assert_int_equal(fm_moe_layer_random(&d, d.expert_format, 99, L, &hl), FM_OK);
+        if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+        uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+        float *xf = malloc(sizeof(float) * (size_t)T * H);
+        assert_non_null(xb); assert_non_null(xf);
+        make_x(4242, 1, H, xb, xf);
+        for (int t = 1; t < T; t++) memcpy(xb + (size_t)t * H, xb, sizeof(uint16_t) * (size_t)H);
+        cmp_result r;
+        run_compare(&d, hl, cl, T, xb, NULL, &r);
+        printf("# %-16s identical tokens T=%d rel %.2e\n", presets[pi], T, r.rel);
+        assert_int_equal(r.nonfinite, 0);
+        assert_int_equal(r.id_mismatch, 0);
+        assert_true(r.rel <= 5e-3);
+        free(xb); free(xf);
+        fm_cuda_layer_free(cl);
+        fm_moe_layer_free(hl);
+    }
+}
+
+/* Every kernel shape the tuner may choose computes the same function. */
+static void test_forced_configs(void **state) {
+    (void)state;
+    NEED_GPU();
+    const fm_kernel_config cfgs[] = {
+        {FM_PATH_SMALL, 16, 8, 8, 1, 8, 1.5f},  {FM_PATH_SMALL, 16, 4, 4, 1, 16, 1.5f},
+        {FM_PATH_LARGE, 64, 1, 4, 1, 8, 1.5f},  {FM_PATH_LARGE, 64, 1, 4, 1, 16, 1.5f},
+        {FM_PATH_LARGE, 128, 1, 8, 1, 32, 1.5f}, {FM_PATH_LARGE, 32, 2, 4, 1, 32, 1.5f},
+    };
+    const char *presets[] = {"tiny-mixtral", "tiny-deepseek-v4"};
+    for (int pi = 0; pi < 2; pi++)
+        for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+            fm_model_desc d;
+            assert_int_equal(fm_preset_desc(presets[pi], FM_QF_NONE, &d), FM_OK);
+            int L = first_moe_layer(&d, 0), T = 45, H = d.hidden;
+            fm_moe_layer *hl;
+            fm_cuda_layer *cl;
+            assert_int_equal(fm_moe_layer_random(&d, d.expert_format, 7 + c, L, &hl), FM_OK);
+            if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+            uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+            float *xf = malloc(sizeof(float) * (size_t)T * H);
+            assert_non_null(xb); assert_non_null(xf);
+            make_x(c + 1, T, H, xb, xf);
+            fm_cuda_engine_set_config(g_eng, &cfgs[c]);
+            cmp_result r;
+            run_compare(&d, hl, cl, T, xb, NULL, &r);
+            fm_cuda_engine_set_config(g_eng, NULL);
+            printf("# %-16s cfg %zu (warps %d, k_split %d, tile_n %d) rel %.2e\n", presets[pi], c, cfgs[c].warps,
+                   cfgs[c].k_split, cfgs[c].tile_n, r.rel);
+            assert_int_equal(r.nonfinite, 0);
+            assert_int_equal(r.id_mismatch, 0);
+            assert_true(r.rel <= 5e-3);
+            free(xb); free(xf);
+            fm_cuda_layer_free(cl);
+            fm_moe_layer_free(hl);
+        }
+}
+
+/* Weights generated on the GPU are the weights of fm_moe_layer_random: the
+ * two layers give the same outputs (up to FP32 atomics order). */
+static void test_layer_random_same(void **state) {
+    (void)state;
+    NEED_GPU();
+    for (size_t pi = 0; pi < sizeof k_tiny / sizeof k_tiny[0]; pi++)
+        for (int fi = 0; fi < 2; fi++) {
+            fm_qformat f = fi ? FM_QF_MXFP4 : FM_QF_NVFP4;
+            fm_model_desc d;
+            assert_int_equal(fm_preset_desc(k_tiny[pi], f, &d), FM_OK);
+            int L = first_moe_layer(&d, 0), T = 33, H = d.hidden;
+            fm_moe_layer *hl;
+            fm_cuda_layer *a, *b;
+            assert_int_equal(fm_moe_layer_random(&d, f, 5150, L, &hl), FM_OK);
+            if (fm_cuda_layer_upload(g_eng, &d, hl, &a)) fail_msg("upload: %s", fm_last_error());
+            if (fm_cuda_layer_random(g_eng, &d, f, 5150, L, &b)) fail_msg("gpu random: %s", fm_last_error());
+            uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+            float *xf = malloc(sizeof(float) * (size_t)T * H);
+            float *oa = malloc(sizeof(float) * (size_t)T * H), *ob = malloc(sizeof(float) * (size_t)T * H);
+            assert_non_null(xb); assert_non_null(xf); assert_non_null(oa); assert_non_null(ob);
+            make_x(3, T, H, xb, xf);
+            fm_moe_out o1 = {oa, NULL, NULL}, o2 = {ob, NULL, NULL};
+            assert_int_equal(fm_cuda_forward(g_eng, &d, a, xb, FM_DT_BF16, T, NULL, &o1), FM_OK);
+            assert_int_equal(fm_cuda_forward(g_eng, &d, b, xb, FM_DT_BF16, T, NULL, &o2), FM_OK);
+            double mx = 0, md = 0;
+            for (int64_t i = 0; i < (int64_t)T * H; i++) {
+                if (fabs(oa[i]) > mx) mx = fabs(oa[i]);
+                double dd = fabs((double)oa[i] - ob[i]);
+                if (!(dd <= md)) md = dd;
+            }
+            printf("# %-16s %s GPU-generated vs uploaded: max diff %.2e of %.2e\n", k_tiny[pi], fm_qformat_name(f), md, mx);
+            assert_true(mx > 0);
+            assert_true(md <= 1e-5 * mx);
+            free(xb); free(xf); free(oa); free(ob);
+            fm_cuda_layer_free(a);
+            fm_cuda_layer_free(b);
+            fm_moe_layer_free(hl);
+        }
+}
+
+static void test_bad_inputs(void **state) {
+    (void)state;
+    NEED_GPU();
+    fm_model_desc d;
+    assert_int_equal(fm_preset_desc("tiny-deepseek-v4", FM_QF_NONE, &d), FM_OK);
+    int L = first_moe_layer(&d, 1);
+    assert_true(L >= 0);
+    fm_moe_layer *hl;
+    fm_cuda_layer *cl;
+    assert_int_equal(fm_moe_layer_random(&d, d.expert_format, 1, L, &hl), FM_OK);
+    assert_int_equal(fm_cuda_layer_upload(g_eng, &d, hl, &cl), FM_OK);
+    int T = 4, H = d.hidden;
+    uint16_t *xb = calloc((size_t)T * H, 2);
+    float *out = malloc(sizeof(float) * (size_t)T * H);
+    assert_non_null(xb); assert_non_null(out);
+    fm_moe_out o = {out, NULL, NULL};
+    /* hash layer without token ids, or with one outside the vocabulary */
+    assert_int_equal(fm_cuda_forward(g_eng, &d, cl, xb, FM_DT_BF16, T, NULL, &o), FM_E_ARG);
+    assert_non_null(strstr(fm_last_error(), "token id"));
+    int32_t tok[4] = {0, 1, d.vocab_size, 2};
+    assert_int_equal(fm_cuda_forward(g_eng, &d, cl, xb, FM_DT_BF16, T, tok, &o), FM_E_RANGE);
+    assert_int_equal(fm_cuda_forward(g_eng, &d, cl, xb, FM_DT_BF16, 0, tok, &o), FM_E_ARG);
+    assert_int_equal(fm_cuda_forward(g_eng, &d, cl, xb, FM_DT_I32, T, tok, &o), FM_E_ARG);
+    fm_cuda_layer_free(cl);
+    fm_moe_layer_free(hl);
+    /* BF16 experts are not run by the GPU kernels */
+    assert_int_equal(fm_preset_desc("tiny-qwen3", FM_QF_BF16, &d), FM_OK);
+    assert_int_equal(fm_moe_layer_random(&d, FM_QF_BF16, 1, 0, &hl), FM_OK);
+    assert_int_equal(fm_cuda_layer_upload(g_eng, &d, hl, &cl), FM_E_UNSUPPORTED);
+    fm_moe_layer_free(hl);
+    free(xb);
+    free(out);
+}
+
+static void test_bench_runs(void **state) {
+    (void)state;
+    NEED_GPU();
+    fm_model_desc d;
+    assert_int_equal(fm_preset_desc("tiny-deepseek-v4", FM_QF_NONE, &d), FM_OK);
+    fm_cuda_layer *ls[3];
+    for (int i = 0; i < 3; i++)
+        if (fm_cuda_layer_random(g_eng, &d, d.expert_format, 11, i, &ls[i])) fail_msg("%s", fm_last_error());
+    fm_cuda_bench_result r;
+    if (fm_cuda_bench(g_eng, &d, ls, 3, 5, 1, 5, &r)) fail_msg("bench: %s", fm_last_error());
+    assert_true(r.us_per_layer > 0);
+    assert_true(r.us_min <= r.us_per_layer && r.us_per_layer <= r.us_max);
+    assert_true(r.active_experts >= d.topk && r.active_experts <= d.n_experts);
+    assert_true(r.bytes_per_layer > 0);
+    assert_true(r.kernel[0] && r.config_source[0]);
+    for (int i = 0; i < 3; i++) fm_cuda_layer_free(ls[i]);
+}
+
+/* A matrix of layer L generated with the shared formulas (fm_gen_matrix_rows). */
+static void gen_qm(fm_qmatrix *q, uint64_t seed, int L, int e, int m, int64_t R, int64_t K) {
+    memset(q, 0, sizeof *q);
+    q->fmt = FM_QF_NVFP4;
+    q->rows = R;
+    q->cols = K;
+    q->row_stride = K / 2;
+    q->scale_stride = K / 16;
+    q->packed = malloc((size_t)(R * K / 2));
+    q->scales = malloc((size_t)(R * K / 16));
+    assert_non_null(q->packed);
+    assert_non_null(q->scales);
+    fm_gen_matrix_rows(seed, L, e, m, FM_QF_NVFP4, K, 0, R, (uint8_t *)q->packed, (uint8_t *)q->scales);
+    q->scale2 = fm_gen_nvfp4_scale2(K);
+}
+
+/* DeepSeek-V4-Flash shape (H 4096, I 2048, 256 experts, top-6, shared
+ * expert), weights generated on the GPU, at B = 1 and B = 64; the float64
+ * reference runs on the first tokens with only the experts they use
+ * generated on the host (all other experts share one placeholder matrix). */
+static void test_dsv4_flash_shape(void **state) {
+    (void)state;
+    NEED_GPU();
+    fm_model_desc d;
+    assert_int_equal(fm_preset_desc("deepseek-v4-flash", FM_QF_NVFP4, &d), FM_OK);
+    const int L = 3, H = d.hidden, I = d.moe_inter, E = d.n_experts, k = d.topk, NREF = 3;
+    const uint64_t seed = 2024;
+    fm_cuda_layer *cl;
+    if (fm_cuda_layer_random(g_eng, &d, FM_QF_NVFP4, seed, L, &cl)) fail_msg("gpu random: %s", fm_last_error());
+    fm_moe_layer hl;
+    memset(&hl, 0, sizeof hl);
+    hl.layer = L; hl.hidden = H; hl.inter = I; hl.n_experts = E; hl.topk = k; hl.fmt = FM_QF_NVFP4;
+    hl.has_shared = 1; hl.shared_inter = d.shared_inter;
+    float *rw = malloc(sizeof(float) * (size_t)E * H), *sb = malloc(sizeof(float) * (size_t)E);
+    assert_non_null(rw); assert_non_null(sb);
+    for (int64_t i = 0; i < (int64_t)E * H; i++) rw[i] = fm__bf16_to_f32(fm__gen_router_w(seed, L, H, i));
+    for (int x = 0; x < E; x++) sb[x] = fm__gen_score_bias(seed, L, x);
+    hl.router_w = rw;
+    hl.score_bias = sb;
+    hl.gate = calloc((size_t)E, sizeof(fm_qmatrix));
+    hl.up = calloc((size_t)E, sizeof(fm_qmatrix));
+    hl.down = calloc((size_t)E, sizeof(fm_qmatrix));
+    assert_non_null(hl.gate); assert_non_null(hl.up); assert_non_null(hl.down);
+    const int T = 64;
+    uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+    float *xf = malloc(sizeof(float) * (size_t)T * H);
+    assert_non_null(xb); assert_non_null(xf);
+    make_x(99, T, H, xb, xf);
+    int32_t ids[NREF * 8];
+    float w[NREF * 8];
+    assert_int_equal(fm_route(&d, &hl, xf, NREF, NULL, ids, w), FM_OK);
+    fm_qmatrix ph_gu, ph_dn; /* placeholders for the experts no reference token uses */
+    gen_qm(&ph_gu, seed, L, 0, 0, I, H);
+    gen_qm(&ph_dn, seed, L, 0, 2, H, I);
+    for (int x = 0; x < E; x++) { hl.gate[x] = ph_gu; hl.up[x] = ph_gu; hl.down[x] = ph_dn; }
+    unsigned char used[256] = {0};
+    for (int i = 0; i < NREF * k; i++) used[ids[i]] = 1;
+    for (int x = 0; x < E; x++)
+        if (used[x]) {
+            gen_qm(&hl.gate[x], seed, L, x, 0, I, H);
+            gen_qm(&hl.up[x], seed, L, x, 1, I, H);
+            gen_qm(&hl.down[x], seed, L, x, 2, H, I);
+        }
+    gen_qm(&hl.sh_gate, seed, L, -1, 0, d.shared_inter, H);
+    gen_qm(&hl.sh_up, seed, L, -1, 1, d.shared_inter, H);
+    gen_qm(&hl.sh_down, seed, L, -1, 2, H, d.shared_inter);
+    float *ref = malloc(sizeof(float) * (size_t)NREF * H), *out = malloc(sizeof(float) * (size_t)T * H);
+    assert_non_null(ref); assert_non_null(out);
+    fm_moe_out ro = {ref, NULL, NULL};
+    if (fm_moe_forward_ref(&d, &hl, xb, FM_DT_BF16, NREF, NULL, &ro)) fail_msg("reference: %s", fm_last_error());
+    const int Bs[2] = {1, T};
+    for (int bi = 0; bi < 2; bi++) {
+        int B = Bs[bi], nref = B < NREF ? B : NREF;
+        int32_t gid[64 * 8];
+        for (int64_t i = 0; i < (int64_t)B * H; i++) out[i] = NAN;
+        fm_moe_out o = {out, gid, NULL};
+        if (fm_cuda_forward(g_eng, &d, cl, xb, FM_DT_BF16, B, NULL, &o)) fail_msg("forward: %s", fm_last_error());
+        int nonfinite = 0;
+        for (int64_t i = 0; i < (int64_t)B * H; i++) nonfinite += !isfinite(out[i]);
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < (int64_t)nref * H; i++) {
+            double dd = (double)out[i] - ref[i];
+            num += dd * dd;
+            den += (double)ref[i] * ref[i];
+        }
+        int mism = 0;
+        for (int i = 0; i < nref * k; i++) mism += gid[i] != ids[i];
+        printf("# deepseek-v4-flash layer %d B=%d: rel %.2e on %d tokens, id mismatches %d\n", L, B, sqrt(num / den),
+               nref, mism);
+        assert_int_equal(nonfinite, 0);
+        assert_int_equal(mism, 0);
+        assert_true(sqrt(num / den) <= 5e-3);
+    }
+    free((void *)ph_gu.packed); free((void *)ph_gu.scales); free((void *)ph_dn.packed); free((void *)ph_dn.scales);
+    for (int x = 0; x < E; x++)
+        if (used[x]) {
+            free((void *)hl.gate[x].packed); free((void *)hl.gate[x].scales);
+            free((void *)hl.up[x].packed); free((void *)hl.up[x].scales);
+            free((void *)hl.down[x].packed); free((void *)hl.down[x].scales);
+        }
+    free((void *)hl.sh_gate.packed); free((void *)hl.sh_gate.scales);
+    free((void *)hl.sh_up.packed); free((void *)hl.sh_up.scales);
+    free((void *)hl.sh_down.packed); free((void *)hl.sh_down.scales);
+    free(hl.gate); free(hl.up); free(hl.down);
+    free(rw); free(sb); free(xb); free(xf); free(ref); free(out);
+    fm_cuda_layer_free(cl);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_vs_reference),     cmocka_unit_test(test_all_on_one_expert),
+        cmocka_unit_test(test_forced_configs),   cmocka_unit_test(test_layer_random_same),
+        cmocka_unit_test(test_bad_inputs),       cmocka_unit_test(test_bench_runs),
+        cmocka_unit_test(test_dsv4_flash_shape),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
