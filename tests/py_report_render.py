@@ -92,6 +92,7 @@ def main():
         html = open(paths["html"], encoding="utf-8").read()
         profile_dir = os.path.join(d, "chrome-profile")
         base = [chrome, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                "--disable-dev-shm-usage", "--force-device-scale-factor=1",
                 f"--user-data-dir={profile_dir}", "--window-size=1000,1400"]
         url = "file://" + paths["html"]
         shot = os.path.join(d, "shot.png")
