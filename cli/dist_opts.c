@@ -122,14 +122,13 @@ fm_status fm_cli_dist_bench(const fm_cli_dist *o, fm_device dev, fm_cpu_engine *
     if (dev == FM_DEV_CPU)
         fprintf(out, "dist: simulated ranks run one after another; total = slowest rank + collectives "
                      "(no overlap); communication here is memory copies, not a network\n");
-    int said = 0;
-    fprintf(out, "%6s %12s %12s %12s %12s %8s %6s %9s  %s\n", "batch", "total_us", "slowest_us", "comm_us",
-            "single_us", "speedup", "eff", "imbalance", "per-rank compute us");
     for (int b = 0; b < n_batches && !s; b++) {
         fm_dist_bench_result r;
         s = fm_dist_bench(ds, batches[b], seed, reps, &r);
         if (s) break;
-        if (!said++) fprintf(out, "# times: %s\n", r.method);
+        if (b == 0)
+            fprintf(out, "dist: times: %s\n%6s %12s %12s %12s %12s %8s %6s %9s  %s\n", r.method, "batch", "total_us",
+                    "slowest_us", "comm_us", "single_us", "speedup", "eff", "imbalance", "per-rank compute us");
         double slow = 0;
         for (int p = 0; p < r.ranks; p++)
             if (r.us_rank[p] > slow) slow = r.us_rank[p];
