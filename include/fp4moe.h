@@ -1146,7 +1146,9 @@ typedef struct {
  * tokens; under FM_DIST_TOKEN_SHARDED rank r reads only its chunk (tokens
  * [r*C, (r+1)*C), C = ceil(T/R)). o->out gets the rows of the tokens that
  * the local ranks own (all rows when every rank is local or the layout is
- * replicated); topk ids/weights likewise. st may be NULL.
+ * replicated). topk ids/weights (may be NULL) equal the unsharded layer's;
+ * they are filled for every token, except under EP token-sharded where
+ * only the local ranks' chunks are known. st may be NULL.
  */
 fm_status fm_dist_forward(fm_dist *ds, const void *x, fm_dtype xdt, int T,
                           const int32_t *token_ids, fm_moe_out *o,
