@@ -17,7 +17,8 @@ static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
-static double median(double *v, int n) {
+double fm_dist_median(double *v, int n) {
+    if (n < 1) return 0;
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
@@ -154,10 +155,10 @@ fm_status fm_dist_bench(fm_dist *ds, int T, uint64_t seed, int reps, fm_dist_ben
         if ((s = fm_dist_forward_single(ds, x, FM_DT_F32, T, tid, &o))) goto done;
         single[it] = (double)(fm_now_ns() - t0);
     }
-    r->us_total = median(tot, reps) / 1e3;
-    r->us_comm = median(comm, reps) / 1e3;
-    r->us_single = median(single, reps) / 1e3;
-    for (int p = 0; p < R; p++) r->us_rank[p] = median(rank_t + (size_t)p * reps, reps) / 1e3;
+    r->us_total = fm_dist_median(tot, reps) / 1e3;
+    r->us_comm = fm_dist_median(comm, reps) / 1e3;
+    r->us_single = fm_dist_median(single, reps) / 1e3;
+    for (int p = 0; p < R; p++) r->us_rank[p] = fm_dist_median(rank_t + (size_t)p * reps, reps) / 1e3;
     if ((s = gather_rank_times(ds, r))) goto done;
     r->load_imbalance = imb / reps;
     r->speedup = r->us_total > 0 ? r->us_single / r->us_total : 0;

@@ -193,11 +193,6 @@ static fm_status sim_all_to_allv(fm_comm *c, const void *const *send, const size
     return FM_OK;
 }
 
-static int cmp_dbl(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* The simulated all-reduce on scratch buffers, for bench's device path. */
 static fm_status sim_time_all_reduce(fm_comm *c, size_t count, int reps, double *us) {
     const int R = c->size;
@@ -211,10 +206,7 @@ static fm_status sim_time_all_reduce(fm_comm *c, size_t count, int reps, double 
         s = sim_all_reduce(c, b, count);
         t[it] = (double)(fm_now_ns() - t0) / 1e3;
     }
-    if (!s) {
-        qsort(t, (size_t)reps, sizeof *t, cmp_dbl);
-        *us = t[reps / 2];
-    }
+    if (!s) *us = fm_dist_median(t, reps);
     if (b)
         for (int r = 0; r < R; r++) free(b[r]);
     free(b);

@@ -253,11 +253,6 @@ static fm_status nccl_all_to_allv(fm_comm *c, const void *const *send, const siz
     return FM_OK;
 }
 
-static int cmp_dbl(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static fm_status nccl_time_all_reduce(fm_comm *c, size_t count, int reps, double *us) {
     nccl_state *st = c->impl;
     fm_status s = stage(c, count * sizeof(float), 0);
@@ -287,8 +282,7 @@ static fm_status nccl_time_all_reduce(fm_comm *c, size_t count, int reps, double
         }
         if (it >= 0) t[it] = (double)(fm_now_ns() - t0) / 1e3;
     }
-    qsort(t, (size_t)reps, sizeof *t, cmp_dbl);
-    *us = t[reps / 2];
+    *us = fm_dist_median(t, reps);
     free(t);
     return FM_OK;
 }

@@ -120,6 +120,9 @@ size_t fm_codec_row_bytes(fm_compress c, int H);
 fm_status fm_codec_encode_row(fm_compress c, const float *x, int H, uint8_t *dst);
 void fm_codec_decode_row(fm_compress c, const uint8_t *src, int H, float *x);
 
+/* Median of v[n] (sorts v). */
+double fm_dist_median(double *v, int n);
+
 /* Row of x as F32 (x is F32 / BF16 / F16). */
 fm_status fm_dist_row_f32(const void *x, fm_dtype xdt, int H, int64_t t, float *out);
 
