@@ -543,6 +543,7 @@ static fm_status ep_sharded(fm_dist *ds, const void *x, fm_dtype xdt, int T, con
     fm_status s = FM_OK;
     bufset xc = {0}, cs = {0}, cr = {0}, snd = {0}, rcv = {0}, acc = {0}, back = {0}, ssz = {0}, rsz = {0},
            bssz = {0}, brsz = {0}, xr = {0}, idr = {0}, wr = {0};
+    bufset *all[] = {&xc, &cs, &cr, &snd, &rcv, &acc, &back, &ssz, &rsz, &bssz, &brsz, &xr, &idr, &wr};
     int64_t *pairs = fm_calloc((size_t)nl, sizeof(int64_t));
     int *active = fm_calloc((size_t)nl, sizeof(int));
     unsigned char *hit = alloc_array((size_t)R, 1, "owner mask");
@@ -550,7 +551,6 @@ static fm_status ep_sharded(fm_dist *ds, const void *x, fm_dtype xdt, int T, con
         s = FM_E_NOMEM;
         goto done;
     }
-    bufset *all[] = {&xc, &cs, &cr, &snd, &rcv, &acc, &back, &ssz, &rsz, &bssz, &brsz, &xr, &idr, &wr};
     for (size_t q = 0; q < sizeof all / sizeof all[0]; q++)
         if ((s = bs_init(all[q], nl))) goto done;
 
