@@ -121,7 +121,28 @@ const char *fm_prof_row_color(int row) {
 
 /* ------------------------------------------------------------ text */
 
-static void fmt_row_ms(char *buf, size_t cap, const fm_profile *p, int row, double ns) {
+void fm_prof_fmt_tile(char *buf, size_t cap, const fm_prof_batch *b) {
+    if (b->tile_fill < 0)
+        snprintf(buf, cap, "n/a (not tiled)");
+    else
+        snprintf(buf, cap, "%.1f %% of %d%s", 100 * b->tile_fill, b->tile_n, b->tile_fill_is_expected ? " (expected)" : "");
+}
+
+const char *fm_prof_metric_title(fm_telem_metric m) {
+    switch (m) {
+    case FM_TM_SM_UTIL: return "SM utilization %";
+    case FM_TM_MEM_UTIL: return "memory-controller utilization %";
+    case FM_TM_POWER_W: return "power W";
+    case FM_TM_SM_MHZ: return "SM clock MHz";
+    case FM_TM_MEM_MHZ: return "memory clock MHz";
+    case FM_TM_TEMP_C: return "temperature C";
+    case FM_TM_CPU_UTIL: return "host CPU utilization %";
+    case FM_TM_PROC_UTIL: return "fp4moe CPU utilization %";
+    default: return NULL;
+    }
+}
+
+void fm_prof_fmt_ms(char *buf, size_t cap, const fm_profile *p, int row, double ns) {
     if (row < FM_PH_COUNT && (p->fused_mask >> row & 1u) && ns == 0.0)
         snprintf(buf, cap, "fused");
     else
@@ -137,8 +158,8 @@ static void print_delta(const fm_profile *p, int ia, int ib, FILE *f) {
             b->batch);
     for (int r = 0; r < FM_PROF_ROWS; r++) {
         char x[32], y[32], s[32];
-        fmt_row_ms(x, sizeof x, p, r, a->row_ns[r]);
-        fmt_row_ms(y, sizeof y, p, r, b->row_ns[r]);
+        fm_prof_fmt_ms(x, sizeof x, p, r, a->row_ns[r]);
+        fm_prof_fmt_ms(y, sizeof y, p, r, b->row_ns[r]);
         if (isnan(sh[r]))
             snprintf(s, sizeof s, "n/a");
         else
@@ -178,7 +199,7 @@ void fm_profile_print(const fm_profile *p, FILE *f) {
         fprintf(f, "  %-13s %10s %8s\n", "phase", "ms/step", "share");
         for (int r = 0; r < FM_PROF_ROWS; r++) {
             char x[32];
-            fmt_row_ms(x, sizeof x, p, r, b->row_ns[r]);
+            fm_prof_fmt_ms(x, sizeof x, p, r, b->row_ns[r]);
             double share = b->step_ns > 0 ? 100.0 * b->row_ns[r] / b->step_ns : 0;
             fprintf(f, "  %-13s %10s %7.1f%%\n", fm_prof_row_name(r), x, share);
         }
@@ -190,12 +211,8 @@ void fm_profile_print(const fm_profile *p, FILE *f) {
                "GFLOP/s | tile rows used |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < p->n_batch; i++) {
         const fm_prof_batch *b = &p->b[i];
-        char tile[48];
-        if (b->tile_fill < 0)
-            snprintf(tile, sizeof tile, "n/a (not tiled)");
-        else
-            snprintf(tile, sizeof tile, "%.1f %% of %d%s", 100 * b->tile_fill, b->tile_n,
-                     b->tile_fill_is_expected ? " (expected)" : "");
+        char tile[64];
+        fm_prof_fmt_tile(tile, sizeof tile, b);
         fprintf(f, "| %d | %.1f / %.1f | %.2f | %.2f | %.3f | %.3f | %.1f | %.2f | %.2f | %s |\n", b->batch,
                 b->active_expected, b->active_observed, b->tokens_per_expert, b->bytes_per_step / 1e6,
                 b->floor_ns * 1e-6, b->step_ns * 1e-6, b->pct_of_floor, b->achieved_Bps / 1e9,
@@ -386,14 +403,6 @@ static json_t *meta_event(const char *what, int pid, int tid, const char *name) 
     return e;
 }
 
-/* Counter tracks: one per metric that was sampled at least once. */
-static const struct { fm_telem_metric m; const char *track; } k_counters[] = {
-    {FM_TM_SM_UTIL, "SM utilization %"}, {FM_TM_MEM_UTIL, "memory utilization %"},
-    {FM_TM_POWER_W, "power W"},          {FM_TM_SM_MHZ, "SM clock MHz"},
-    {FM_TM_MEM_MHZ, "memory clock MHz"}, {FM_TM_TEMP_C, "temperature C"},
-    {FM_TM_CPU_UTIL, "host CPU utilization %"}, {FM_TM_PROC_UTIL, "fp4moe CPU utilization %"},
-};
-
 fm_status fm_profile_trace_json(const fm_profile *p, char **out) {
     *out = NULL;
     json_t *root = json_object(), *ev = json_array();
@@ -443,11 +452,13 @@ fm_status fm_profile_trace_json(const fm_profile *p, char **out) {
     }
     for (size_t i = 0; i < p->n_samples; i++) {
         const fm_telem_sample *s = &p->samples[i];
-        for (size_t c = 0; c < sizeof k_counters / sizeof k_counters[0]; c++) {
-            double v = s->v[k_counters[c].m];
-            if (isnan(v)) continue;
+        /* one counter track per metric that was sampled */
+        for (int m = 0; m < FM_TM_COUNT; m++) {
+            const char *track = fm_prof_metric_title((fm_telem_metric)m);
+            double v = s->v[m];
+            if (!track || isnan(v)) continue;
             json_t *e = json_object();
-            json_object_set_new(e, "name", json_string(k_counters[c].track));
+            json_object_set_new(e, "name", json_string(track));
             json_object_set_new(e, "ph", json_string("C"));
             json_object_set_new(e, "pid", json_integer(3));
             json_object_set_new(e, "tid", json_integer(0));

@@ -24,6 +24,17 @@ void fm_sb_escape(fm_sb *sb, const char *s);
 fm_status fm_sb_finish(fm_sb *sb, char **out); /* hands buf to *out */
 void fm_sb_free(fm_sb *sb);
 
+/* A row's ms per step as every rendering prints it: "%.3f", or "fused"
+ * for a phase an engine runs inside another. */
+void fm_prof_fmt_ms(char *buf, size_t cap, const fm_profile *p, int row, double ns);
+
+/* "13.8 % of 16 (expected)" or "n/a (not tiled)". */
+void fm_prof_fmt_tile(char *buf, size_t cap, const fm_prof_batch *b);
+/* Title of a telemetry metric's counter track and chart; NULL for the
+ * metrics not drawn on their own (the power limit is the power chart's
+ * scale). */
+const char *fm_prof_metric_title(fm_telem_metric m);
+
 /* Colour of a table row / phase in the charts. */
 const char *fm_prof_row_color(int row);
 

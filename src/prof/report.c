@@ -10,10 +10,9 @@
 /* Numbers as the text output prints them, so the report and the terminal
  * agree digit for digit. */
 static void ms_cell(fm_sb *sb, const fm_profile *p, int row, double ns) {
-    if (row < FM_PH_COUNT && (p->fused_mask >> row & 1u) && ns == 0.0)
-        fm_sb_puts(sb, "fused");
-    else
-        fm_sb_printf(sb, "%.3f", ns * 1e-6);
+    char buf[48];
+    fm_prof_fmt_ms(buf, sizeof buf, p, row, ns);
+    fm_sb_puts(sb, buf);
 }
 
 static void eng(char *buf, size_t cap, double v, const char *unit) {
@@ -180,7 +179,9 @@ static void stacked_bars(fm_sb *sb, const fm_profile *p) {
 
 /* ------------------------------------------------------ telemetry */
 
-static void telemetry_chart(fm_sb *sb, const fm_profile *p, fm_telem_metric m, const char *title) {
+static void telemetry_chart(fm_sb *sb, const fm_profile *p, fm_telem_metric m) {
+    const char *title = fm_prof_metric_title(m);
+    if (!title) return;
     double vmax = 0, tmax = p->duration_s > 0 ? p->duration_s : 0;
     int n = 0;
     for (size_t i = 0; i < p->n_samples; i++) {
@@ -292,10 +293,9 @@ static void model_table(fm_sb *sb, const fm_profile *p) {
                      B, B, b->active_expected, B, b->active_observed, B, b->tokens_per_expert, B,
                      b->bytes_per_step / 1e6, B, b->floor_ns * 1e-6, B, b->step_ns * 1e-6, B, b->pct_of_floor,
                      b->achieved_Bps / 1e9, b->achieved_flops / 1e9, B);
-        if (b->tile_fill < 0)
-            fm_sb_puts(sb, "n/a (not tiled)");
-        else
-            fm_sb_printf(sb, "%.1f %% of %d%s", 100 * b->tile_fill, b->tile_n, b->tile_fill_is_expected ? " (expected)" : "");
+        char tile[64];
+        fm_prof_fmt_tile(tile, sizeof tile, b);
+        fm_sb_puts(sb, tile);
         fm_sb_printf(sb, "</td><td>%.0f</td></tr>\n", b->tokens_per_s);
     }
     fm_sb_puts(sb, "</table>\n");
@@ -387,14 +387,7 @@ fm_status fm_profile_report_html(const fm_profile *p, char **out) {
     model_table(&sb, p);
     fm_sb_puts(&sb, "<h2>Telemetry</h2>\n");
     telem_table(&sb, p);
-    static const struct { fm_telem_metric m; const char *t; } charts[] = {
-        {FM_TM_SM_UTIL, "SM utilization %"}, {FM_TM_MEM_UTIL, "memory-controller utilization %"},
-        {FM_TM_POWER_W, "power W (scale: power limit)"}, {FM_TM_SM_MHZ, "SM clock MHz"},
-        {FM_TM_MEM_MHZ, "memory clock MHz"}, {FM_TM_TEMP_C, "temperature C"},
-        {FM_TM_CPU_UTIL, "host CPU utilization % (all processes)"},
-        {FM_TM_PROC_UTIL, "fp4moe CPU utilization % (of all cores)"},
-    };
-    for (size_t c = 0; c < sizeof charts / sizeof charts[0]; c++) telemetry_chart(&sb, p, charts[c].m, charts[c].t);
+    for (int m = 0; m < FM_TM_COUNT; m++) telemetry_chart(&sb, p, (fm_telem_metric)m);
     if (!p->n_samples) fm_sb_puts(&sb, "<p>no telemetry samples</p>\n");
     fm_sb_puts(&sb, "</body></html>\n");
     return fm_sb_finish(&sb, out);
