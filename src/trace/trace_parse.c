@@ -157,7 +157,7 @@ static size_t jr_refill(jr *r, size_t keep) {
         r->pos -= keep;
         r->end -= keep;
     }
-    if (r->cap - r->end < CHUNK / 2) {
+    if (r->cap - r->end < r->cap / 4) {
         if (r->end >= MAX_TOKEN) {
             jr_fail(r, 0, "a single JSON token is longer than 256 MiB");
             return 0;
@@ -1344,7 +1344,7 @@ eof:
     return r->st;
 }
 
-fm_status fm_tr_parse(fm_tr_read_fn rd, void *ctx, const char *label, fm_tr_file *f) {
+static fm_status parse_sized(fm_tr_read_fn rd, void *ctx, const char *label, size_t cap_hint, fm_tr_file *f) {
     memset(f, 0, sizeof *f);
     f->rank_hint = -1;
     f->dist_rank = -1;
@@ -1358,7 +1358,7 @@ fm_status fm_tr_parse(fm_tr_read_fn rd, void *ctx, const char *label, fm_tr_file
     c.r.rd = rd;
     c.r.ctx = ctx;
     c.r.label = f->path;
-    c.r.cap = CHUNK;
+    c.r.cap = cap_hint && cap_hint < CHUNK ? (cap_hint < 256 ? 256 : cap_hint) : CHUNK;
     c.r.buf = fm_malloc(c.r.cap + 16);
     if (!c.r.buf) return FM_E_NOMEM;
     uint64_t t0 = fm_now_ns();
@@ -1372,6 +1372,10 @@ fm_status fm_tr_parse(fm_tr_read_fn rd, void *ctx, const char *label, fm_tr_file
     free(c.r.sb);
     free(c.r.buf);
     return s;
+}
+
+fm_status fm_tr_parse(fm_tr_read_fn rd, void *ctx, const char *label, fm_tr_file *f) {
+    return parse_sized(rd, ctx, label, 0, f);
 }
 
 /* ------------------------------------------------------------------ inputs */
@@ -1392,7 +1396,9 @@ static fm_status mem_read(void *ctx, uint8_t *dst, size_t cap, size_t *got) {
 
 fm_status fm_tr_parse_mem(const void *buf, size_t len, const char *label, fm_tr_file *out) {
     mem_src m = {buf, len, 0};
-    return fm_tr_parse(mem_read, &m, label, out);
+    /* a buffer sized to a small document, so that tests and the fuzzer do
+     * not allocate 4 MiB per call */
+    return parse_sized(mem_read, &m, label, len + 1, out);
 }
 
 typedef struct {
@@ -1408,6 +1414,8 @@ static fm_status gz_read_fn(void *ctx, uint8_t *dst, size_t cap, size_t *got) {
     if (n < 0) {
         int err = 0;
         const char *m = gzerror(g->gz, &err);
+        size_t pl = strlen(g->path);
+        if (strncmp(m, g->path, pl) == 0 && m[pl] == ':') m += pl + 1 + (m[pl + 1] == ' ');
         return fm_error(FM_E_FORMAT, "%s: corrupt or truncated gzip data after %llu uncompressed bytes: %s", g->path,
                         (unsigned long long)g->total, err == Z_ERRNO ? strerror(errno) : m);
     }
@@ -1415,6 +1423,8 @@ static fm_status gz_read_fn(void *ctx, uint8_t *dst, size_t cap, size_t *got) {
         /* zlib reports a stream cut short at the end only through gzerror */
         int err = 0;
         const char *m = gzerror(g->gz, &err);
+        size_t pl = strlen(g->path);
+        if (strncmp(m, g->path, pl) == 0 && m[pl] == ':') m += pl + 1 + (m[pl + 1] == ' ');
         if (err != Z_OK && err != Z_STREAM_END)
             return fm_error(FM_E_FORMAT, "%s: corrupt or truncated gzip data after %llu uncompressed bytes: %s", g->path,
                             (unsigned long long)g->total, m);

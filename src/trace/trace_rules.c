@@ -14,6 +14,7 @@
 #include "trace/trace_int.h"
 
 #include <jansson.h>
+#include <pthread.h>
 #include <string.h>
 
 static const char *const k_cat_names[FM_CAT_BUILTIN_COUNT] = {
@@ -66,6 +67,18 @@ static const struct {
                   "add|mul|div|exp|neg|pow|sigmoid|tanh|relu|gelu|silu|unrolled|vectorized|"
                   "distribution|random|philox|compute_|prepare_"},
 };
+
+/* The built-in table is compiled once per process (regcomp of these
+ * alternations costs far more than parsing a small trace); regexec on a
+ * compiled pattern is thread-safe. */
+static regex_t g_builtin[sizeof k_rules / sizeof k_rules[0]];
+static int g_builtin_rc[sizeof k_rules / sizeof k_rules[0]];
+static pthread_once_t g_builtin_once = PTHREAD_ONCE_INIT;
+
+static void compile_builtin(void) {
+    for (size_t i = 0; i < sizeof k_rules / sizeof k_rules[0]; i++)
+        g_builtin_rc[i] = regcomp(&g_builtin[i], k_rules[i].re, REG_EXTENDED | REG_ICASE | REG_NOSUB);
+}
 
 const char *fm_tr_builtin_cat_name(int cat) {
     return cat >= 0 && cat < FM_CAT_BUILTIN_COUNT ? k_cat_names[cat] : "other";
@@ -193,10 +206,12 @@ fm_status fm_tr_rules_load(const char *path, fm_tr_rules **out) {
         json_decref(root);
         if (s != FM_OK) goto done;
     }
-    for (size_t i = 0; i < sizeof k_rules / sizeof k_rules[0]; i++) {
-        s = add_rule(r, k_rules[i].re, k_rules[i].cat, 0, "built-in rule");
-        if (s != FM_OK) goto done;
-    }
+    pthread_once(&g_builtin_once, compile_builtin);
+    for (size_t i = 0; i < sizeof k_rules / sizeof k_rules[0]; i++)
+        if (g_builtin_rc[i] != 0) {
+            s = fm_error(FM_E_UNSUPPORTED, "built-in rule %zu does not compile with this libc's regcomp", i);
+            goto done;
+        }
 done:
     if (s != FM_OK) {
         fm_tr_rules_free(r);
@@ -207,10 +222,11 @@ done:
 }
 
 int fm_tr_rules_match(const fm_tr_rules *r, const char *name, int is_mem) {
-    for (size_t i = 0; i < r->n; i++) {
-        /* a Kineto memcpy/memset activity is memory unless a user rule says otherwise */
-        if (!r->rules[i].user && is_mem) return FM_CAT_MEMORY;
+    for (size_t i = 0; i < r->n; i++)
         if (regexec(&r->rules[i].re, name, 0, NULL, 0) == 0) return r->rules[i].cat;
-    }
-    return is_mem ? FM_CAT_MEMORY : FM_CAT_OTHER;
+    /* a Kineto memcpy/memset activity is memory unless a user rule says otherwise */
+    if (is_mem) return FM_CAT_MEMORY;
+    for (size_t i = 0; i < sizeof k_rules / sizeof k_rules[0]; i++)
+        if (regexec(&g_builtin[i], name, 0, NULL, 0) == 0) return k_rules[i].cat;
+    return FM_CAT_OTHER;
 }
