@@ -30,7 +30,7 @@ fm_status fm_dist_exec_cpu(fm_cpu_engine *e, fm_dist_exec *out) {
 
 fm_status fm_dist_new_cpu(const fm_model_desc *d, const fm_moe_layer *l, const fm_dist_opts *o, fm_comm *c,
                           fm_cpu_engine *e, fm_dist **out) {
-    fm_dist_exec ex;
+    fm_dist_exec ex = {0};
     *out = NULL;
     fm_status s = fm_dist_exec_cpu(e, &ex);
     if (s) return s;
@@ -120,7 +120,7 @@ fm_status fm_dist_exec_cuda(const fm_comm *comm, fm_dist_exec *out) {
 
 fm_status fm_dist_new_cuda(const fm_model_desc *d, const fm_moe_layer *l, const fm_dist_opts *o, fm_comm *c,
                            fm_dist **out) {
-    fm_dist_exec ex;
+    fm_dist_exec ex = {0};
     *out = NULL;
     fm_status s = fm_dist_check(d, l, o);
     if (!s) s = fm_dist_exec_cuda(c, &ex);
