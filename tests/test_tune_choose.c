@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tune/tune_internal.h"
@@ -317,6 +319,82 @@ static void test_json(void **state) {
     rm_cfg(d->a, &k);
 }
 
+/* Sets a path's times an hour (plus `sec`) into the past, so the answers
+ * built on it count as settled and are reused. */
+static void age(const char *path, int sec) {
+    struct timespec ts[2];
+    clock_gettime(CLOCK_REALTIME, &ts[0]);
+    ts[0].tv_sec -= 3600 + sec;
+    ts[1] = ts[0];
+    assert_int_equal(utimensat(AT_FDCWD, path, ts, 0), 0);
+}
+
+static void cfg_path(const char *dir, const fm_tune_key *k, char *path, size_t cap) {
+    char name[256];
+    fm_tune_key_filename(k, name, sizeof name);
+    snprintf(path, cap, "%s/%s", dir, name);
+}
+
+/* Remembered answers: reused while nothing they depend on changed, and
+ * recomputed when a file is replaced, removed or added next to them. */
+static void test_memo(void **state) {
+    dirs *d = *state;
+    fm_tune_key k = key_h200();
+    const int bs[] = {4};
+    char pb[700], pa[700];
+    cfg_path(d->b, &k, pb, sizeof pb);
+    cfg_path(d->a, &k, pa, sizeof pa);
+    write_cfg(d->b, &k, bs, 1, 3, k.sm_count);
+    age(pb, 0);
+    age(d->a, 0);
+    age(d->b, 0);
+    age(d->c, 0);
+    fm_tune_choice c1, c2;
+    assert_int_equal(fm_tune_choose(&k, 4, &c1), FM_OK);
+    assert_int_equal(c1.cfg.rows_per_block, 3);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(fm_tune_choose(&k, 4, &c2), FM_OK);
+        assert_memory_equal(&c1, &c2, sizeof c1);
+    }
+    /* Same size, other content, also old: the inode or time differs. */
+    write_cfg(d->b, &k, bs, 1, 5, k.sm_count);
+    age(pb, 7);
+    assert_int_equal(fm_tune_choose(&k, 4, &c2), FM_OK);
+    assert_int_equal(c2.cfg.rows_per_block, 5);
+    /* A file appears in an earlier directory. */
+    write_cfg(d->a, &k, bs, 1, 6, k.sm_count);
+    age(pa, 0);
+    age(d->a, 0);
+    assert_int_equal(fm_tune_choose(&k, 4, &c2), FM_OK);
+    assert_int_equal(c2.cfg.rows_per_block, 6);
+    unlink(pa);
+    age(d->a, 9);
+    assert_int_equal(fm_tune_choose(&k, 4, &c2), FM_OK);
+    assert_int_equal(c2.cfg.rows_per_block, 5);
+    /* Removed: the default; then a file for another SM count shows up in
+     * the directory listing, and the remembered default must say so. */
+    unlink(pb);
+    age(d->b, 11);
+    assert_int_equal(fm_tune_choose(&k, 4, &c2), FM_OK);
+    assert_int_equal(c2.tuned, 0);
+    assert_string_equal(c2.warnings, "");
+    assert_int_equal(fm_tune_choose(&k, 4, &c2), FM_OK);
+    assert_int_equal(c2.tuned, 0);
+    fm_tune_key k114 = k;
+    k114.sm_count = 114;
+    write_cfg(d->c, &k114, bs, 1, 7, 114);
+    age(d->c, 13);
+    assert_int_equal(fm_tune_choose(&k, 4, &c2), FM_OK);
+    assert_int_equal(c2.tuned, 0);
+    assert_non_null(strstr(c2.warnings, "114sm"));
+    /* Another environment is another answer. */
+    setenv("FP4MOE_CONFIG_DIR", d->c, 1);
+    assert_int_equal(fm_tune_choose(&k114, 4, &c2), FM_OK);
+    assert_int_equal(c2.tuned, 1);
+    assert_non_null(strstr(c2.source, d->c));
+    setenv("FP4MOE_CONFIG_DIR", d->a, 1);
+}
+
 /* Many threads choose while another replaces the file (atomically): every
  * answer is one of the two files, never a torn or failed read. */
 typedef struct {
@@ -420,6 +498,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_other_sm_file_named, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cache_sees_edits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_json, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_memo, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_explain, setup, teardown),
     };
