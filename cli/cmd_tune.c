@@ -23,6 +23,7 @@ static void tune_usage(FILE *f) {
             "--format LIST   nvfp4, mxfp4 (comma-separated; default: each model's own format)\n"
             "--budget-s S    sweep time per model and format (default 30)\n"
             "--layers N      distinct layers in the timed graph (default: enough to defeat L2)\n"
+            "--tolerance X   max relative error of a candidate vs the reference (default 5e-3)\n"
             "--all-presets   every preset except the tiny test ones\n"
             "--summary DIR   print a Markdown table of the config files in DIR (gain over the\n"
             "                defaults per bucket; for docs/perf.md); needs no GPU\n");
@@ -46,7 +47,8 @@ static int parse_formats(const char *s, fm_qformat *out, int max) {
 }
 
 static int tune_one(const fm_model_desc *d, const char *label, fm_qformat fmt, const int *batches, int nb,
-                    const char *out_dir, double budget, int layers, uint64_t seed) {
+                    const char *out_dir, double budget, double tol, int layers, uint64_t seed) {
+    uint64_t t0 = fm_now_ns();
     char tag[256];
     snprintf(tag, sizeof tag, "%s %s", label, fm_qformat_name(fmt));
     fprintf(stderr, "fp4moe tune: %s: preparing %s layers of random weights and the reference...\n", tag,
@@ -61,7 +63,7 @@ static int tune_one(const fm_model_desc *d, const char *label, fm_qformat fmt, c
            key->driver_version);
     fflush(stdout);
     fm_tune_backend be = fm_tune_cuda_backend(t);
-    fm_tune_opts o = {.budget_s = budget, .tolerance = 5e-3, .min_gain = 0.01, .log = log_line, .log_ctx = tag};
+    fm_tune_opts o = {.budget_s = budget, .tolerance = tol, .min_gain = 0.01, .log = log_line, .log_ctx = tag};
     fm_tune_bucket_result res[MAX_BATCHES];
     char path[4096] = "";
     s = fm_tune_sweep(key, &be, batches, nb, &o, out_dir, path, sizeof path, res);
@@ -75,7 +77,7 @@ static int tune_one(const fm_model_desc *d, const char *label, fm_qformat fmt, c
                res[i].replaced_default ? 100.0 * (res[i].default_us - res[i].us) / res[i].default_us : 0.0, cs,
                res[i].replaced_default ? "" : " (default kept)");
     }
-    printf("  wrote %s\n", path);
+    printf("  wrote %s (%.0f s)\n", path, (double)(fm_now_ns() - t0) * 1e-9);
     fflush(stdout);
     return 0;
 }
@@ -84,7 +86,7 @@ int fm_cmd_tune(int argc, char **argv) {
     const char *model = NULL, *preset = NULL, *out = NULL, *fmt_s = NULL, *summary = NULL;
     const char *batch_s = "1,2,4,8,16,32,64,128,256,512";
     int all = 0, layers = 0;
-    double budget = 30;
+    double budget = 30, tol = 5e-3;
     uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -99,6 +101,14 @@ int fm_cmd_tune(int argc, char **argv) {
         else if (!strcmp(a, "--format")) fmt_s = v;
         else if (!strcmp(a, "--batch")) batch_s = v;
         else if (!strcmp(a, "--summary")) summary = v;
+        else if (!strcmp(a, "--tolerance")) {
+            char *end = NULL;
+            tol = strtod(v, &end);
+            if (!*v || *end || !(tol > 0 && tol < 1)) {
+                fprintf(stderr, "fp4moe tune: error: --tolerance expects a number in (0, 1), got '%s'\n", v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--budget-s")) {
             if (fm_cli_parse_int("tune", a, v, 0, 86400, &n)) return 2;
             budget = (double)n;
@@ -168,7 +178,7 @@ int fm_cmd_tune(int argc, char **argv) {
         for (int fi = 0; fi < n; fi++) {
             fm_qformat f = nf ? fmts[fi] : own;
             if (!model && f != d.expert_format && (s = fm_preset_desc(name, f, &d))) { rc = fm_cli_fail("tune", s); continue; }
-            if (tune_one(&d, label, f, batches, nb, out, budget, layers, seed)) rc = 1;
+            if (tune_one(&d, label, f, batches, nb, out, budget, tol, layers, seed)) rc = 1;
         }
     }
     return rc;
