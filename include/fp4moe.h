@@ -863,6 +863,7 @@ typedef struct {
     int batch_index;
     int kind;                 /* 0 batch, 1 step, 2 layer, 3 phase, 4 kernel */
     int phase;                /* fm_phase for phases and kernels, else -1  */
+    int step;                 /* kernels: measured step index, -1 outside  */
     char name[96];
 } fm_prof_span;
 

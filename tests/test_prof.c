@@ -336,8 +336,11 @@ static fm_profile *rendered(void) {
         s.t_us = i * 1e6, s.dur_us = 1000, s.pid = 1, s.tid = 1, s.batch_index = i, s.kind = 1, s.phase = -1;
         snprintf(s.name, sizeof s.name, "step \"B\"");
         fm_profile_add_span(p, &s);
-        s.kind = 4, s.pid = 2, s.tid = 7, s.phase = FM_PH_GATEUP;
+        s.kind = 4, s.pid = 2, s.tid = 7, s.phase = FM_PH_GATEUP, s.step = 0;
         snprintf(s.name, sizeof s.name, "fm_gate_up_small");
+        fm_profile_add_span(p, &s);
+        s.step = -1; /* a kernel outside the measured steps: not in the tables */
+        snprintf(s.name, sizeof s.name, "fm_gen_kernel");
         fm_profile_add_span(p, &s);
     }
     p->samples = calloc(4, sizeof *p->samples);
@@ -402,7 +405,7 @@ static void test_trace(void **st) {
             nm++;
         }
     }
-    assert_int_equal(nx, 4);
+    assert_int_equal(nx, 6);
     assert_int_equal(nc, 4 + 3); /* SM util in 4 samples, CPU util in 3 */
     assert_true(nm >= 5);        /* host, its thread, telemetry, GPU, stream 7 */
     assert_non_null(strstr(s, "\"stream 7\""));
@@ -423,12 +426,26 @@ static void test_html(void **st) {
     assert_non_null(strstr(s, "data-metric=\"sm_util_pct\""));
     assert_non_null(strstr(s, "synthetic &lt;dsv4&gt;")); /* escaped */
     assert_non_null(strstr(s, "data-batch=\"80\" data-row=\"gate_up\">1.200<"));
+    assert_non_null(strstr(s, "<table class=\"kernels\" data-batch=\"80\">"));
+    assert_non_null(strstr(s, "<td>fm_gate_up_small</td><td>gate_up</td><td>1.0</td><td>1000.00</td>"));
+    assert_null(strstr(s, "<td>fm_gen_kernel</td>"));
     /* self-contained: no scripts, no external resources */
     assert_null(strstr(s, "<script"));
     assert_null(strstr(s, "src="));
     assert_null(strstr(s, "href="));
     assert_null(strstr(s, "@import"));
     free(s);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    fm_profile_print(p, f);
+    fclose(f);
+    assert_non_null(strstr(buf, "kernels (per step, mean over 1 graph replays)"));
+    assert_non_null(strstr(buf, "| gate_up | 0.500 | 1.200 | +0.700 | 70.0 % |"));
+    assert_non_null(strstr(buf, "activation         fused"));
+    assert_null(strstr(buf, "fm_gen_kernel"));
+    free(buf);
     fm_profile_free(p);
 }
 

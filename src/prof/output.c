@@ -121,6 +121,36 @@ const char *fm_prof_row_color(int row) {
 
 /* ------------------------------------------------------------ text */
 
+static int cmp_kernel_row(const void *a, const void *b) {
+    const fm_prof_kernel_row *x = a, *y = b;
+    return x->us < y->us ? 1 : x->us > y->us ? -1 : 0;
+}
+
+int fm_prof_kernel_rows(const fm_profile *p, int bi, fm_prof_kernel_row *rows, int cap, int *steps) {
+    int n = 0, max_step = -1;
+    for (size_t i = 0; i < p->n_spans; i++) {
+        const fm_prof_span *s = &p->spans[i];
+        if (s->kind != 4 || s->batch_index != bi || s->step < 0) continue;
+        if (s->step > max_step) max_step = s->step;
+        int j = 0;
+        while (j < n && strcmp(rows[j].name, s->name)) j++;
+        if (j == n) {
+            if (n == cap) continue;
+            rows[n++] = (fm_prof_kernel_row){s->name, s->phase, 0, 0};
+        }
+        rows[j].launches += 1;
+        rows[j].us += s->dur_us;
+    }
+    int st = max_step + 1;
+    for (int j = 0; j < n && st > 0; j++) {
+        rows[j].launches /= st;
+        rows[j].us /= st;
+    }
+    qsort(rows, (size_t)n, sizeof *rows, cmp_kernel_row);
+    if (steps) *steps = st;
+    return n;
+}
+
 void fm_prof_fmt_tile(char *buf, size_t cap, const fm_prof_batch *b) {
     if (b->tile_fill < 0)
         snprintf(buf, cap, "n/a (not tiled)");
@@ -202,6 +232,15 @@ void fm_profile_print(const fm_profile *p, FILE *f) {
             fm_prof_fmt_ms(x, sizeof x, p, r, b->row_ns[r]);
             double share = b->step_ns > 0 ? 100.0 * b->row_ns[r] / b->step_ns : 0;
             fprintf(f, "  %-13s %10s %7.1f%%\n", fm_prof_row_name(r), x, share);
+        }
+        fm_prof_kernel_row kr[32];
+        int steps = 0, nk = fm_prof_kernel_rows(p, i, kr, 32, &steps);
+        if (nk > 0) {
+            fprintf(f, "  kernels (per step, mean over %d graph replays):\n  %-60s %-10s %9s %11s\n", steps, "name",
+                    "phase", "launches", "us/step");
+            for (int j = 0; j < nk; j++)
+                fprintf(f, "  %-60.60s %-10s %9.1f %11.2f\n", kr[j].name,
+                        kr[j].phase >= 0 ? fm_phase_name((fm_phase)kr[j].phase) : "-", kr[j].launches, kr[j].us);
         }
     }
     for (int i = 0; i + 1 < p->n_batch; i++) print_delta(p, i, i + 1, f);
@@ -443,6 +482,7 @@ fm_status fm_profile_trace_json(const fm_profile *p, char **out) {
             json_object_set_new(args, "batch", json_integer(p->b[s->batch_index].batch));
         if (s->phase >= 0 && s->phase < FM_PH_COUNT)
             json_object_set_new(args, "phase", json_string(fm_phase_name((fm_phase)s->phase)));
+        if (s->kind == 4 && s->step >= 0) json_object_set_new(args, "step", json_integer(s->step));
         json_object_set_new(e, "args", args);
         if (json_array_append_new(ev, e) != 0) {
             json_decref(root);

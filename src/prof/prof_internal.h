@@ -35,6 +35,17 @@ void fm_prof_fmt_tile(char *buf, size_t cap, const fm_prof_batch *b);
  * scale). */
 const char *fm_prof_metric_title(fm_telem_metric m);
 
+/* Kernels of one batch that ran inside its measured steps, by name. */
+typedef struct {
+    const char *name; /* into the profile's spans */
+    int phase;
+    double launches;  /* per step */
+    double us;        /* per step */
+} fm_prof_kernel_row;
+/* Fills up to cap rows, sorted by time per step, descending; returns the
+ * count (0 when the batch has no kernel records). *steps: steps seen. */
+int fm_prof_kernel_rows(const fm_profile *p, int batch_index, fm_prof_kernel_row *rows, int cap, int *steps);
+
 /* Colour of a table row / phase in the charts. */
 const char *fm_prof_row_color(int row);
 

@@ -276,6 +276,25 @@ static void phase_table(fm_sb *sb, const fm_profile *p) {
     fm_sb_puts(sb, "</table>\n");
 }
 
+static void kernel_tables(fm_sb *sb, const fm_profile *p) {
+    for (int i = 0; i < p->n_batch; i++) {
+        fm_prof_kernel_row kr[32];
+        int steps = 0, nk = fm_prof_kernel_rows(p, i, kr, 32, &steps);
+        if (nk <= 0) continue;
+        fm_sb_printf(sb,
+                     "<table class=\"kernels\" data-batch=\"%d\"><caption>batch %d: kernels per step (mean over %d "
+                     "graph replays)</caption>\n<tr><th>kernel</th><th>phase</th><th>launches</th><th>&micro;s</th></tr>\n",
+                     p->b[i].batch, p->b[i].batch, steps);
+        for (int j = 0; j < nk; j++) {
+            fm_sb_puts(sb, "<tr><td>");
+            fm_sb_escape(sb, kr[j].name);
+            fm_sb_printf(sb, "</td><td>%s</td><td>%.1f</td><td>%.2f</td></tr>\n",
+                         kr[j].phase >= 0 ? fm_phase_name((fm_phase)kr[j].phase) : "-", kr[j].launches, kr[j].us);
+        }
+        fm_sb_puts(sb, "</table>\n");
+    }
+}
+
 static void model_table(fm_sb *sb, const fm_profile *p) {
     fm_sb_puts(sb, "<table class=\"model\"><tr><th>batch</th><th>active experts expected</th><th>observed</th>"
                    "<th>tokens / expert</th><th>MB read / step</th><th>floor ms</th><th>measured ms</th>"
@@ -379,6 +398,7 @@ fm_status fm_profile_report_html(const fm_profile *p, char **out) {
     fm_sb_puts(&sb, "<h2>Time per phase (ms per step)</h2>\n");
     stacked_bars(&sb, p);
     phase_table(&sb, p);
+    kernel_tables(&sb, p);
     if (p->n_batch >= 2) {
         fm_sb_puts(&sb, "<h2>What grows with batch size</h2>\n");
         for (int i = 0; i + 1 < p->n_batch; i++) delta_table(&sb, p, i, i + 1);

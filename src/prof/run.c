@@ -129,6 +129,7 @@ static void add_span(fm_profile *p, uint64_t t0, uint64_t a, uint64_t b, int pid
     s.batch_index = bi;
     s.kind = kind;
     s.phase = phase;
+    s.step = -1;
     snprintf(s.name, sizeof s.name, "%s", name);
     fm_profile_add_span(p, &s);
 }
@@ -426,8 +427,11 @@ static void cupti_breakdown(run_ctx *c, fm_prof_batch *b, int bi, const fm_kerne
     for (size_t i = 0; i < n; i++)
         if (recs[i].start_ns >= ta && recs[i].start_ns <= tz) r[m++] = recs[i];
     int steps = fm_prof_kernel_steps(r, m, p->layers_per_step, step_of, b->row_ns);
-    for (size_t i = 0; i < m; i++)
+    for (size_t i = 0; i < m; i++) {
+        size_t before = p->n_spans;
         add_span(p, c->t0, r[i].start_ns, r[i].end_ns, 2, (int)r[i].stream, bi, 4, r[i].phase, r[i].name);
+        if (p->n_spans > before) p->spans[before].step = step_of[i];
+    }
     for (int s = 0; s < steps; s++) {
         uint64_t s0 = UINT64_MAX, s1 = 0;
         for (size_t i = 0; i < m; i++)
