@@ -619,7 +619,7 @@ char *fm_tune_choice_to_json(const fm_tune_key *key, int T, const fm_tune_choice
     char line[1024];
     fm_tune_provenance_line(key, T, c, line, sizeof line);
     const fm_kernel_config *k = &c->cfg;
-    json_t *o = json_object(), *kj = json_object(), *pj = json_object(), *ws = json_array();
+    json_t *o = json_object(), *kj = json_object(), *pj = fm_tune_params_json(k), *ws = json_array();
     if (!o || !kj || !pj || !ws) {
         json_decref(o); json_decref(kj); json_decref(pj); json_decref(ws);
         fm_error(FM_E_NOMEM, "out of memory building the provenance JSON");
@@ -634,12 +634,6 @@ char *fm_tune_choice_to_json(const fm_tune_key *key, int T, const fm_tune_choice
     json_object_set_new(kj, "H", json_integer(key->H));
     json_object_set_new(kj, "I", json_integer(key->I));
     json_object_set_new(kj, "k", json_integer(key->k));
-    json_object_set_new(pj, "rows_per_block", json_integer(k->rows_per_block));
-    json_object_set_new(pj, "k_split", json_integer(k->k_split));
-    json_object_set_new(pj, "warps", json_integer(k->warps));
-    json_object_set_new(pj, "stages", json_integer(k->stages));
-    json_object_set_new(pj, "tile_n", json_integer(k->tile_n));
-    json_object_set_new(pj, "switch_tpe", json_real(k->switch_tpe));
     json_object_set_new(o, "backend", json_string("cuda"));
     json_object_set_new(o, "key", kj);
     json_object_set_new(o, "batch", json_integer(T));

@@ -278,7 +278,7 @@ fm_tune_match fm_tune_key_match(const fm_tune_key *fk, const fm_tune_key *want, 
 
 /* ------------------------------------------------------------- writing */
 
-static json_t *params_json(const fm_kernel_config *c) {
+void *fm_tune_params_json(const fm_kernel_config *c) {
     return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:f}", "path", fm_tune_path_token(c->path), "rows_per_block",
                      c->rows_per_block, "k_split", c->k_split, "warps", c->warps, "stages", c->stages, "tile_n",
                      c->tile_n, "switch_tpe", (double)c->switch_tpe);
@@ -306,11 +306,11 @@ char *fm_tune_file_to_json(const fm_tune_file *f) {
         if (!o) goto fail;
         json_array_append_new(arr, o);
         json_object_set_new(o, "batch", json_integer(b->batch));
-        json_object_set_new(o, "params", params_json(&b->cfg));
+        json_object_set_new(o, "params", fm_tune_params_json(&b->cfg));
         json_object_set_new(o, "us", json_real(us2(b->us)));
         json_object_set_new(o, "us_min", json_real(us2(b->us_min)));
         json_object_set_new(o, "us_max", json_real(us2(b->us_max)));
-        if (b->has_default_cfg) json_object_set_new(o, "default_params", params_json(&b->default_cfg));
+        if (b->has_default_cfg) json_object_set_new(o, "default_params", fm_tune_params_json(&b->default_cfg));
         json_object_set_new(o, "default_us", json_real(us2(b->default_us)));
         json_object_set_new(o, "default_us_min", json_real(us2(b->default_us_min)));
         json_object_set_new(o, "default_us_max", json_real(us2(b->default_us_max)));

@@ -97,11 +97,6 @@ static fm_status find_target(const fm_explain_opts *o, target *t) {
     return FM_OK;
 }
 
-static json_t *cfg_json(const fm_kernel_config *c) {
-    return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:f}", "path", fm_tune_path_token(c->path), "rows_per_block",
-                     c->rows_per_block, "k_split", c->k_split, "warps", c->warps, "stages", c->stages, "tile_n",
-                     c->tile_n, "switch_tpe", (double)c->switch_tpe);
-}
 
 /* " (kernel NAME)" when the kernel's name says more than the path's. */
 #define PATH_KERNEL(p)                                                                                     \
@@ -221,7 +216,7 @@ fm_status fm_explain(const fm_explain_opts *o, char **out) {
             json_object_set_new(e, "considered", cons);
             json_object_set_new(e, "switch_tpe", json_real(def.switch_tpe));
             json_object_set_new(e, "mean_tokens_per_expert", json_real(mean_tpe));
-            json_object_set_new(e, "default", cfg_json(&def));
+            json_object_set_new(e, "default", fm_tune_params_json(&def));
             json_t *lk = json_array();
             for (int i = 0; i < FM_TUNE_NDIRS; i++)
                 json_array_append_new(lk, json_pack("{s:s, s:s, s:s}", "where", tr[i].label, "dir", tr[i].dir, "status",

@@ -33,6 +33,9 @@ typedef struct {
 /* Parses and validates one config file's text. `what` names the file in
  * messages. FM_E_FORMAT with a message naming the field on any problem. */
 fm_status fm_tune_file_parse(const char *text, size_t len, const char *what, fm_tune_file *out);
+/* A kernel config as the JSON object config files use for "params". The
+ * return type is json_t * (jansson); void * keeps jansson out of this header. */
+void *fm_tune_params_json(const fm_kernel_config *c);
 /* Serializes (malloc'd, pretty-printed, trailing newline); NULL on OOM. */
 char *fm_tune_file_to_json(const fm_tune_file *f);
 /* Inserts or replaces the bucket of the same batch, keeping order. */
