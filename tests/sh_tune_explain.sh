@@ -37,6 +37,8 @@ has "$T/none.out" "3. shipped $T/shipped: no such file" "no file trail"
 # 256*(1-(250/256)^16) = 80.84; 16*6/80.84 = 1.19
 has "$T/none.out" "= 80.8 of 256" "active experts at B=16"
 has "$T/none.out" "16*6/80.8 = 1.19" "tokens per expert at B=16"
+# bytes: 80.838 x 14,155,776 + the shared expert's 14,155,776 = 1158.5 MB
+has "$T/none.out" "80.8 experts x 14.16 MB + shared 14.16 MB = 1158.5 MB" "bytes at B=16"
 
 # 2. A shipped file: used, with its bucket, figures and path.
 cp "$DATA/$NAME" "$T/shipped/$NAME"

@@ -171,7 +171,12 @@ fm_status fm_explain(const fm_explain_opts *o, char **out) {
         int T = o->batches[bi];
         double act = fm_tune_expected_active(d->n_experts, d->topk, T);
         double tpe = fm_tune_tokens_per_expert(d->n_experts, d->topk, T);
-        double bytes = act * (double)eb;
+        /* The shared expert is read every step too; its matrices are those
+         * of a routed expert with shared_inter in place of I. */
+        double shared = d->n_shared && d->moe_inter > 0 ? (double)eb * d->shared_inter / d->moe_inter : 0;
+        double bytes = act * (double)eb + shared;
+        char shs[64] = "";
+        if (shared > 0) snprintf(shs, sizeof shs, " + shared %.2f MB", shared / 1e6);
         double bw = t.kind && t.info ? t.info->bandwidth_gbs : 0;
         double floor_us = bw > 0 ? bytes / (bw * 1e9) * 1e6 : 0;
         if (!t.kind) {
@@ -235,10 +240,10 @@ fm_status fm_explain(const fm_explain_opts *o, char **out) {
                   d->n_experts, T, act, d->n_experts);
         sb_printf(&b, "  tokens/expert    B*k/active = %d*%d/%.1f = %.2f\n", T, d->topk, act, tpe);
         if (floor_us > 0)
-            sb_printf(&b, "  weight bytes     %.1f experts x %.2f MB = %.1f MB; floor %.1f us at %.0f GB/s (datasheet)\n", act,
-                      (double)eb / 1e6, bytes / 1e6, floor_us, bw);
+            sb_printf(&b, "  weight bytes     %.1f experts x %.2f MB%s = %.1f MB; floor %.1f us at %.0f GB/s (datasheet)\n",
+                      act, (double)eb / 1e6, shs, bytes / 1e6, floor_us, bw);
         else
-            sb_printf(&b, "  weight bytes     %.1f experts x %.2f MB = %.1f MB\n", act, (double)eb / 1e6, bytes / 1e6);
+            sb_printf(&b, "  weight bytes     %.1f experts x %.2f MB%s = %.1f MB\n", act, (double)eb / 1e6, shs, bytes / 1e6);
         sb_printf(&b, "  considered       small path%s%s%s: streams each active expert's rows once, tokens on chip;\n"
                       "                     for few tokens per expert (below switch_tpe)\n"
                       "                   large path%s%s%s: tensor-core tiles of tile_n tokens per expert;\n"
