@@ -123,6 +123,7 @@ def main():
         ("tiny-deepseek", [3, 16], 5.0, 64, []),
         ("tiny-deepseek-v4", [1, 5, 9], 2.5, 1, ["--format", "mxfp4"]),
         ("tiny-gptoss", [2, 7], 3.0, 0, []),
+        ("tiny-mixtral", [2, 6], 4.0, 16, ["--format", "bf16"]),
     ]
     warmup, steps = 1, 2
     with tempfile.TemporaryDirectory() as d:
