@@ -65,6 +65,21 @@ double fm_cpu_measure_bandwidth(size_t bytes, int n_threads) {
     return best;
 }
 
+/* Last-level cache of this CPU: sysfs first (sysconf reports the host's
+ * whole L3 on some virtual machines), else sysconf, else 32 MiB. */
+static int64_t llc_bytes(void) {
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+    if (f) {
+        long long v = 0;
+        char unit = 0;
+        int n = fscanf(f, "%lld%c", &v, &unit);
+        fclose(f);
+        if (n >= 1 && v > 0) return unit == 'M' ? v << 20 : unit == 'K' ? v << 10 : v;
+    }
+    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return l3 > 0 ? l3 : 32ll << 20;
+}
+
 int fm_cpu_bench_default_layers(const fm_model_desc *d, fm_qformat fmt) {
     int64_t eb = fm_model_expert_bytes(d, fmt);
     if (eb <= 0 || d->moe_inter <= 0) return 1;
@@ -72,9 +87,8 @@ int fm_cpu_bench_default_layers(const fm_model_desc *d, fm_qformat fmt) {
     int64_t router = (int64_t)d->n_experts * d->hidden * 4;
     int64_t active = (int64_t)d->topk * eb + shared + router;
     int64_t layer = (int64_t)d->n_experts * eb + shared + router;
-    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    int64_t llc = l3 > 0 ? l3 : 32ll << 20;
-    int64_t n = (4 * llc + active - 1) / active;
+    int64_t llc = llc_bytes();
+    int64_t n = (3 * llc + active - 1) / active;
     if (n < 2) n = 2;
     if (n > 16) n = 16;
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);

@@ -36,13 +36,17 @@
 #define DOWN_ROWS 32 /* output rows per down work item (multiple of 16)  */
 #define ROUTE_EXPERTS 32
 
+float fm_cpu_lut_e4m3[256];
+float fm_cpu_lut_e8m0[256];
 float fm_cpu_lut_e4m3_half[256];
 float fm_cpu_lut_e8m0_half[256];
 static pthread_once_t g_lut_once = PTHREAD_ONCE_INIT;
 static void lut_init_once(void) {
     for (int i = 0; i < 256; i++) {
-        fm_cpu_lut_e4m3_half[i] = fm_e4m3_to_f32((uint8_t)i) * 0.5f;
-        fm_cpu_lut_e8m0_half[i] = fm_e8m0_to_f32((uint8_t)i) * 0.5f;
+        fm_cpu_lut_e4m3[i] = fm_e4m3_to_f32((uint8_t)i);
+        fm_cpu_lut_e8m0[i] = fm_e8m0_to_f32((uint8_t)i);
+        fm_cpu_lut_e4m3_half[i] = fm_cpu_lut_e4m3[i] * 0.5f;
+        fm_cpu_lut_e8m0_half[i] = fm_cpu_lut_e8m0[i] * 0.5f;
     }
 }
 void fm_cpu_luts_init(void) { pthread_once(&g_lut_once, lut_init_once); }
@@ -111,7 +115,7 @@ typedef struct {
 } slot;
 
 enum { B_X, B_XP, B_LOGITS, B_IDS, B_WT, B_RSCR, B_COUNT, B_SLOT, B_TOK, B_TWT, B_XPTR, B_OPTR, B_H,
-       B_ITEM, B_WBUF, B_NBUF };
+       B_ITEM, B_WBUF, B_PERM, B_NBUF };
 
 struct fm_cpu_engine {
     fm_cpu_isa isa;
@@ -121,6 +125,8 @@ struct fm_cpu_engine {
     fm_phase_times *pt;
     char desc[160];
     buf b[B_NBUF];
+    int64_t perm_cols; /* the kernels' activation permutation, cached */
+    fm_qformat perm_fmt;
 };
 
 fm_status fm_cpu_engine_new(fm_cpu_isa isa, int n_threads, fm_cpu_engine **out) {
@@ -244,12 +250,20 @@ static void run(fm_cpu_engine *e, fm_pool_fn fn, job *j, int n_items) {
     fm_pool_run(e->pool, fn, j);
 }
 
-static void permute_split16(const float *x, float *xp, int64_t n) {
-    for (int64_t b = 0; b < n; b += 16)
-        for (int i = 0; i < 8; i++) {
-            xp[b + i] = x[b + 2 * i];
-            xp[b + 8 + i] = x[b + 2 * i + 1];
-        }
+/* xp[t][pos(c)] = x[t][c] in the kernels' layout; the index table is
+ * cached for the last (H, format). */
+static fm_status permute_x(fm_cpu_engine *e, fm_qformat f, const float *x, float *xp, int T, int64_t H) {
+    int32_t *perm = e->b[B_PERM].p;
+    if (e->perm_cols != H || e->perm_fmt != f || !perm) {
+        perm = grow(&e->b[B_PERM], (size_t)H, sizeof(int32_t));
+        if (!perm) return FM_E_NOMEM;
+        for (int64_t c = 0; c < H; c++) perm[c] = (int32_t)e->k->pos(f, H, c);
+        e->perm_cols = H;
+        e->perm_fmt = f;
+    }
+    for (int t = 0; t < T; t++)
+        for (int64_t c = 0; c < H; c++) xp[(int64_t)t * H + perm[c]] = x[(int64_t)t * H + c];
+    return FM_OK;
 }
 
 fm_status fm_cpu_forward(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_layer *l,
@@ -272,7 +286,7 @@ fm_status fm_cpu_forward(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_
     const int64_t gu_items_max = (int64_t)E * ((I + GU_ROWS - 1) / GU_ROWS) + (Ish + GU_ROWS - 1) / GU_ROWS;
 
     float *xf = grow(&e->b[B_X], (size_t)(T * H), sizeof(float));
-    float *xp = l->fmt == FM_QF_BF16 ? xf : grow(&e->b[B_XP], (size_t)(T * H), sizeof(float));
+    float *xp = grow(&e->b[B_XP], (size_t)(T * H), sizeof(float));
     float *logits = grow(&e->b[B_LOGITS], (size_t)T * (size_t)E, sizeof(float));
     int32_t *ids = grow(&e->b[B_IDS], (size_t)Tk, sizeof(int32_t));
     float *wt = grow(&e->b[B_WT], (size_t)Tk, sizeof(float));
@@ -285,18 +299,20 @@ fm_status fm_cpu_forward(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_
     float **optr = grow(&e->b[B_OPTR], (size_t)ntok, sizeof(float *));
     float *h = grow(&e->b[B_H], (size_t)(Tk * I + T * Ish), sizeof(float));
     int32_t *items = grow(&e->b[B_ITEM], (size_t)(2 * gu_items_max), sizeof(int32_t));
-    float *wbuf = grow(&e->b[B_WBUF], (size_t)(2 * maxcols * e->n_threads), sizeof(float));
+    const int64_t wstride = (fm_cpu_wbuf_floats(maxcols) + 15) & ~(int64_t)15; /* 64-byte aligned */
+    float *wbuf = grow(&e->b[B_WBUF], (size_t)(wstride * e->n_threads), sizeof(float));
     if (!xf || !xp || !logits || !ids || !wt || !rscr || !count || !slots || !tok || !twt || !xptr ||
         !optr || !h || !items || !wbuf)
         return FM_E_NOMEM;
 
     st = fm_cpu_load_x(x, xdt, T, H, xf);
     if (st) return st;
-    if (xp != xf) permute_split16(xf, xp, T * H);
+    st = permute_x(e, l->fmt, xf, xp, T, H);
+    if (st) return st;
     uint64_t t_route = fm_now_ns();
 
     job j = {.e = e, .d = d, .l = l, .o = o, .T = T, .H = H, .x = xf, .xp = xp, .logits = logits,
-             .wbuf = wbuf, .wbuf_stride = 2 * maxcols};
+             .wbuf = wbuf, .wbuf_stride = wstride};
     run(e, job_logits, &j, T * ((E + ROUTE_EXPERTS - 1) / ROUTE_EXPERTS));
     for (int t = 0; t < T; t++) {
         st = fm_route_select(d, l, t, logits + (int64_t)t * E, token_ids ? token_ids + t : NULL, ids + (int64_t)t * k,

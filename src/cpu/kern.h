@@ -19,15 +19,17 @@
 #define FM_CPU_KERN_H
 #include "fp4moe.h"
 
-/* Position of natural index c in the activation layout of format f. */
+/* Position of natural index c in the split-16 layout of format f. */
 static inline int64_t fm_cpu_layout_pos(fm_qformat f, int64_t c) {
     if (f == FM_QF_BF16) return c;
     int64_t j = c & 15;
     return (c & ~(int64_t)15) | ((j & 1) ? 8 + (j >> 1) : (j >> 1));
 }
 
-/* Scale tables: decoded scale x 0.5, because the kernels decode E2M1 as
- * twice its value (small integers, exact as int8). */
+/* Scale tables: decoded scales, and decoded scale x 0.5 for the kernels
+ * that decode E2M1 as twice its value (small integers, exact as int8). */
+extern float fm_cpu_lut_e4m3[256];
+extern float fm_cpu_lut_e8m0[256];
 extern float fm_cpu_lut_e4m3_half[256];
 extern float fm_cpu_lut_e8m0_half[256];
 void fm_cpu_luts_init(void);
@@ -48,7 +50,7 @@ typedef struct {
     int64_t r0, r1;
     fm_act_kind act;
     float alpha, limit;
-    float *wbuf;                  /* per-thread scratch, 2 x cols floats      */
+    float *wbuf;                  /* per-thread scratch, fm_cpu_wbuf_floats   */
 } fm_gu_task;
 
 /* Down rows [r0, r1) for n tokens: out[t][r] += w[t] * (down.h_t + bias). */
@@ -60,14 +62,20 @@ typedef struct {
     float *const *out;            /* n rows of H floats                       */
     const float *w;               /* n routing weights; NULL means 1          */
     int64_t r0, r1;
-    float *wbuf;                  /* per-thread scratch, cols floats          */
+    float *wbuf;                  /* per-thread scratch, fm_cpu_wbuf_floats   */
 } fm_down_task;
 
 typedef struct {
     const char *name;
     void (*gate_up)(const fm_gu_task *t);
     void (*down)(const fm_down_task *t);
+    /* Position of natural index c of a cols-long activation row in the
+     * layout these kernels read for format f. */
+    int64_t (*pos)(fm_qformat f, int64_t cols, int64_t c);
 } fm_cpu_kernels;
+
+/* Per-thread scratch (floats) the kernels need for rows of cols inputs. */
+static inline int64_t fm_cpu_wbuf_floats(int64_t cols) { return 3 * cols + 64; }
 
 extern const fm_cpu_kernels fm_cpu_kern_scalar;
 extern const fm_cpu_kernels fm_cpu_kern_avx2;

@@ -2,16 +2,30 @@
  * AVX2 + FMA kernels (this file alone is compiled with -mavx2 -mfma -mf16c;
  * the engine calls it only when the processor has them).
  *
- * FP4 decode, 32 weights per 16-byte load: split the nibbles, map each code
- * to twice its E2M1 value as an int8 with one byte shuffle, widen to int32,
- * convert to float and multiply by the block scale (x 0.5, from a table).
- * The activations are in the split-16 layout (kern.h), so the decoded
- * vectors line up with contiguous activation loads.
+ * Decode is the bottleneck at small batch (each weight is used by one or
+ * two tokens), so it is built from the cheapest operations available:
+ *   - 32 packed bytes (64 weights) are split into low and high nibbles;
+ *   - two byte shuffles per nibble vector look up the high and low bytes of
+ *     each code's exact BF16 value (E2M1 values are exact in BF16);
+ *   - byte unpacks pair them into 16-bit BF16 words, and a shift / a mask
+ *     turn each pair of words of a 32-bit lane into two floats.
+ * No int->float conversion and no widening shuffles: 10 shuffles and 11
+ * other operations per 64 weights. The weights come out in a fixed order
+ * inside each 64-element chunk; the activations are permuted once per call
+ * into that order ("chunk-64" layout, fm_cpu_kern_avx2.pos), the last
+ * cols % 64 elements stay in natural order and are done in scalar code.
  *
- * Each (row, token) pair owns one accumulator vector; several rows and/or
- * tokens are processed together so that eight independent FMA chains hide
- * the FMA latency, and each weight row is decoded once per group of up to
- * four (gate/up) or eight (down) tokens.
+ * Block scales are not applied per weight: the products of one chunk are
+ * summed per scale group (a vector lane only ever holds elements of one
+ * block) and the sum is multiplied by the lanes' scales once, which saves a
+ * multiply per 8 weights and per token.
+ *
+ * Each (row, token) pair owns one accumulator and follows one fixed
+ * sequence of operations whatever the number of tokens processed together
+ * (groups of up to four per decode of a row; more tokens decode the row
+ * again from L1, which measured faster than decoding once into a buffer
+ * and reading it back), so a token's result does not depend on the rest
+ * of the batch.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -20,6 +34,113 @@
 
 #define INL static inline __attribute__((always_inline))
 
+/* ---- layout */
+/* Element order inside a 64-element chunk, as decode_half produces it:
+ * FP4: half hf of the chunk gives F0 F1 (from unpack W_hf of the low
+ * nibbles) and F2 F3 (W_{2+hf}, high nibbles), stored at x[16 hf ..] and
+ * x[32 + 16 hf ..]; BF16: loads hf and 2 + hf of 16 values each. */
+
+static int64_t pos_avx2(fm_qformat f, int64_t cols, int64_t c) {
+    const int64_t base = c & ~(int64_t)63;
+    if (base + 64 > cols) return c; /* tail: natural order */
+    const int e = (int)(c & 63);
+    int v, lane;
+    if (f == FM_QF_BF16) { /* 16 BF16 per 32-byte load q; lane d holds elements 2d, 2d+1 */
+        int q = e >> 4, d = (e & 15) >> 1, part = e & 1;
+        v = 2 * q + part;
+        lane = d;
+    } else {
+        int odd = e & 1, j = e >> 1;              /* packed byte 0..31      */
+        int half = j >> 4, jj = j & 15;           /* 128-bit lane, byte      */
+        int w = (odd << 1) | (jj >> 3);           /* which unpack: W0..W3    */
+        int k = jj & 7, d = k >> 1, part = k & 1; /* 32-bit lane, word       */
+        v = 2 * w + part;
+        lane = half * 4 + d;
+    }
+    return base + 8 * v + lane;
+}
+
+/* ---- decode of one 64-weight chunk, in two halves of 32 weights
+ * (half 0: F0 F1 F4 F5, blocks 0|2 of NVFP4; half 1: F2 F3 F6 F7, blocks
+ * 1|3), so that few registers are live at a time. */
+
+typedef struct {
+    __m256 F[4];
+    __m256 S; /* the lanes' block scales (NVFP4, MXFP4) */
+} half;
+
+INL __m256 two_scales(const float *lut, uint8_t a, uint8_t b) {
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(&lut[a])), _mm_broadcast_ss(&lut[b]), 1);
+}
+
+/* Nibble codes of the chunk looked up as BF16 high / low bytes. */
+typedef struct {
+    __m256i hl, ll, hh, lh;
+} nib;
+
+INL void decode_nib(const uint8_t *p, int64_t ch, nib *o) {
+    const __m256i m = _mm256_set1_epi8(0x0F);
+    /* high / low byte of the BF16 encoding of each E2M1 code */
+    const __m256i th = _mm256_setr_epi8(0, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xBF, (char)0xBF,
+                                        (char)0xBF, (char)0xC0, (char)0xC0, (char)0xC0, (char)0xC0, 0, 0x3F, 0x3F, 0x3F,
+                                        0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xBF, (char)0xBF, (char)0xBF, (char)0xC0,
+                                        (char)0xC0, (char)0xC0, (char)0xC0);
+    const __m256i tl = _mm256_setr_epi8(0, 0, (char)0x80, (char)0xC0, 0, 0x40, (char)0x80, (char)0xC0, 0, 0, (char)0x80,
+                                        (char)0xC0, 0, 0x40, (char)0x80, (char)0xC0, 0, 0, (char)0x80, (char)0xC0, 0, 0x40,
+                                        (char)0x80, (char)0xC0, 0, 0, (char)0x80, (char)0xC0, 0, 0x40, (char)0x80,
+                                        (char)0xC0);
+    __m256i v = _mm256_loadu_si256((const __m256i *)(p + 32 * ch));
+    __m256i lo = _mm256_and_si256(v, m), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+    o->hl = _mm256_shuffle_epi8(th, lo);
+    o->ll = _mm256_shuffle_epi8(tl, lo);
+    o->hh = _mm256_shuffle_epi8(th, hi);
+    o->lh = _mm256_shuffle_epi8(tl, hi);
+}
+
+INL void split_words(__m256i w, __m256 *a, __m256 *b) {
+    *a = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    *b = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32((int)0xFFFF0000u)));
+}
+
+INL void decode_half(const int FMT, const uint8_t *p, const uint8_t *s, const float *lut, int64_t ch, const nib *n,
+                     int hf, half *o) {
+    if (FMT == FM_QF_BF16) {
+        /* half 0: loads 0 and 2 (F0 F1 F4 F5), half 1: loads 1 and 3 */
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)(p + 128 * ch + 32 * hf));
+        __m256i w1 = _mm256_loadu_si256((const __m256i *)(p + 128 * ch + 64 + 32 * hf));
+        split_words(w0, &o->F[0], &o->F[1]);
+        split_words(w1, &o->F[2], &o->F[3]);
+        return;
+    }
+    __m256i wa = hf ? _mm256_unpackhi_epi8(n->ll, n->hl) : _mm256_unpacklo_epi8(n->ll, n->hl);
+    __m256i wb = hf ? _mm256_unpackhi_epi8(n->lh, n->hh) : _mm256_unpacklo_epi8(n->lh, n->hh);
+    split_words(wa, &o->F[0], &o->F[1]);
+    split_words(wb, &o->F[2], &o->F[3]);
+    if (FMT == FM_QF_NVFP4) {
+        const uint8_t *b = s + 4 * ch;
+        o->S = two_scales(lut, b[hf], b[2 + hf]);
+    } else {
+        const uint8_t *b = s + 2 * ch;
+        o->S = two_scales(lut, b[0], b[1]);
+    }
+}
+
+/* acc += half . x, x: the chunk's 64 activations in layout order. */
+INL __m256 half_dot(const int FMT, const half *h, const float *x, int hf, __m256 acc) {
+    const float *xa = x + 16 * hf, *xb = x + 32 + 16 * hf;
+    if (FMT == FM_QF_BF16) {
+        acc = _mm256_fmadd_ps(h->F[0], _mm256_loadu_ps(xa), acc);
+        acc = _mm256_fmadd_ps(h->F[1], _mm256_loadu_ps(xa + 8), acc);
+        acc = _mm256_fmadd_ps(h->F[2], _mm256_loadu_ps(xb), acc);
+        return _mm256_fmadd_ps(h->F[3], _mm256_loadu_ps(xb + 8), acc);
+    }
+    __m256 t = _mm256_mul_ps(h->F[0], _mm256_loadu_ps(xa));
+    t = _mm256_fmadd_ps(h->F[1], _mm256_loadu_ps(xa + 8), t);
+    t = _mm256_fmadd_ps(h->F[2], _mm256_loadu_ps(xb), t);
+    t = _mm256_fmadd_ps(h->F[3], _mm256_loadu_ps(xb + 8), t);
+    return _mm256_fmadd_ps(t, h->S, acc);
+}
+
 INL float hsum(__m256 v) {
     __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     a = _mm_add_ps(a, _mm_movehl_ps(a, a));
@@ -27,129 +148,90 @@ INL float hsum(__m256 v) {
     return _mm_cvtss_f32(a);
 }
 
-INL __m256 widen(__m128i q8, __m256 s) {
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), s);
-}
+static const float k_e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
 
-/* Units u and u+1 (32 weights) of a row: w[0..3] pair with x[16u + 8q]. */
-INL void dec2(const int FMT, const uint8_t *p, const uint8_t *s, const float *lut, int64_t u,
-              __m256 w[4]) {
-    if (FMT == FM_QF_BF16) {
-        for (int q = 0; q < 4; q++) {
-            __m128i h = _mm_loadu_si128((const __m128i *)(p + 32 * u + 16 * q));
-            w[q] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+/* The last cols % 64 elements, natural order, sequential FP32. */
+static float tail_dot(const fm_qmatrix *m, const uint8_t *p, const uint8_t *s, const float *lut, const float *x) {
+    const int64_t c0 = m->cols & ~(int64_t)63;
+    float sum = 0.0f;
+    for (int64_t c = c0; c < m->cols; c++) {
+        float w;
+        if (m->fmt == FM_QF_BF16) {
+            uint16_t h;
+            memcpy(&h, p + 2 * c, 2);
+            uint32_t u = (uint32_t)h << 16;
+            memcpy(&w, &u, 4);
+        } else {
+            uint8_t b = p[c >> 1];
+            int64_t blk = m->fmt == FM_QF_NVFP4 ? c >> 4 : c >> 5;
+            w = k_e2m1[(c & 1) ? b >> 4 : b & 15] * lut[s[blk]];
         }
-        return;
+        sum += w * x[c];
     }
-    const __m128i m = _mm_set1_epi8(0x0F);
-    const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    __m128i v = _mm_loadu_si128((const __m128i *)(p + 8 * u));
-    __m128i ql = _mm_shuffle_epi8(tab, _mm_and_si128(v, m));
-    __m128i qh = _mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m));
-    __m256 s0, s1;
-    if (FMT == FM_QF_NVFP4) {
-        s0 = _mm256_broadcast_ss(&lut[s[u]]);
-        s1 = _mm256_broadcast_ss(&lut[s[u + 1]]);
-    } else { /* MXFP4: one scale per 32 elements, u is even */
-        s0 = s1 = _mm256_broadcast_ss(&lut[s[u >> 1]]);
-    }
-    w[0] = widen(ql, s0);
-    w[1] = widen(qh, s0);
-    w[2] = widen(_mm_unpackhi_epi64(ql, ql), s1);
-    w[3] = widen(_mm_unpackhi_epi64(qh, qh), s1);
-}
-
-/* One unit (16 weights): w[0..1] pair with x[16u + 8q]. */
-INL void dec1(const int FMT, const uint8_t *p, const uint8_t *s, const float *lut, int64_t u,
-              __m256 w[2]) {
-    if (FMT == FM_QF_BF16) {
-        for (int q = 0; q < 2; q++) {
-            __m128i h = _mm_loadu_si128((const __m128i *)(p + 32 * u + 16 * q));
-            w[q] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-        }
-        return;
-    }
-    const __m128i m = _mm_set1_epi8(0x0F);
-    const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    __m128i v = _mm_loadl_epi64((const __m128i *)(p + 8 * u));
-    __m128i ql = _mm_shuffle_epi8(tab, _mm_and_si128(v, m));
-    __m128i qh = _mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m));
-    __m256 s0 = _mm256_broadcast_ss(&lut[s[FMT == FM_QF_NVFP4 ? u : u >> 1]]);
-    w[0] = widen(ql, s0);
-    w[1] = widen(qh, s0);
+    return sum;
 }
 
 INL const float *lut_of(const int FMT) {
-    return FMT == FM_QF_NVFP4 ? fm_cpu_lut_e4m3_half : fm_cpu_lut_e8m0_half;
+    return FMT == FM_QF_NVFP4 ? fm_cpu_lut_e4m3 : fm_cpu_lut_e8m0;
 }
 
-/* acc[i][j] += row (r+i) of m . x_j, over the whole row. */
-#define MAXR 8
+#define MAXR 1
 #define MAXT 4
-INL void rows_dot(const int FMT, const int R, const int NT, const fm_qmatrix *m, int64_t r,
-                  const float *const *x, __m256 acc[MAXR][MAXT]) {
+
+/* dot[i][j] = row (r+i) of m . x_j (without the per-tensor factor). */
+INL void rows_dot(const int FMT, const int R, const int NT, const fm_qmatrix *m, int64_t r, const float *const *x,
+                  float dot[MAXR][MAXT]) {
     const float *lut = lut_of(FMT);
-    const int64_t nu = m->cols / 16;
+    const int64_t nch = m->cols >> 6;
     const uint8_t *p[MAXR], *s[MAXR];
+    __m256 acc[MAXR][MAXT];
     for (int i = 0; i < R; i++) {
         p[i] = m->packed + (r + i) * m->row_stride;
         s[i] = FMT == FM_QF_BF16 ? NULL : m->scales + (r + i) * m->scale_stride;
+        for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
     }
-    int64_t u = 0;
-    for (; u + 2 <= nu; u += 2)
+    for (int64_t ch = 0; ch < nch; ch++)
         for (int i = 0; i < R; i++) {
-            __m256 w[4];
-            dec2(FMT, p[i], s[i], lut, u, w);
-            for (int j = 0; j < NT; j++)
-                for (int q = 0; q < 4; q++)
-                    acc[i][j] = _mm256_fmadd_ps(w[q], _mm256_loadu_ps(x[j] + 16 * u + 8 * q), acc[i][j]);
+            nib n;
+            if (FMT != FM_QF_BF16) decode_nib(p[i], ch, &n);
+            for (int hf = 0; hf < 2; hf++) {
+                half h;
+                decode_half(FMT, p[i], s[i], lut, ch, &n, hf, &h);
+                for (int j = 0; j < NT; j++) acc[i][j] = half_dot(FMT, &h, x[j] + 64 * ch, hf, acc[i][j]);
+            }
         }
-    if (u < nu)
-        for (int i = 0; i < R; i++) {
-            __m256 w[2];
-            dec1(FMT, p[i], s[i], lut, u, w);
-            for (int j = 0; j < NT; j++)
-                for (int q = 0; q < 2; q++)
-                    acc[i][j] = _mm256_fmadd_ps(w[q], _mm256_loadu_ps(x[j] + 16 * u + 8 * q), acc[i][j]);
-        }
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < NT; j++) dot[i][j] = hsum(acc[i][j]) + tail_dot(m, p[i], s[i], lut, x[j]);
+}
+
+/* ---- gate + up + activation */
+
+INL void gu_store(const fm_gu_task *t, int64_t r, int i0, int NT, const float *g, const float *u) {
+    const float sg = fm_cpu_row_scale(t->gate), su = fm_cpu_row_scale(t->up);
+    const float bg = t->gate->bias ? t->gate->bias[r] : 0.0f;
+    const float bu = t->up->bias ? t->up->bias[r] : 0.0f;
+    const int64_t pos = pos_avx2(t->h_fmt, t->ldh, r);
+    for (int j = 0; j < NT; j++)
+        t->h[(i0 + j) * t->ldh + pos] = fm_cpu_act(t->act, g[j] * sg + bg, u[j] * su + bu, t->alpha, t->limit);
 }
 
 INL void gu_group(const fm_gu_task *t, const int FMT, const int R, const int NT, int64_t r, int i0) {
-    __m256 ag[MAXR][MAXT], au[MAXR][MAXT];
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < NT; j++) ag[i][j] = au[i][j] = _mm256_setzero_ps();
-    rows_dot(FMT, R, NT, t->gate, r, t->x + i0, ag);
-    rows_dot(FMT, R, NT, t->up, r, t->x + i0, au);
-    const float sg = fm_cpu_row_scale(t->gate), su = fm_cpu_row_scale(t->up);
-    for (int i = 0; i < R; i++) {
-        const float bg = t->gate->bias ? t->gate->bias[r + i] : 0.0f;
-        const float bu = t->up->bias ? t->up->bias[r + i] : 0.0f;
-        const int64_t pos = fm_cpu_layout_pos(t->h_fmt, r + i);
-        for (int j = 0; j < NT; j++) {
-            float g = hsum(ag[i][j]) * sg + bg;
-            float u = hsum(au[i][j]) * su + bu;
-            t->h[(i0 + j) * t->ldh + pos] = fm_cpu_act(t->act, g, u, t->alpha, t->limit);
-        }
-    }
+    float g[MAXR][MAXT], u[MAXR][MAXT];
+    rows_dot(FMT, R, NT, t->gate, r, t->x + i0, g);
+    rows_dot(FMT, R, NT, t->up, r, t->x + i0, u);
+    for (int i = 0; i < R; i++) gu_store(t, r + i, i0, NT, g[i], u[i]);
 }
 
+/* Rows one at a time (more rows at once spill registers and measured
+ * slower), tokens in groups of up to four per decode of the row. */
 INL void gu_fmt(const fm_gu_task *t, const int FMT) {
-    int64_t r = t->r0;
-    if (t->n == 1) {
-        for (; r + 4 <= t->r1; r += 4) gu_group(t, FMT, 4, 1, r, 0);
-    } else if (t->n == 2) {
-        for (; r + 2 <= t->r1; r += 2) gu_group(t, FMT, 2, 2, r, 0);
-    }
-    for (; r < t->r1; r++) {
-        int i0 = 0;
-        for (; i0 + 4 <= t->n; i0 += 4) gu_group(t, FMT, 1, 4, r, i0);
-        switch (t->n - i0) {
-        case 3: gu_group(t, FMT, 1, 3, r, i0); break;
-        case 2: gu_group(t, FMT, 1, 2, r, i0); break;
-        case 1: gu_group(t, FMT, 1, 1, r, i0); break;
-        default: break;
-        }
-    }
+    for (int64_t r = t->r0; r < t->r1; r++)
+        for (int i0 = 0; i0 < t->n; i0 += MAXT) switch (t->n - i0 < MAXT ? t->n - i0 : MAXT) {
+            case 4: gu_group(t, FMT, 1, 4, r, i0); break;
+            case 3: gu_group(t, FMT, 1, 3, r, i0); break;
+            case 2: gu_group(t, FMT, 1, 2, r, i0); break;
+            default: gu_group(t, FMT, 1, 1, r, i0); break;
+            }
 }
 
 static void gate_up(const fm_gu_task *t) {
@@ -161,51 +243,30 @@ static void gate_up(const fm_gu_task *t) {
     }
 }
 
+/* ---- down, weighted, accumulated into the output rows */
+
+INL void down_store(const fm_down_task *t, int64_t r, int i0, int NT, const float *y) {
+    const float sd = fm_cpu_row_scale(t->down);
+    const float b = t->down->bias ? t->down->bias[r] : 0.0f;
+    for (int j = 0; j < NT; j++) t->out[i0 + j][r] += (t->w ? t->w[i0 + j] : 1.0f) * (y[j] * sd + b);
+}
+
 INL void down_group(const fm_down_task *t, const int FMT, const int R, const int NT, int64_t r, int i0) {
-    __m256 acc[MAXR][MAXT];
     const float *x[MAXT];
     for (int j = 0; j < NT; j++) x[j] = t->h + (i0 + j) * t->ldh;
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
-    rows_dot(FMT, R, NT, t->down, r, x, acc);
-    const float sd = fm_cpu_row_scale(t->down);
-    for (int i = 0; i < R; i++) {
-        const float b = t->down->bias ? t->down->bias[r + i] : 0.0f;
-        for (int j = 0; j < NT; j++) {
-            float y = hsum(acc[i][j]) * sd + b;
-            t->out[i0 + j][r + i] += (t->w ? t->w[i0 + j] : 1.0f) * y;
-        }
-    }
+    float y[MAXR][MAXT];
+    rows_dot(FMT, R, NT, t->down, r, x, y);
+    for (int i = 0; i < R; i++) down_store(t, r + i, i0, NT, y[i]);
 }
 
 INL void down_fmt(const fm_down_task *t, const int FMT) {
-    int64_t r = t->r0;
-    if (t->n == 1) {
-        for (; r + 8 <= t->r1; r += 8) down_group(t, FMT, 8, 1, r, 0);
-    } else if (t->n == 2) {
-        for (; r + 4 <= t->r1; r += 4) down_group(t, FMT, 4, 2, r, 0);
-    } else {
-        for (; r + 2 <= t->r1; r += 2) {
-            int i0 = 0;
-            for (; i0 + 4 <= t->n; i0 += 4) down_group(t, FMT, 2, 4, r, i0);
-            switch (t->n - i0) {
-            case 3: down_group(t, FMT, 2, 3, r, i0); break;
-            case 2: down_group(t, FMT, 2, 2, r, i0); break;
-            case 1: down_group(t, FMT, 2, 1, r, i0); break;
-            default: break;
+    for (int64_t r = t->r0; r < t->r1; r++)
+        for (int i0 = 0; i0 < t->n; i0 += MAXT) switch (t->n - i0 < MAXT ? t->n - i0 : MAXT) {
+            case 4: down_group(t, FMT, 1, 4, r, i0); break;
+            case 3: down_group(t, FMT, 1, 3, r, i0); break;
+            case 2: down_group(t, FMT, 1, 2, r, i0); break;
+            default: down_group(t, FMT, 1, 1, r, i0); break;
             }
-        }
-    }
-    for (; r < t->r1; r++) {
-        int i0 = 0;
-        for (; i0 + 4 <= t->n; i0 += 4) down_group(t, FMT, 1, 4, r, i0);
-        switch (t->n - i0) {
-        case 3: down_group(t, FMT, 1, 3, r, i0); break;
-        case 2: down_group(t, FMT, 1, 2, r, i0); break;
-        case 1: down_group(t, FMT, 1, 1, r, i0); break;
-        default: break;
-        }
-    }
 }
 
 static void down(const fm_down_task *t) {
@@ -217,4 +278,4 @@ static void down(const fm_down_task *t) {
     }
 }
 
-const fm_cpu_kernels fm_cpu_kern_avx2 = {"avx2", gate_up, down};
+const fm_cpu_kernels fm_cpu_kern_avx2 = {"avx2", gate_up, down, pos_avx2};

@@ -74,4 +74,9 @@ static void down(const fm_down_task *t) {
     }
 }
 
-const fm_cpu_kernels fm_cpu_kern_scalar = {"scalar", gate_up, down};
+static int64_t pos_split16(fm_qformat f, int64_t cols, int64_t c) {
+    (void)cols;
+    return fm_cpu_layout_pos(f, c);
+}
+
+const fm_cpu_kernels fm_cpu_kern_scalar = {"scalar", gate_up, down, pos_split16};
