@@ -373,6 +373,21 @@ static void html_unit(const fm_trace *t, const fm_tr_unit *u, FILE *o, int top) 
         fprintf(o, "</td></tr>\n");
     }
     fprintf(o, "</table>\n");
+    int head = 0;
+    for (size_t i = 0, shown = 0; i < u->nkern && shown < 10; i++) {
+        const fm_trace_kernel *k = &u->kern[i];
+        if (k->category != t->rules->cats[FM_CAT_OTHER]) continue;
+        if (!head) {
+            fprintf(o, "<h3>uncategorized kernels (extend with --rules FILE)</h3>\n<table><tr><th>total ms</th>"
+                       "<th>count</th><th>name</th></tr>\n");
+            head = 1;
+        }
+        fprintf(o, "<tr><td class=n>%.3f</td><td class=n>%lld</td><td class=nm>", k->total_us / 1e3, (long long)k->count);
+        html_esc(o, k->name);
+        fprintf(o, "</td></tr>\n");
+        shown++;
+    }
+    if (head) fprintf(o, "</table>\n");
     for (int i = 0; i < u->nnotes; i++) {
         fprintf(o, "<p>note: ");
         html_esc(o, u->notes[i]);
