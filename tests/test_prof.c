@@ -584,6 +584,7 @@ static void test_kernel_steps_no_graph(void **st) {
 static void test_cupti_without_build(void **st) {
     (void)st;
 #ifdef FM_HAVE_CUPTI
+    printf("SKIPPED: built with CUPTI (the GPU test covers it)\n");
     skip();
 #else
     fm_cupti *c = (fm_cupti *)1;

@@ -125,7 +125,7 @@ static void take_sample(fm_telemetry *t) {
     s.t_s = (double)(fm_now_ns() - t->t0_ns) * 1e-9;
     for (int m = 0; m < FM_TM_COUNT; m++) s.v[m] = NAN;
     s.throttle = 0;
-    unsigned long long busy, total, ticks;
+    unsigned long long busy, total, ticks = 0;
     int have_self = read_proc_self(&ticks);
     if (read_proc_stat(&busy, &total)) {
         if (t->cpu_ok && total > t->cpu_total) {
