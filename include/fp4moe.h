@@ -844,7 +844,9 @@ typedef struct {
     /* model (fm_profile_finish) */
     double active_expected;
     double tokens_per_expert; /* B*k / active experts                        */
-    int tile_n;               /* 0: not a tiled kernel                       */
+    int tile_n;               /* tile rows of this batch's kernel (GPU large
+                                 path); 0: the profile's tile_n; 0 there too:
+                                 not a tiled kernel                          */
     double tile_fill;         /* fraction of tile rows with a token; -1 n/a */
     int tile_fill_is_expected;/* 1: expected from uniform routing           */
     double bytes_per_step;    /* weights that must be read                  */

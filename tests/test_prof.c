@@ -259,6 +259,13 @@ static void test_finish_and_verdicts(void **st) {
     assert_int_equal(p->b[1].verdict, FM_VERDICT_BANDWIDTH);
     assert_non_null(strstr(p->b[1].verdict_text, "caches"));
 
+    /* A per-batch tile size (GPU large path) wins over the profile's. */
+    p->b[0].tile_n = 16;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_int_equal(p->b[0].tile_n, 16);
+    assert_int_equal(p->b[1].tile_n, 128);
+    assert_true(fabs(p->b[0].tile_fill - fm_prof_tile_fill_expected(256, 6, 1, 16)) < 1e-12);
+
     /* Bad shapes are refused with a message. */
     p->k = 300;
     assert_int_equal(fm_profile_finish(p), FM_E_ARG);

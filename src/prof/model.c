@@ -256,15 +256,15 @@ fm_status fm_profile_finish(fm_profile *p) {
         b->achieved_Bps = b->step_ns > 0 ? b->bytes_per_step / (b->step_ns * 1e-9) : 0;
         b->achieved_flops = b->step_ns > 0 ? b->flops_per_step / (b->step_ns * 1e-9) : 0;
         b->tokens_per_s = b->step_ns > 0 ? b->batch / (b->step_ns * 1e-9) : 0;
-        b->tile_n = p->tile_n;
-        if (p->tile_n <= 0) {
+        if (b->tile_n <= 0) b->tile_n = p->tile_n;
+        if (b->tile_n <= 0) {
             b->tile_fill = -1;
             b->tile_fill_is_expected = 0;
         } else if (b->tile_fill_observed > 0) {
             b->tile_fill = b->tile_fill_observed;
             b->tile_fill_is_expected = 0;
         } else {
-            b->tile_fill = fm_prof_tile_fill_expected(p->E, p->k, b->batch, p->tile_n);
+            b->tile_fill = fm_prof_tile_fill_expected(p->E, p->k, b->batch, b->tile_n);
             b->tile_fill_is_expected = 1;
         }
         write_verdict(p, b);

@@ -491,6 +491,7 @@ static fm_status run_cuda(run_ctx *c) {
     st = fm_cuda_engine_key(e, &c->d, p->fmt, &key);
     if (st != FM_OK) goto done;
     size_t plen = 0;
+    int tiles[FM_PROF_MAX_BATCH] = {0}; /* tile_n of the large path, per batch */
     for (int bi = 0; bi < o->n_batch; bi++) {
         fm_tune_choice ch;
         if (fm_tune_choose(&key, o->batches[bi], &ch) != FM_OK) continue;
@@ -498,9 +499,9 @@ static fm_status run_cuda(run_ctx *c) {
         fm_tune_provenance_line(&key, o->batches[bi], &ch, line, sizeof line);
         int wr = snprintf(p->provenance + plen, sizeof p->provenance - plen, "%s%s", plen ? "\n" : "", line);
         if (wr > 0 && (size_t)wr < sizeof p->provenance - plen) plen += (size_t)wr;
-        if (o->tile_n == 0 && ch.cfg.path == FM_PATH_LARGE && ch.cfg.tile_n > p->tile_n) p->tile_n = ch.cfg.tile_n;
+        if (ch.cfg.path == FM_PATH_LARGE) tiles[bi] = ch.cfg.tile_n;
     }
-    if (o->tile_n > 0) p->tile_n = o->tile_n;
+    p->tile_n = o->tile_n; /* --tile-n models every batch with one tile size */
     if (o->progress && p->provenance[0]) fprintf(o->progress, "%s\n", p->provenance);
 
     if (o->bandwidth_Bps > 0) {
@@ -538,6 +539,7 @@ static fm_status run_cuda(run_ctx *c) {
         fm_prof_batch *b = &p->b[p->n_batch];
         memset(b, 0, sizeof *b);
         b->batch = B;
+        if (o->tile_n == 0) b->tile_n = tiles[bi];
         progress(c, "batch %s%d", "", B);
         memset(&pt, 0, sizeof pt);
         if (!cu) fm_cuda_engine_set_phase_times(e, &pt);
