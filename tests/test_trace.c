@@ -396,6 +396,9 @@ static void test_malformed(void **state) {
     E("{\"traceEvents\":[{\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"k\",\"ts\":1,\"dur\":-Infinity}]}", "NaN", "byte 65");
     E("{\"traceEvents\":[{\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"k\",\"ts\":1,\"dur\":\"nan\"}]}", "finite", "byte 65");
     E("{\"traceEvents\":[{\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"k\",\"ts\":1,\"dur\":1e400}]}", "finite", NULL);
+    /* beyond 2^62 ns: ts + dur could overflow */
+    E("{\"traceEvents\":[{\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"k\",\"ts\":1,\"dur\":5000000000000000}]}", "finite", NULL);
+    E("{\"traceEvents\":[{\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"k\",\"ts\":-4.7e15,\"dur\":1}]}", "\"ts\"", NULL);
     /* wrong types and missing fields of GPU events */
     E("{\"traceEvents\":[{\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"k\",\"ts\":1,\"dur\":true}]}", "finite", "traceEvents[0]");
     E("{\"traceEvents\":[{\"ph\":\"X\",\"cat\":\"kernel\",\"name\":7,\"ts\":1,\"dur\":1}]}", "not a string", NULL);

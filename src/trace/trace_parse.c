@@ -268,6 +268,7 @@ static int utf8_len(const uint8_t *s, size_t n) {
 static void put_utf8(jr *r, uint32_t cp) {
     uint8_t o[4];
     size_t n;
+    if (cp == 0) cp = 0xFFFD; /* names are C strings: \u0000 is shown as U+FFFD */
     if (cp < 0x80) o[0] = (uint8_t)cp, n = 1;
     else if (cp < 0x800) o[0] = 0xC0 | (cp >> 6), o[1] = 0x80 | (cp & 0x3F), n = 2;
     else if (cp < 0x10000) o[0] = 0xE0 | (cp >> 12), o[1] = 0x80 | ((cp >> 6) & 0x3F), o[2] = 0x80 | (cp & 0x3F), n = 3;
@@ -607,6 +608,11 @@ eof:
 
 /* ---------------------------------------------------------- number values */
 
+/* |times| stay below 2^62 ns (146 years in us since the epoch; Kineto's
+ * timestamps are ~1.7e18 ns), so that ts + dur and differences of two
+ * times never overflow. */
+#define TIME_LIMIT_NS (1ull << 62)
+
 /* Converts a decimal microsecond value to integer nanoseconds (rounded
  * half away from zero). Returns 0 on success, -1 if not finite / too big. */
 static int us_text_to_ns(const char *s, size_t n, int64_t *out) {
@@ -638,6 +644,7 @@ static int us_text_to_ns(const char *s, size_t n, int64_t *out) {
     if (i != n || ip > 9000000000000000ull) goto slow; /* exponent, or too large */
     while (fd < 3) frac *= 10, fd++;
     uint64_t v = ip * 1000 + frac + (uint64_t)round_up;
+    if (v >= TIME_LIMIT_NS) return -1;
     *out = neg ? -(int64_t)v : (int64_t)v;
     return 0;
 slow: {
@@ -649,7 +656,7 @@ slow: {
     double d = strtod(tmp, &end);
     if (!end || *end || !isfinite(d)) return -1;
     d *= 1000.0;
-    if (!(fabs(d) < 9.0e18)) return -1;
+    if (!(fabs(d) < (double)TIME_LIMIT_NS)) return -1;
     *out = (int64_t)llround(d);
     return 0;
 }
@@ -959,7 +966,7 @@ static fm_status finish_event(pctx *c, size_t at, int64_t idx) {
         if (e->ts_state == V_ABSENT) return bad_event(c, at, idx, is_gpu ? "GPU event has no \"ts\"" : "step annotation has no \"ts\"");
         if (e->ts_state == V_BAD) return bad_event(c, e->ts_at, idx, "\"ts\" is not a finite number");
         if (e->dur_state == V_ABSENT) return bad_event(c, at, idx, is_gpu ? "GPU event has no \"dur\"" : "step annotation has no \"dur\"");
-        if (e->dur_state == V_BAD) return bad_event(c, e->dur_at, idx, "\"dur\" is not a finite number (NaN, inf or text)");
+        if (e->dur_state == V_BAD) return bad_event(c, e->dur_at, idx, "\"dur\" is not a finite number (NaN, inf, text or beyond 2^62 ns)");
         if (e->dur < 0) return bad_event(c, e->dur_at, idx, "\"dur\" is negative");
         return emit(c, cat, e->name, e->name_len, e->ts, e->dur, e->corr_state == V_OK ? e->corr : -1, e->pid, e->tid);
     }
