@@ -413,15 +413,15 @@ done:
 
 /* Kernel records of one batch (those that started inside its window) to
  * per-step phase times, kernel spans per stream and one span per step. */
-static void cupti_breakdown(run_ctx *c, fm_prof_batch *b, int bi, const fm_kernel_rec *recs, size_t n, uint64_t ta,
-                            uint64_t tz) {
+static int cupti_breakdown(run_ctx *c, fm_prof_batch *b, int bi, const fm_kernel_rec *recs, size_t n, uint64_t ta,
+                           uint64_t tz) {
     fm_profile *p = c->p;
     fm_kernel_rec *r = fm_malloc((n ? n : 1) * sizeof *r);
     int *step_of = fm_malloc((n ? n : 1) * sizeof *step_of);
     if (!r || !step_of) {
         free(r);
         free(step_of);
-        return;
+        return 0;
     }
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
@@ -445,6 +445,7 @@ static void cupti_breakdown(run_ctx *c, fm_prof_batch *b, int bi, const fm_kerne
     }
     free(r);
     free(step_of);
+    return steps;
 }
 
 static fm_status run_cuda(run_ctx *c) {
@@ -566,7 +567,11 @@ static fm_status run_cuda(run_ctx *c) {
             if (st != FM_OK) break;
             const fm_kernel_rec *rec = NULL;
             size_t n = fm_cupti_records(cu, &rec);
-            cupti_breakdown(c, b, p->n_batch, rec, n, ta, tz);
+            if (cupti_breakdown(c, b, p->n_batch, rec, n, ta, tz) == 0) {
+                /* the step total stays; its phases are unknown */
+                size_t l = strlen(p->time_note);
+                snprintf(p->time_note + l, sizeof p->time_note - l, "; no kernel records for batch %d", B);
+            }
         } else if (pt.calls > 0) {
             /* calls counts layer executions: scale to one step */
             for (int q = 0; q < FM_PH_COUNT; q++) b->row_ns[q] = pt.ns[q] / (double)pt.calls * p->layers_per_step;
