@@ -448,6 +448,31 @@ static int cupti_breakdown(run_ctx *c, fm_prof_batch *b, int bi, const fm_kernel
     return steps;
 }
 
+/* Without CUPTI: one step's layers through fm_cuda_forward (not in a
+ * graph), with CUDA events between phases; returns the calls timed. */
+static fm_status events_step(run_ctx *c, fm_cuda_engine *e, fm_cuda_layer **step, int B, fm_phase_times *pt) {
+    const fm_profile *p = c->p;
+    int H = c->d.hidden, k = c->d.topk;
+    float *x = fm_malloc((size_t)B * H * sizeof *x), *out = fm_malloc((size_t)B * H * sizeof *out);
+    float *w = fm_malloc((size_t)B * k * sizeof *w);
+    int32_t *ids = fm_malloc((size_t)B * k * sizeof *ids), *tok = fm_malloc((size_t)B * sizeof *tok);
+    fm_status st = (x && out && w && ids && tok) ? FM_OK : FM_E_NOMEM;
+    if (st == FM_OK) fill_inputs(c, B, 0, x, tok);
+    memset(pt, 0, sizeof *pt);
+    fm_cuda_engine_set_phase_times(e, pt);
+    for (int l = 0; st == FM_OK && l < p->layers_per_step; l++) {
+        fm_moe_out mo = {out, ids, w};
+        st = fm_cuda_forward(e, &c->d, step[l], x, FM_DT_F32, B, tok, &mo);
+    }
+    fm_cuda_engine_set_phase_times(e, NULL);
+    free(x);
+    free(out);
+    free(w);
+    free(ids);
+    free(tok);
+    return st;
+}
+
 static fm_status run_cuda(run_ctx *c) {
     const fm_prof_opts *o = c->o;
     fm_profile *p = c->p;
@@ -531,7 +556,9 @@ static fm_status run_cuda(run_ctx *c) {
                  "CUPTI concurrent-kernel activity records: each kernel inside the CUDA graph, per stream");
     } else {
         p->time_source = FM_TSRC_EVENTS;
-        snprintf(p->time_note, sizeof p->time_note, "CUDA events between phases (CUPTI unavailable: %.160s)",
+        snprintf(p->time_note, sizeof p->time_note,
+                 "phases: CUDA events between the phases of one step of un-graphed forward calls; step: graph "
+                 "replays (CUPTI unavailable: %.100s)",
                  fm_last_error());
     }
     fm_phase_times pt;
@@ -542,8 +569,6 @@ static fm_status run_cuda(run_ctx *c) {
         b->batch = B;
         if (o->tile_n == 0) b->tile_n = tiles[bi];
         progress(c, "batch %s%d", "", B);
-        memset(&pt, 0, sizeof pt);
-        if (!cu) fm_cuda_engine_set_phase_times(e, &pt);
         if (cu) fm_cupti_clear(cu);
         fm_cuda_bench_result r;
         memset(&r, 0, sizeof r);
@@ -552,7 +577,6 @@ static fm_status run_cuda(run_ctx *c) {
         st = fm_cuda_bench(e, &c->d, step, p->layers_per_step, B, o->seed, o->steps, &r);
         uint64_t tz = fm_now_ns();
         b->t_end_s = now_s(c->t0);
-        fm_cuda_engine_set_phase_times(e, NULL);
         if (st != FM_OK) break;
         b->steps = o->steps;
         b->step_ns = r.us_per_layer * 1e3 * p->layers_per_step;
@@ -572,13 +596,13 @@ static fm_status run_cuda(run_ctx *c) {
                 size_t l = strlen(p->time_note);
                 snprintf(p->time_note + l, sizeof p->time_note - l, "; no kernel records for batch %d", B);
             }
-        } else if (pt.calls > 0) {
-            /* calls counts layer executions: scale to one step */
-            for (int q = 0; q < FM_PH_COUNT; q++) b->row_ns[q] = pt.ns[q] / (double)pt.calls * p->layers_per_step;
-            p->fused_mask = pt.fused_mask;
         } else {
-            p->time_source = FM_TSRC_HOST;
-            snprintf(p->time_note, sizeof p->time_note, "CUDA graph replay times only: no per-phase source");
+            st = events_step(c, e, step, B, &pt);
+            if (st != FM_OK) break;
+            /* calls counts layer executions: scale to one step */
+            for (int q = 0; q < FM_PH_COUNT && pt.calls > 0; q++)
+                b->row_ns[q] = pt.ns[q] / (double)pt.calls * p->layers_per_step;
+            p->fused_mask = pt.fused_mask;
         }
         p->n_batch++;
     }
