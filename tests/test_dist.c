@@ -634,8 +634,9 @@ static fm_status fake_prepare(void *ctx, int local, const fm_model_desc *d, cons
     *h = (void *)(intptr_t)(v->inter + 1); /* remembers the width it was given */
     return FM_OK;
 }
-static fm_status fake_bench(void *ctx, int local, void *h, const fm_model_desc *d, int T, uint64_t seed, int reps,
-                            double *us) {
+static fm_status fake_bench(void *ctx, int local, void *h, const fm_model_desc *d, const fm_moe_layer *v, int T,
+                            uint64_t seed, int reps, double *us) {
+    assert_int_equal(v->inter + 1, (int)(intptr_t)h); /* the view the handle came from */
     (void)ctx;
     (void)seed;
     (void)reps;

@@ -57,7 +57,8 @@ static fm_status bench_device(fm_dist *ds, int T, uint64_t seed, int reps, fm_di
     fm_status s;
     for (int i = 0; i < ds->nloc; i++) {
         rank_state *rs = &ds->rs[i];
-        if ((s = ds->ex.bench(ds->ex.ctx, i, rs->htp, &rs->dtp, T, seed, reps, &r->us_rank[rs->rank]))) return s;
+        if ((s = ds->ex.bench(ds->ex.ctx, i, rs->htp, &rs->dtp, &rs->ltp, T, seed, reps, &r->us_rank[rs->rank])))
+            return s;
     }
     if ((s = gather_rank_times(ds, r))) return s;
     const size_t count = (size_t)T * (size_t)ds->l->hidden;
@@ -66,7 +67,7 @@ static fm_status bench_device(fm_dist *ds, int T, uint64_t seed, int reps, fm_di
         if ((s = ds->ex.prepare(ds->ex.ctx, 0, ds->d, ds->l, &ds->hfull))) return s;
         ds->hfull_ready = 1;
     }
-    if ((s = ds->ex.bench(ds->ex.ctx, 0, ds->hfull, ds->d, T, seed, reps, &r->us_single))) return s;
+    if ((s = ds->ex.bench(ds->ex.ctx, 0, ds->hfull, ds->d, ds->l, T, seed, reps, &r->us_single))) return s;
     double mx = 0;
     for (int p = 0; p < ds->R; p++)
         if (r->us_rank[p] > mx) mx = r->us_rank[p];

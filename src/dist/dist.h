@@ -51,9 +51,10 @@ typedef struct fm_dist_exec {
                        const int32_t *token_ids, int32_t *ids, float *weights);
     void (*destroy)(void *ctx);
     /* Optional: device time of one prepared view at batch T (median over
-     * reps, e.g. CUDA-graph replay), for bench. */
-    fm_status (*bench)(void *ctx, int local, void *handle, const fm_model_desc *d, int T, uint64_t seed, int reps,
-                       double *us);
+     * reps, e.g. CUDA-graph replay), for bench. view is the layer handle was
+     * prepared from (to place more copies so caches do not flatter). */
+    fm_status (*bench)(void *ctx, int local, void *handle, const fm_model_desc *d, const fm_moe_layer *view, int T,
+                       uint64_t seed, int reps, double *us);
 } fm_dist_exec;
 
 /* A rank's views and their prepared engine handles. */
