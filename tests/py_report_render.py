@@ -44,7 +44,9 @@ class Cells(HTMLParser):
         if tag == "table" and a.get("class") == "delta":
             self.table = (int(a["data-from"]), int(a["data-to"]))
         key = None
-        if tag == "td" and "data-batch" in a and ("data-row" in a or "data-col" in a):
+        if tag == "td" and "data-batch" in a and "data-metric" in a:
+            key = ("cell", int(a["data-batch"]), "telemetry:" + a["data-metric"])
+        elif tag == "td" and "data-batch" in a and ("data-row" in a or "data-col" in a):
             key = ("cell", int(a["data-batch"]), a.get("data-row") or a.get("data-col"))
         elif tag == "td" and "data-col" in a and self.table:
             key = ("delta",) + self.table + (a["data-row"], a["data-col"])
@@ -138,6 +140,13 @@ def main():
             assert p.cells[(B, "active_observed")] == f"{m['active_observed']:.1f}"
             assert p.cells[(B, "tile_fill")] == f"{100 * m['tile_fill']:.1f} % of 32"
             assert p.verdicts[B] == f"batch {B}: {b['verdict_text']}", p.verdicts[B]
+            t = b["telemetry"]
+            for metric, mean in t["mean"].items():
+                key = (B, "telemetry:" + metric)
+                if mean is None:
+                    assert key not in p.cells, key
+                else:
+                    assert p.cells[key] == f"{mean:.1f} / {t['max'][metric]:.1f}", (key, p.cells[key])
         dl = j["deltas"][0]
         for row, v in dl["rows"].items():
             assert p.delta[(dl["from"], dl["to"], row, "delta")] == f"{v['delta_ms']:+.3f}"

@@ -94,10 +94,16 @@ static void roofline(fm_sb *sb, const fm_profile *p) {
                  lx(xa, xlo, xhi, X0, PW), ly(ya, ylo, yhi, Y0, PH), lx(xb, xlo, xhi, X0, PW), ly(yb, ylo, yhi, Y0, PH));
     char bwl[48];
     eng(bwl, sizeof bwl, p->bandwidth_Bps, "B/s");
-    double xm = sqrt(xa * xb);
+    /* the label runs along the slope, a fifth of the way up, clear of the
+     * points (which sit under the roof) */
+    double x1 = lx(xa, xlo, xhi, X0, PW), y1 = ly(ya, ylo, yhi, Y0, PH);
+    double x2 = lx(xb, xlo, xhi, X0, PW), y2 = ly(yb, ylo, yhi, Y0, PH);
+    double tx = x1 + 0.2 * (x2 - x1), ty = y1 + 0.2 * (y2 - y1);
+    double ang = atan2(y2 - y1, x2 - x1) * 180.0 / 3.14159265358979;
     fm_sb_printf(sb,
-                 "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"#1f4e99\">memory roof %s</text>\n",
-                 lx(xm, xlo, xhi, X0, PW) + 8, ly(p->bandwidth_Bps * xm, ylo, yhi, Y0, PH) + 14, bwl);
+                 "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"#1f4e99\" transform=\"rotate(%.1f %.1f "
+                 "%.1f)\">memory roof %s</text>\n",
+                 tx, ty - 5, ang, tx, ty - 5, bwl);
     if (ridge > 0 && ridge < xhi) {
         char pk[48];
         eng(pk, sizeof pk, p->peak_flops, "FLOP/s");
@@ -115,10 +121,14 @@ static void roofline(fm_sb *sb, const fm_profile *p) {
         if (b->bytes_per_step <= 0 || b->achieved_flops <= 0) continue;
         double ai = b->flops_per_step / b->bytes_per_step;
         double x = lx(ai, xlo, xhi, X0, PW), y = ly(b->achieved_flops, ylo, yhi, Y0, PH);
+        /* labels stagger downwards with a leader line, so that batch sizes
+         * close on the chart stay readable */
+        double ty = y + 18 + 15 * i;
         fm_sb_printf(sb,
-                     "<circle class=\"point\" data-batch=\"%d\" cx=\"%.1f\" cy=\"%.1f\" r=\"6\" fill=\"#e15759\" "
-                     "stroke=\"#000\"/><text x=\"%.1f\" y=\"%.1f\" font-size=\"12\">B=%d (%.1f %% of floor)</text>\n",
-                     b->batch, x, y, x + 9, y + 4 + (i % 2) * 12, b->batch, b->pct_of_floor);
+                     "<circle class=\"point\" data-batch=\"%d\" cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"#e15759\" "
+                     "stroke=\"#000\"/><line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#999\"/>"
+                     "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\">B=%d: %.1f %% of floor</text>\n",
+                     b->batch, x, y, x, y + 5, x + 12, ty - 4, x + 14, ty, b->batch, b->pct_of_floor);
     }
     fm_sb_puts(sb, "</svg>\n");
 }
@@ -321,29 +331,38 @@ static void model_table(fm_sb *sb, const fm_profile *p) {
 }
 
 static void telem_table(fm_sb *sb, const fm_profile *p) {
-    /* Only the metrics this run sampled (a CPU run has no GPU columns). */
-    int used[FM_TM_COUNT] = {0};
-    for (int i = 0; i < p->n_batch; i++)
-        for (int m = 0; m < FM_TM_COUNT; m++) used[m] |= !isnan(p->b[i].telem.mean[m]);
-    fm_sb_puts(sb, "<table class=\"telem\"><tr><th>batch</th><th>tok/s</th><th>samples</th>");
-    for (int m = 0; m < FM_TM_COUNT; m++)
-        if (used[m]) fm_sb_printf(sb, "<th>%s mean / max</th>", fm_telem_metric_name((fm_telem_metric)m));
-    fm_sb_puts(sb, "<th>throttle</th></tr>\n");
-    for (int i = 0; i < p->n_batch; i++) {
-        const fm_telem_summary *t = &p->b[i].telem;
-        fm_sb_printf(sb, "<tr><td>%d</td><td>%.0f</td><td>%d</td>", p->b[i].batch, p->b[i].tokens_per_s, t->n);
-        for (int m = 0; m < FM_TM_COUNT; m++) {
-            if (!used[m]) continue;
+    /* One row per metric this run sampled (a CPU run has no GPU rows), one
+     * column per batch size: narrow enough for any number of metrics. */
+    fm_sb_puts(sb, "<table class=\"telem\"><tr><th>mean / max</th>");
+    for (int i = 0; i < p->n_batch; i++) fm_sb_printf(sb, "<th>bs %d</th>", p->b[i].batch);
+    fm_sb_puts(sb, "</tr>\n<tr><td>tokens/s</td>");
+    for (int i = 0; i < p->n_batch; i++) fm_sb_printf(sb, "<td>%.0f</td>", p->b[i].tokens_per_s);
+    fm_sb_puts(sb, "</tr>\n<tr><td>samples</td>");
+    for (int i = 0; i < p->n_batch; i++) fm_sb_printf(sb, "<td>%d</td>", p->b[i].telem.n);
+    fm_sb_puts(sb, "</tr>\n");
+    for (int m = 0; m < FM_TM_COUNT; m++) {
+        int used = 0;
+        for (int i = 0; i < p->n_batch; i++) used |= !isnan(p->b[i].telem.mean[m]);
+        if (!used) continue;
+        const char *title = fm_prof_metric_title((fm_telem_metric)m);
+        fm_sb_printf(sb, "<tr><td>%s</td>", title ? title : fm_telem_metric_name((fm_telem_metric)m));
+        for (int i = 0; i < p->n_batch; i++) {
+            const fm_telem_summary *t = &p->b[i].telem;
             if (isnan(t->mean[m]))
                 fm_sb_puts(sb, "<td>-</td>");
             else
-                fm_sb_printf(sb, "<td>%.1f / %.1f</td>", t->mean[m], t->max[m]);
+                fm_sb_printf(sb, "<td data-batch=\"%d\" data-metric=\"%s\">%.1f / %.1f</td>", p->b[i].batch,
+                             fm_telem_metric_name((fm_telem_metric)m), t->mean[m], t->max[m]);
         }
-        char thr[256];
-        fm_telemetry_throttle_str(t->throttle_any, thr, sizeof thr);
-        fm_sb_printf(sb, "<td>%s</td></tr>\n", thr);
+        fm_sb_puts(sb, "</tr>\n");
     }
-    fm_sb_puts(sb, "</table>\n");
+    fm_sb_puts(sb, "<tr><td>throttle reasons</td>");
+    for (int i = 0; i < p->n_batch; i++) {
+        char thr[256];
+        fm_telemetry_throttle_str(p->b[i].telem.throttle_any, thr, sizeof thr);
+        fm_sb_printf(sb, "<td>%s</td>", thr);
+    }
+    fm_sb_puts(sb, "</tr>\n</table>\n");
 }
 
 fm_status fm_profile_report_html(const fm_profile *p, char **out) {
