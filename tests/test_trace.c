@@ -138,6 +138,18 @@ static void test_categories(void **state) {
         {"triton_poi_fused_add_cos_sin_0", "glue"},
         {"Memcpy DtoD (Device -> Device)", "memory"},
         {"Memset (Device)", "memory"},
+        {"paged_attention_v1_kernel<__nv_bfloat16, 128, 16>", "attention"},
+        {"void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16>(__nv_bfloat16 const*)", "attention"},
+        {"create_flashinfer_kv_indices_triton", "attention"},
+        {"_fwd_grouped_kernel_stage1", "attention"},
+        {"void vllm::rms_norm_kernel<c10::BFloat16>(c10::BFloat16*)", "glue"},
+        {"void vllm::moe::moe_sum_kernel<c10::BFloat16, 8>(c10::BFloat16*)", "moe_routing"},
+        {"void tensorrt_llm::kernels::finalizeMoeRoutingKernel<float>(float const*)", "moe_routing"},
+        {"void tensorrt_llm::kernels::expandInputRowsKernel<__nv_bfloat16>(__nv_bfloat16 const*)", "moe_routing"},
+        {"fmha_v2_flash_attention_bf16_64_128_S_qkv_128_sm90_kernel", "attention"},
+        {"cutlass_scaled_mm_sm90_fp8", "gemm"},
+        {"void cublasLt::splitKreduce_kernel<32, 16, int, float>(cublasLt::cublasSplitKParams<float>)", "gemm"},
+        {"void cross_device_reduce_1stage<__nv_bfloat16, 8>(RankData*)", "comm"},
         {"some_unknown_kernel_xyz", "other"},
     };
     fm_trace *t = open_doc("{\"traceEvents\": []}", NULL);

@@ -36,7 +36,7 @@ static const struct {
                          "moe_sum|noaux_?tc|routing_?(main|indices|deepseek|renormalize|kernel)|routingmain|"
                          "expand_?input_?rows|finalize_?moe|moe_?(un)?permute|compute_problem_sizes|"
                          "compute_expert_offsets|compute_arg_sorts|ep_scatter|ep_gather|shuffle_rows|"
-                         "prepare_moe|moe_token_sort|topk_?softmax|sort_expert|expert_?map|moe_?route"},
+                         "prepare_moe|moe_token_sort|topk_?softmax|sort_expert|expert_?map|moe_?route|computestrides"},
     /* activation quantization feeding the FP8/FP4 MoE GEMMs */
     {FM_CAT_MOE_QUANT, "per_token_group_quant|per_token_quant|per_tensor_quant|scaled_fp[48]_quant|"
                        "cvt_fp16_to_fp4|cvt_.*fp4|fp4_quant|fp8_quant|quant_fp8|mxfp[48]_quant|"
@@ -55,7 +55,7 @@ static const struct {
     {FM_CAT_ATTENTION, "flash([^i]|$)|fmha|mla_decode|mla_kernel|flashmla|batchmla|batchdecode|batchprefill|"
                        "singledecode|singleprefill|paged_?attention|attention|attn|_fwd_kernel|decode_att|"
                        "fwd_grouped_kernel|merge_?state|mqa_logits|xqa|kernel_mha|mha_|reshape_and_cache|"
-                       "kv_?cache|set_kv_buffer|store_kv|sparse_mla|lightning_indexer|indexer"},
+                       "kv_?cache|kv_indices|set_kv_buffer|store_kv|sparse_mla|lightning_indexer|indexer"},
     /* dense GEMM: cuBLAS (nvjet, xmma, sm80_/sm90_ ...), CUTLASS, DeepGEMM, rocBLAS/Tensile, Triton */
     {FM_CAT_GEMM, "gemm|nvjet|cublas|cutlass|xmma|s16816|s1688|h16816|h1688|i8816|splitkreduce|"
                   "cijk_|gemv|matmul|_mm_kernel|bmm|dot_kernel|wgmma|hgmma|sgemm|hgemm|deep_?gemm"},
