@@ -135,7 +135,10 @@ fm_status fm_cpu_engine_new(fm_cpu_isa isa, int n_threads, fm_cpu_engine **out) 
     fm_cpu_luts_init();
     const fm_cpu_kernels *k;
     switch (isa) {
-    case FM_CPU_AUTO: return fm_cpu_engine_new(fm_cpu_isa_detect(), n_threads, out);
+    case FM_CPU_AUTO:
+        /* AVX2 even where AVX-512 exists: its decode measured faster at
+         * decode batch sizes (docs/perf.md); --isa avx512 forces the other. */
+        return fm_cpu_engine_new(have_avx2() ? FM_CPU_AVX2 : FM_CPU_SCALAR, n_threads, out);
     case FM_CPU_SCALAR: k = &fm_cpu_kern_scalar; break;
     case FM_CPU_AVX2:
         if (!have_avx2()) return fm_error(FM_E_UNSUPPORTED, "CPU lacks AVX2/FMA");

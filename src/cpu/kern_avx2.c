@@ -201,7 +201,8 @@ INL void rows_dot(const int FMT, const int R, const int NT, const fm_qmatrix *m,
             }
         }
     for (int i = 0; i < R; i++)
-        for (int j = 0; j < NT; j++) dot[i][j] = hsum(acc[i][j]) + tail_dot(m, p[i], s[i], lut, x[j]);
+        for (int j = 0; j < NT; j++)
+            dot[i][j] = hsum(acc[i][j]) + ((m->cols & 63) ? tail_dot(m, p[i], s[i], lut, x[j]) : 0.0f);
 }
 
 /* ---- gate + up + activation */
