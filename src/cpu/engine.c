@@ -157,8 +157,8 @@ fm_status fm_cpu_engine_new(fm_cpu_isa isa, int n_threads, fm_cpu_engine **out) 
     fm_status st = fm_pool_new(n_threads, &e->pool);
     if (st) { free(e); return st; }
     e->n_threads = fm_pool_size(e->pool);
-    snprintf(e->desc, sizeof e->desc, "cpu/%s, %d thread%s, FP4 decoded in registers, FP32 accumulation",
-             k->name, e->n_threads, e->n_threads == 1 ? "" : "s");
+    snprintf(e->desc, sizeof e->desc, "cpu/%s, %d thread%s, %s, FP32 accumulation", k->name, e->n_threads,
+             e->n_threads == 1 ? "" : "s", isa == FM_CPU_SCALAR ? "portable C" : "FP4 decoded in registers");
     *out = e;
     return FM_OK;
 }
