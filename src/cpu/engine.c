@@ -273,6 +273,7 @@ fm_status fm_cpu_forward(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_
                          const void *x, fm_dtype xdt, int T, const int32_t *token_ids, fm_moe_out *o) {
     if (!e || !o || !o->out) return fm_error(FM_E_ARG, "fm_cpu_forward: engine or output is NULL");
     if (T < 0) return fm_error(FM_E_ARG, "fm_cpu_forward: negative token count %d", T);
+    if (T > (1 << 24)) return fm_error(FM_E_RANGE, "fm_cpu_forward: %d tokens in one call (at most 2^24)", T);
     fm_status st = fm_cpu_check_layer(d, l);
     if (st) return st;
     if (T == 0) return FM_OK;
