@@ -36,27 +36,17 @@ if has test; then
     fi
 fi
 
-if has variants; then
-    echo "== kernel variants (DeepSeek-V4-Flash NVFP4, routed only)"
-    timeout 400 "$BIN/cuda_bench" --preset deepseek-v4-flash --batch ${VAR_BATCH:-1,4,16,64,256,512} --layers 8 --reps 20 \
-        --no-shared --variants --json "$OUT/variants.jsonl" 2>&1 | tee "$OUT/variants.txt"
-fi
-
 if has bench; then
-    echo "== benchmark"
-    run_bench() { # name args...
+    echo "== benchmark: every kernel variant per batch size, best one reported"
+    run_bench() { # name args...   (BENCH_ONLY=name1,name2 limits the list)
         local name=$1; shift
+        if [[ -n "${BENCH_ONLY:-}" && ",$BENCH_ONLY," != *",$name,"* ]]; then return; fi
         timeout 300 "$BIN/cuda_bench" "$@" --json "$OUT/bench.jsonl" > "$OUT/bench_$name.txt" 2>&1
         echo "rc=$?" >> "$OUT/bench_$name.txt"
-        { echo "-- $name: $*"; grep -v '^#' "$OUT/bench_$name.txt"; } >> "$SUMMARY"
-        head -3 "$OUT/bench_$name.txt"
+        { echo "-- $name: $*"; sed -n '2p' "$OUT/bench_$name.txt"; sed -n '/^# best variant/,$p' "$OUT/bench_$name.txt"; } >> "$SUMMARY"
+        sed -n '/^# best variant/,$p' "$OUT/bench_$name.txt"
     }
-    run_bench dsv4_routed --preset deepseek-v4-flash --batch $BATCH --layers 8 --no-shared
-    run_bench dsv4_full --preset deepseek-v4-flash --batch $BATCH --layers 8
-    run_bench dsv4_mxfp4 --preset deepseek-v4-flash --format mxfp4 --batch 1,4,16,64,256,512 --layers 8 --no-shared
-    run_bench glm5 --preset glm-5 --batch 1,4,16,64,256,512 --layers 4 --no-shared
-    run_bench kimik2 --preset kimi-k2 --batch 1,4,16,64,256,512 --layers 4 --no-shared
-    run_bench qwen3 --preset qwen3-30b-a3b --batch 1,4,16,64,256,512 --layers 8
+    run_bench dsv4_routed --preset deepseek-v4-flash --batch $BATCH --layers 8 --no-shared --variants --reps 20
 fi
 
 if has peers; then
@@ -65,6 +55,17 @@ if has peers; then
         --layers 8 --json "$OUT/peers.jsonl" > "$OUT/peers.txt" 2>&1
     echo "rc=$?" >> "$OUT/peers.txt"
     { echo "-- torch peers (DeepSeek-V4-Flash shape, routed experts, same routing distribution)"; cat "$OUT/peers.txt"; } >> "$SUMMARY"
+fi
+
+if has bench; then
+    timeout 120 "$BIN/cuda_bench" --preset deepseek-v4-flash --batch $BATCH --layers 8 --reps 20 \
+        --json "$OUT/bench.jsonl" > "$OUT/bench_dsv4_full_default.txt" 2>&1
+    { echo "-- dsv4 full layer (shared expert on), default config, with per-kernel split"; grep -v '^# [Nn]' "$OUT/bench_dsv4_full_default.txt"; } >> "$SUMMARY"
+    S="1,4,16,64,256,512"
+    run_bench dsv4_mxfp4 --preset deepseek-v4-flash --format mxfp4 --batch $S --layers 8 --no-shared --variants --reps 10
+    run_bench glm5 --preset glm-5 --batch $S --layers 4 --no-shared --variants --reps 10
+    run_bench kimik2 --preset kimi-k2 --batch $S --layers 4 --no-shared --variants --reps 10
+    run_bench qwen3 --preset qwen3-30b-a3b --batch $S --layers 8 --variants --reps 10
 fi
 
 if has cli; then
@@ -76,3 +77,6 @@ fi
 
 echo "================ summary"
 cat "$SUMMARY"
+# at most 8 files come back from the device machine: pack the logs
+(cd "$OUT" && tar czf all_logs.tgz --exclude=all_logs.tgz --exclude=summary.txt ./* 2>/dev/null &&
+    find . -type f ! -name all_logs.tgz ! -name summary.txt -delete)

@@ -187,6 +187,10 @@ static void test_forced_configs(void **state) {
         {FM_PATH_SMALL, 16, 8, 8, 1, 8, 1.5f},  {FM_PATH_SMALL, 16, 4, 4, 1, 16, 1.5f},
         {FM_PATH_LARGE, 64, 1, 4, 1, 8, 1.5f},  {FM_PATH_LARGE, 64, 1, 4, 1, 16, 1.5f},
         {FM_PATH_LARGE, 128, 1, 8, 1, 32, 1.5f}, {FM_PATH_LARGE, 32, 2, 4, 1, 32, 1.5f},
+        /* stages >= 2: the cp.async shared-memory ring */
+        {FM_PATH_SMALL, 16, 8, 8, 3, 8, 1.5f},  {FM_PATH_LARGE, 64, 1, 4, 3, 8, 1.5f},
+        {FM_PATH_LARGE, 64, 1, 4, 3, 16, 1.5f}, {FM_PATH_LARGE, 64, 1, 4, 3, 32, 1.5f},
+        {FM_PATH_SMALL, 32, 2, 4, 3, 16, 1.5f},
     };
     const char *presets[] = {"tiny-mixtral", "tiny-deepseek-v4"};
     for (int pi = 0; pi < 2; pi++)
@@ -206,8 +210,8 @@ static void test_forced_configs(void **state) {
             cmp_result r;
             run_compare(&d, hl, cl, T, xb, NULL, &r);
             fm_cuda_engine_set_config(g_eng, NULL);
-            printf("# %-16s cfg %zu (warps %d, k_split %d, tile_n %d) rel %.2e\n", presets[pi], c, cfgs[c].warps,
-                   cfgs[c].k_split, cfgs[c].tile_n, r.rel);
+            printf("# %-16s cfg %zu (warps %d, k_split %d, tile_n %d, stages %d) rel %.2e\n", presets[pi], c,
+                   cfgs[c].warps, cfgs[c].k_split, cfgs[c].tile_n, cfgs[c].stages, r.rel);
             assert_int_equal(r.nonfinite, 0);
             assert_int_equal(r.id_mismatch, 0);
             assert_true(r.rel <= 5e-3);

@@ -26,19 +26,45 @@
     } while (0)
 
 /*
- * K (the input dimension) is padded to a multiple of FM_KSEG = 128 values so
- * that every warp step reads whole 64-byte row pieces with 16-byte loads;
+ * K (the input dimension) is padded to a multiple of FM_KSEG = 128 values;
  * padded weights are zero nibbles with zero scales. The rows of gate/up are
  * padded to a multiple of FM_KSEG too, so that the intermediate activation h
  * (the K of down) is written in full; down rows are padded to 16 (one MMA
- * tile). Packed and scale bytes otherwise keep the checkpoint's layout:
- * packed[row][k/2] (low nibble = even k), scales[row][k/block].
+ * tile).
+ *
+ * On the GPU a matrix is stored in tiles of 16 rows x 128 K, the piece one
+ * warp decodes per step, each tile contiguous and the tiles of a 16-row
+ * group consecutive along K. So a warp streams one contiguous region (16
+ * rows x K/2 bytes) from start to end, and each of its 16-byte loads is
+ * part of a fully used 512-byte piece.
+ *   packed tile (1024 bytes): half h (rows 8h .. 8h+7 of the group), lane
+ *     l = 4g + t holds bytes [16t, 16t + 16) of the row's 64-byte piece:
+ *     offset 512h + 16l.  A byte keeps the checkpoint's nibble order (low
+ *     nibble = even k).
+ *   scale tile: spr = 8 (NVFP4) or 4 (MXFP4) scale bytes per row and tile,
+ *     row r16 of the group at r16 * spr.
  */
 #define FM_KSEG 128
 
+#ifdef __CUDACC__
+#define FM_HD __host__ __device__
+#else
+#define FM_HD
+#endif
+/* Byte offset of byte b of row r's packed data in the tiled layout. */
+static FM_HD inline int64_t fm_tile_packed_off(int64_t r, int64_t b, int nseg) {
+    int64_t rg = r / 16, r16 = r % 16, s = b / 64, t = (b % 64) / 16;
+    return (rg * nseg + s) * 1024 + (r16 / 8) * 512 + ((r16 % 8) * 4 + t) * 16 + b % 16;
+}
+/* Byte offset of block scale blk of row r. */
+static FM_HD inline int64_t fm_tile_scale_off(int64_t r, int64_t blk, int nseg, int mx) {
+    int spr = mx ? 4 : 8;
+    return ((r / 16) * nseg + blk / spr) * (16 * spr) + (r % 16) * spr + blk % spr;
+}
+
 typedef struct {
-    uint8_t *packed;   /* [n][rows_p][kp/2]                                  */
-    uint8_t *scales;   /* [n][rows_p][kp/block]                              */
+    uint8_t *packed;   /* [n][rows_p * kp/2], tiled                          */
+    uint8_t *scales;   /* [n][rows_p * kp/block], tiled                      */
     float *scale2;     /* [n] per-tensor scale (1 for MXFP4)                 */
     float *bias;       /* [n][rows_p] or NULL                                */
     int64_t pstride;   /* bytes between matrices in packed                   */
@@ -60,6 +86,7 @@ typedef struct {
     const void *x;          /* [T][H] input (xdt) or NULL when x_f32 given   */
     int xdt;                /* fm_dtype of x                                 */
     const int32_t *token_ids;
+    float *logits;          /* [T][E] workspace                              */
     /* outputs */
     int32_t *ids;           /* [T][k]                                        */
     float *wts;             /* [T][k]                                        */
@@ -96,7 +123,10 @@ typedef struct {
     int warps;   /* warps per block                                          */
     int ksplit;  /* warps splitting K                                        */
     int pdl;     /* programmatic dependent launch (sm_90)                    */
+    int cp_async;/* stream weights through a cp.async shared-memory ring     */
 } fm_launch_cfg;
+/* Stages of the cp.async ring (FM_CP_STAGES - 1 segments in flight per warp). */
+#define FM_CP_STAGES 3
 
 #ifdef __cplusplus
 extern "C" {

@@ -29,28 +29,32 @@ const char *fm_kernel_path_name(fm_kernel_path p) {
  *
  * The switch is on expected tokens per expert, T*k/E (switch_tpe). tile_n
  * covers the typical count of tokens per expert; experts with more tokens
- * take several passes over the same weight rows (cache hits).
+ * take several passes over the same weight rows (cache hits). stages 1 is
+ * a register double buffer of the weights, stages >= 2 a cp.async ring in
+ * shared memory (weights, scales and activations).
  */
 fm_kernel_config fm_kernel_config_default(const struct fm_tune_key *key, int T) {
+    /* Winners of the variant sweep on an H200 (docs/perf.md, GPU v2):
+     * splitting K pays only while almost every expert holds one token;
+     * 4-warp blocks beat 8-warp ones; the register double buffer beat the
+     * cp.async ring (stages 3) at every batch; 16-token tiles pay from
+     * about 8 tokens per expert. */
     fm_kernel_config c;
     double tpe = 1.0;
     if (key && key->E > 0 && key->k > 0 && T > 0) tpe = (double)T * key->k / key->E;
-    c.switch_tpe = 1.5f;
+    c.switch_tpe = 0.1f;
     c.stages = 1;
+    c.warps = 4;
+    c.tile_n = 8;
     if (tpe < c.switch_tpe) {
         c.path = FM_PATH_SMALL;
-        c.warps = 8;
-        c.k_split = 8;
+        c.k_split = 4;
         c.rows_per_block = 16;
-        c.tile_n = 8;
     } else {
         c.path = FM_PATH_LARGE;
-        c.warps = 4;
         c.k_split = 1;
         c.rows_per_block = 64;
-        /* Tokens per expert are binomial around tpe; cover about tpe + 2
-         * standard deviations in one pass. */
-        c.tile_n = tpe <= 5.0 ? 8 : tpe <= 12.0 ? 16 : 32;
+        if (tpe >= 8.0) c.tile_n = 16;
     }
     return c;
 }

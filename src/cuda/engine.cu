@@ -35,6 +35,7 @@ struct fm_cuda_engine {
     float *out;
     int32_t *ids;
     float *wts;
+    float *logits;
     int *n_active, *act_e, *act_off, *act_cnt, *sorted_tok;
     float *sorted_w;
     unsigned *done;
@@ -119,11 +120,11 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
 }
 
 static void ws_free(fm_cuda_engine *e) {
-    void *ptrs[] = {e->x_raw, e->tok_ids, e->x_prep, e->out, e->ids, e->wts, e->n_active, e->act_e, e->act_off,
+    void *ptrs[] = {e->x_raw, e->tok_ids, e->x_prep, e->out, e->ids, e->wts, e->logits, e->n_active, e->act_e, e->act_off,
                     e->act_cnt, e->sorted_tok, e->sorted_w, e->done, e->h, e->stats};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         if (ptrs[i]) cudaFree(ptrs[i]);
-    e->x_raw = NULL; e->tok_ids = NULL; e->x_prep = NULL; e->out = NULL; e->ids = NULL; e->wts = NULL;
+    e->x_raw = NULL; e->tok_ids = NULL; e->x_prep = NULL; e->out = NULL; e->ids = NULL; e->wts = NULL; e->logits = NULL;
     e->n_active = NULL; e->act_e = NULL; e->act_off = NULL; e->act_cnt = NULL; e->sorted_tok = NULL;
     e->sorted_w = NULL; e->done = NULL; e->h = NULL; e->stats = NULL;
     e->ws_T = 0;
@@ -204,6 +205,9 @@ static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kern
     lc->warps = w;
     lc->ksplit = ks;
     lc->pdl = e->pdl;
+    /* stages: 1 = register double buffer, >= 2 = cp.async ring */
+    lc->cp_async = cfg->stages >= 2;
+    cfg->stages = lc->cp_async ? FM_CP_STAGES : 1;
 }
 
 /* ------------------------------------------------------------- layers */
@@ -344,19 +348,22 @@ static fm_status upload_matrix(fm_dmat *m, int i, const fm_qmatrix *q, int64_t K
         return fm_error(FM_E_ARG, "expert %d %s: %lld x %lld matrix does not match the layer (%d x %lld)", e, what,
                         (long long)q->rows, (long long)q->cols, m->rows, (long long)K);
     int64_t kb = q->cols / 2, ks = q->cols / blk;
+    const int nseg = m->kp / FM_KSEG, mx = fmt == FM_QF_MXFP4;
     memset(stage, 0, (size_t)m->pstride);
     memset(sstage, 0, (size_t)m->sstride);
     for (int64_t r = 0; r < q->rows; r++) {
-        memcpy(stage + r * (m->kp / 2), q->packed + r * q->row_stride, (size_t)kb);
+        const uint8_t *prow = q->packed + r * q->row_stride;
+        for (int64_t b = 0; b < kb; b += 8) /* 8-byte pieces never straddle a 16-byte lane chunk */
+            memcpy(stage + fm_tile_packed_off(r, b, nseg), prow + b, (size_t)(kb - b < 8 ? kb - b : 8));
         const uint8_t *srow = q->scales + r * q->scale_stride;
-        if (q->fmt == FM_QF_MXFP4)
-            for (int64_t b = 0; b < ks; b++)
-                if (srow[b] > 135 && srow[b] != 0xFF)
-                    return fm_error(FM_E_RANGE,
-                                    "expert %d %s: MXFP4 scale 2^%d at row %lld block %lld is beyond the GPU "
-                                    "kernel's range (2^8)",
-                                    e, what, srow[b] - 127, (long long)r, (long long)b);
-        memcpy(sstage + r * (m->kp / blk), srow, (size_t)ks);
+        for (int64_t b = 0; b < ks; b++) {
+            if (mx && srow[b] > 135 && srow[b] != 0xFF)
+                return fm_error(FM_E_RANGE,
+                                "expert %d %s: MXFP4 scale 2^%d at row %lld block %lld is beyond the GPU "
+                                "kernel's range (2^8)",
+                                e, what, srow[b] - 127, (long long)r, (long long)b);
+            sstage[fm_tile_scale_off(r, b, nseg, mx)] = srow[b];
+        }
     }
     FM_CU(cudaMemcpy(m->packed + (size_t)i * m->pstride, stage, (size_t)m->pstride, cudaMemcpyHostToDevice));
     FM_CU(cudaMemcpy(m->scales + (size_t)i * m->sstride, sstage, (size_t)m->sstride, cudaMemcpyHostToDevice));
@@ -435,14 +442,15 @@ __global__ void fm_gen_kernel(fm_dmat m, const uint64_t *kcodes, const uint64_t 
         int64_t b = i % g16, rr = i / g16;
         int r = (int)(rr % m.rows), n = (int)(rr / m.rows);
         uint64_t w = d_rng_u64(seed, kcodes[n], (uint64_t)r * g16 + b);
-        *(uint64_t *)(m.packed + n * m.pstride + (int64_t)r * (m.kp / 2) + b * 8) = w;
+        const int nseg = m.kp / FM_KSEG;
+        *(uint64_t *)(m.packed + n * m.pstride + fm_tile_packed_off(r, b * 8, nseg)) = w;
         if (!mx) {
             uint64_t u = d_rng_u64(seed, kscales[n], (uint64_t)r * g16 + b);
-            m.scales[n * m.sstride + (int64_t)r * (m.kp / 16) + b] = (uint8_t)(0x64u + (uint32_t)(u >> 32) % 12u);
+            m.scales[n * m.sstride + fm_tile_scale_off(r, b, nseg, 0)] = (uint8_t)(0x64u + (uint32_t)(u >> 32) % 12u);
         } else if ((b & 1) == 0) {
             int64_t g32 = K / 32, b32 = b / 2;
             uint64_t u = d_rng_u64(seed, kscales[n], (uint64_t)r * g32 + b32);
-            m.scales[n * m.sstride + (int64_t)r * (m.kp / 32) + b32] =
+            m.scales[n * m.sstride + fm_tile_scale_off(r, b32, nseg, 1)] =
                 (uint8_t)(bexp + (int)((uint32_t)(u >> 32) % 3u) - 1);
         }
     }
@@ -582,6 +590,7 @@ static fm_status ws_ensure(fm_cuda_engine *e, int T, int H, int Hp, int E, int k
     FM_CU(cudaMalloc(&e->out, (size_t)T * H * sizeof(float)));
     FM_CU(cudaMalloc(&e->ids, Tk * sizeof(int32_t)));
     FM_CU(cudaMalloc(&e->wts, Tk * sizeof(float)));
+    FM_CU(cudaMalloc(&e->logits, (size_t)T * E * sizeof(float)));
     FM_CU(cudaMalloc(&e->n_active, sizeof(int)));
     FM_CU(cudaMalloc(&e->act_e, (size_t)E * sizeof(int)));
     FM_CU(cudaMalloc(&e->act_off, (size_t)E * sizeof(int)));
@@ -640,6 +649,7 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
     rp.router_w = l->router_w; rp.router_bias = l->router_bias; rp.score_bias = l->score_bias;
     rp.tid2eid = l->tid2eid; rp.tid_rows = l->tid_rows;
     rp.x = x_dev; rp.xdt = xdt; rp.token_ids = tok_dev;
+    rp.logits = e->logits;
     rp.ids = e->ids; rp.wts = e->wts; rp.x_prep = e->x_prep; rp.out = e->out;
     rp.n_active = e->n_active; rp.act_e = e->act_e; rp.act_off = e->act_off; rp.act_cnt = e->act_cnt;
     rp.sorted_tok = e->sorted_tok; rp.sorted_w = e->sorted_w; rp.done = e->done; rp.stat_active = stat;

@@ -108,13 +108,72 @@ static __device__ __forceinline__ float act_fn(int act, float g, float u, float 
     return g / (1.0f + __expf(-g)) * u;
 }
 
+
+/* One 128-wide K segment: decode the thread's weights of rows g and g + 8
+ * (both matrices) and run the MMAs against every token tile. */
+template <int NT, int NMAT, bool MX>
+static __device__ __forceinline__ void seg_compute(float (&acc)[NMAT][NT][4], const uint4 (&wa)[NMAT],
+                                                   const uint4 (&wb)[NMAT], const uint32_t (&ca)[NMAT],
+                                                   const uint32_t (&cb)[NMAT], const uint4 (&xb)[NT][4]) {
+#pragma unroll
+    for (int m = 0; m < NMAT; m++) {
+        uint32_t SA[2], SB[2];
+        if (MX) {
+            SA[0] = SA[1] = mx_scale_bits(ca[m] & 0xFF) * 0x10001u;
+            SB[0] = SB[1] = mx_scale_bits(cb[m] & 0xFF) * 0x10001u;
+        } else {
+            SA[0] = nv_scale_bits(ca[m] & 0xFF) * 0x10001u;
+            SA[1] = nv_scale_bits((ca[m] >> 8) & 0xFF) * 0x10001u;
+            SB[0] = nv_scale_bits(cb[m] & 0xFF) * 0x10001u;
+            SB[1] = nv_scale_bits((cb[m] >> 8) & 0xFF) * 0x10001u;
+        }
+#pragma unroll
+        for (int d = 0; d < 4; d++) {
+            uint32_t wA = d == 0 ? wa[m].x : d == 1 ? wa[m].y : d == 2 ? wa[m].z : wa[m].w;
+            uint32_t wB = d == 0 ? wb[m].x : d == 1 ? wb[m].y : d == 2 ? wb[m].z : wb[m].w;
+            uint32_t ra[4], rbv[4];
+            decode8(wA, SA[d >> 1], ra);
+            decode8(wB, SB[d >> 1], rbv);
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                mma16816(acc[m][n], ra[0], rbv[0], ra[1], rbv[1], xb[n][d].x, xb[n][d].y);
+                mma16816(acc[m][n], ra[2], rbv[2], ra[3], rbv[3], xb[n][d].z, xb[n][d].w);
+            }
+        }
+    }
+}
+
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+/* 8 bytes (NVFP4 scales of 4 threads) or 4 (MXFP4); src aligned to that */
+template <int B>
+static __device__ __forceinline__ void cp_async_small(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(B), "r"(valid ? B : 0)
+                 : "memory");
+}
+static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* Bytes of one pipeline stage of one warp: weights (rows g and g + 8 of
+ * each matrix, 16 bytes per thread), their scales (8 bytes per row), the
+ * token tiles' activations (64 bytes per thread and tile). */
+template <int NT, int NMAT>
+struct fm_stage {
+    static constexpr int W = 0, S = NMAT * 1024, X = S + NMAT * 128, BYTES = X + NT * 2048;
+};
+
 /*
  * NMAT = 2: gate and up of the same rows (the activation is applied in
  * registers, h goes to global as BF16 * 2^7, K-permuted for down).
  * NMAT = 1: down; the result times the routing weight is added into out.
  */
-template <int NT, int NMAT, bool MX>
-__global__ void __launch_bounds__(256, NT == 1 ? 2 : 1) fm_expert_kernel(fm_expert_params p, int W, int KS) {
+template <int NT, int NMAT, bool MX, int ST>
+__global__ void __launch_bounds__(256, (NT == 1 || ST > 0) ? 2 : 1) fm_expert_kernel(fm_expert_params p, int W, int KS) {
     extern __shared__ float ex_smem[];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -155,17 +214,18 @@ __global__ void __launch_bounds__(256, NT == 1 ? 2 : 1) fm_expert_kernel(fm_expe
     const bool vA = rowA < rows, vB = rowB < rows;
     const int nseg = kp / FM_KSEG;
     const int s_begin = ks * nseg / KS, s_end = (ks + 1) * nseg / KS;
-    const int sblk = MX ? 32 : 16;
+    const int spr = MX ? 4 : 8;          /* scale bytes per row and tile */
+    const int64_t tile0 = (int64_t)(r0 / 16) * nseg;
 
     const uint8_t *pa[NMAT], *pb[NMAT], *sa[NMAT], *sb[NMAT];
 #pragma unroll
     for (int m = 0; m < NMAT; m++) {
         const uint8_t *base = (m == 0 ? dA.packed : dB.packed) + (int64_t)e * (m == 0 ? dA.pstride : dB.pstride);
         const uint8_t *sbase = (m == 0 ? dA.scales : dB.scales) + (int64_t)e * (m == 0 ? dA.sstride : dB.sstride);
-        pa[m] = base + (int64_t)rowA * (kp / 2) + t * 16;
-        pb[m] = base + (int64_t)rowB * (kp / 2) + t * 16;
-        sa[m] = sbase + (int64_t)rowA * (kp / sblk) + (MX ? t : 2 * t);
-        sb[m] = sbase + (int64_t)rowB * (kp / sblk) + (MX ? t : 2 * t);
+        pa[m] = base + tile0 * 1024 + lane * 16;
+        pb[m] = pa[m] + 512;
+        sa[m] = sbase + tile0 * 16 * spr + g * spr + (MX ? t : 2 * t);
+        sb[m] = sa[m] + 8 * spr;
     }
     const uint16_t *src_base = NMAT == 2 ? p.x_prep : p.h;
     const int64_t src_stride = NMAT == 2 ? p.Hp : p.hstride;
@@ -191,21 +251,22 @@ __global__ void __launch_bounds__(256, NT == 1 ? 2 : 1) fm_expert_kernel(fm_expe
             }
         }
 
-        /* weights and scales of the next segment are loaded before the
-         * current one is decoded (two register stages), so every warp keeps
-         * two segments of loads in flight */
+        if (ST == 0) {
+        /* registers: weights and scales of the next segment are loaded
+         * before the current one is decoded, so every warp keeps two
+         * segments of loads in flight */
         uint4 wa[NMAT], wb[NMAT], na[NMAT], nb[NMAT];
         uint32_t ca[NMAT], cb[NMAT], nca[NMAT], ncb[NMAT];
 #define FM_LOAD_SEG(S, WA, WB, CA, CB)                                                                    \
     _Pragma("unroll") for (int m = 0; m < NMAT; m++) {                                                    \
-        WA[m] = vA ? ld_stream(pa[m] + (int64_t)(S) * 64) : make_uint4(0, 0, 0, 0);                      \
-        WB[m] = vB ? ld_stream(pb[m] + (int64_t)(S) * 64) : make_uint4(0, 0, 0, 0);                      \
+        WA[m] = vA ? ld_stream(pa[m] + (int64_t)(S) * 1024) : make_uint4(0, 0, 0, 0);                    \
+        WB[m] = vB ? ld_stream(pb[m] + (int64_t)(S) * 1024) : make_uint4(0, 0, 0, 0);                    \
         if (MX) {                                                                                          \
-            CA[m] = vA ? __ldg(sa[m] + (S) * 4) : 0;                                                       \
-            CB[m] = vB ? __ldg(sb[m] + (S) * 4) : 0;                                                       \
+            CA[m] = vA ? __ldg(sa[m] + (int64_t)(S) * 64) : 0;                                             \
+            CB[m] = vB ? __ldg(sb[m] + (int64_t)(S) * 64) : 0;                                             \
         } else {                                                                                           \
-            CA[m] = vA ? __ldg((const unsigned short *)(sa[m] + (S) * 8)) : 0;                              \
-            CB[m] = vB ? __ldg((const unsigned short *)(sb[m] + (S) * 8)) : 0;                              \
+            CA[m] = vA ? __ldg((const unsigned short *)(sa[m] + (int64_t)(S) * 128)) : 0;                   \
+            CB[m] = vB ? __ldg((const unsigned short *)(sb[m] + (int64_t)(S) * 128)) : 0;                   \
         }                                                                                                  \
     }
         if (s_begin < s_end) { FM_LOAD_SEG(s_begin, wa, wb, ca, cb) }
@@ -222,37 +283,78 @@ __global__ void __launch_bounds__(256, NT == 1 ? 2 : 1) fm_expert_kernel(fm_expe
 #pragma unroll
                 for (int d = 0; d < 4; d++)
                     xb[n][d] = src[n] ? __ldg((const uint4 *)(src[n] + s * FM_KSEG) + d) : make_uint4(0, 0, 0, 0);
-
-#pragma unroll
-            for (int m = 0; m < NMAT; m++) {
-                uint32_t SA[2], SB[2];
-                if (MX) {
-                    SA[0] = SA[1] = mx_scale_bits(ca[m]) * 0x10001u;
-                    SB[0] = SB[1] = mx_scale_bits(cb[m]) * 0x10001u;
-                } else {
-                    SA[0] = nv_scale_bits(ca[m] & 0xFF) * 0x10001u;
-                    SA[1] = nv_scale_bits(ca[m] >> 8) * 0x10001u;
-                    SB[0] = nv_scale_bits(cb[m] & 0xFF) * 0x10001u;
-                    SB[1] = nv_scale_bits(cb[m] >> 8) * 0x10001u;
-                }
-#pragma unroll
-                for (int d = 0; d < 4; d++) {
-                    uint32_t wA = d == 0 ? wa[m].x : d == 1 ? wa[m].y : d == 2 ? wa[m].z : wa[m].w;
-                    uint32_t wB = d == 0 ? wb[m].x : d == 1 ? wb[m].y : d == 2 ? wb[m].z : wb[m].w;
-                    uint32_t ra[4], rbv[4];
-                    decode8(wA, SA[d >> 1], ra);
-                    decode8(wB, SB[d >> 1], rbv);
-#pragma unroll
-                    for (int n = 0; n < NT; n++) {
-                        mma16816(acc[m][n], ra[0], rbv[0], ra[1], rbv[1], xb[n][d].x, xb[n][d].y);
-                        mma16816(acc[m][n], ra[2], rbv[2], ra[3], rbv[3], xb[n][d].z, xb[n][d].w);
-                    }
-                }
-            }
+            seg_compute<NT, NMAT, MX>(acc, wa, wb, ca, cb, xb);
 #pragma unroll
             for (int m = 0; m < NMAT; m++) { wa[m] = na[m]; wb[m] = nb[m]; ca[m] = nca[m]; cb[m] = ncb[m]; }
         }
 #undef FM_LOAD_SEG
+        } else {
+        /* cp.async ring of ST stages per warp in shared memory: ST - 1
+         * segments (weights, scales, activations) in flight per warp
+         * without holding registers for them */
+        typedef fm_stage<NT, NMAT> SG;
+        uint8_t *ring = (uint8_t *)ex_smem + (KS > 1 ? (size_t)W * NMAT * NT * 4 * 32 * sizeof(float) : 0) +
+                        (size_t)wi * ST * SG::BYTES;
+        const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
+        const int ns = s_end - s_begin;
+        const int sbytes = 16 * spr; /* scale bytes per tile */
+        const uint8_t *safe = dA.packed; /* any valid address for zero-size copies */
+        const uint8_t *sca[NMAT], *scb[NMAT];
+#pragma unroll
+        for (int m = 0; m < NMAT; m++) { sca[m] = sa[m] - (MX ? t : 2 * t); scb[m] = sb[m] - (MX ? t : 2 * t); }
+#define FM_ISSUE(J)                                                                                        \
+    do {                                                                                                   \
+        if ((J) < ns) {                                                                                    \
+            const int s_ = s_begin + (J);                                                                  \
+            const uint32_t st_ = ring_s + ((J) % ST) * SG::BYTES;                                          \
+            _Pragma("unroll") for (int m = 0; m < NMAT; m++) {                                             \
+                cp_async16(st_ + SG::W + m * 1024 + lane * 16, vA ? pa[m] + (int64_t)s_ * 1024 : safe, vA); \
+                cp_async16(st_ + SG::W + m * 1024 + 512 + lane * 16, vB ? pb[m] + (int64_t)s_ * 1024 : safe, vB); \
+                if (t == 0) {                                                                              \
+                    cp_async_small<MX ? 4 : 8>(st_ + SG::S + m * 128 + g * 8, vA ? sca[m] + (int64_t)s_ * sbytes : safe, vA); \
+                    cp_async_small<MX ? 4 : 8>(st_ + SG::S + m * 128 + (g + 8) * 8, vB ? scb[m] + (int64_t)s_ * sbytes : safe, vB); \
+                }                                                                                          \
+            }                                                                                              \
+            _Pragma("unroll") for (int n = 0; n < NT; n++)                                                 \
+                _Pragma("unroll") for (int d = 0; d < 4; d++)                                              \
+                    cp_async16(st_ + SG::X + n * 2048 + d * 512 + lane * 16,                               \
+                               src[n] ? (const void *)((const uint4 *)(src[n] + s_ * FM_KSEG) + d) : (const void *)safe, \
+                               src[n] != NULL);                                                            \
+        }                                                                                                  \
+        cp_async_commit();                                                                                 \
+    } while (0)
+#pragma unroll
+        for (int j = 0; j < ST - 1; j++) FM_ISSUE(j);
+        for (int j = 0; j < ns; j++) {
+            FM_ISSUE(j + ST - 1);
+            cp_async_wait<ST - 1>();
+            __syncwarp();
+            const uint8_t *stg = ring + (j % ST) * SG::BYTES;
+            uint4 wa[NMAT], wb[NMAT], xb[NT][4];
+            uint32_t ca[NMAT], cb[NMAT];
+#pragma unroll
+            for (int m = 0; m < NMAT; m++) {
+                wa[m] = *(const uint4 *)(stg + SG::W + m * 1024 + lane * 16);
+                wb[m] = *(const uint4 *)(stg + SG::W + m * 1024 + 512 + lane * 16);
+                if (MX) {
+                    ca[m] = stg[SG::S + m * 128 + g * 8 + t];
+                    cb[m] = stg[SG::S + m * 128 + (g + 8) * 8 + t];
+                } else {
+                    ca[m] = *(const uint16_t *)(stg + SG::S + m * 128 + g * 8 + 2 * t);
+                    cb[m] = *(const uint16_t *)(stg + SG::S + m * 128 + (g + 8) * 8 + 2 * t);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int d = 0; d < 4; d++) xb[n][d] = *(const uint4 *)(stg + SG::X + n * 2048 + d * 512 + lane * 16);
+            __syncwarp();
+            seg_compute<NT, NMAT, MX>(acc, wa, wb, ca, cb, xb);
+        }
+#undef FM_ISSUE
+        cp_async_wait<0>();
+        __syncwarp();
+        }
 
         /* K split across warps: sum the partial tiles in shared memory */
         if (KS > 1) {
@@ -309,14 +411,16 @@ __global__ void __launch_bounds__(256, NT == 1 ? 2 : 1) fm_expert_kernel(fm_expe
 static int nt_index(int nt) { return nt == 1 ? 0 : nt == 2 ? 1 : 2; }
 
 typedef void (*fm_kfn)(fm_expert_params, int, int);
-static fm_kfn pick(int nmat, int nt, int mx) {
-    static const fm_kfn gu[2][3] = {
-        {fm_expert_kernel<1, 2, false>, fm_expert_kernel<2, 2, false>, fm_expert_kernel<4, 2, false>},
-        {fm_expert_kernel<1, 2, true>, fm_expert_kernel<2, 2, true>, fm_expert_kernel<4, 2, true>}};
-    static const fm_kfn dn[2][3] = {
-        {fm_expert_kernel<1, 1, false>, fm_expert_kernel<2, 1, false>, fm_expert_kernel<4, 1, false>},
-        {fm_expert_kernel<1, 1, true>, fm_expert_kernel<2, 1, true>, fm_expert_kernel<4, 1, true>}};
-    return nmat == 2 ? gu[mx ? 1 : 0][nt_index(nt)] : dn[mx ? 1 : 0][nt_index(nt)];
+#define FM_K4(NMAT, MX, ST) \
+    {fm_expert_kernel<1, NMAT, MX, ST>, fm_expert_kernel<2, NMAT, MX, ST>, fm_expert_kernel<4, NMAT, MX, ST>}
+static fm_kfn pick(int nmat, int nt, int mx, int st) {
+    static const fm_kfn k[2][2][2][3] = {
+        {{FM_K4(1, false, 0), FM_K4(1, false, FM_CP_STAGES)}, {FM_K4(1, true, 0), FM_K4(1, true, FM_CP_STAGES)}},
+        {{FM_K4(2, false, 0), FM_K4(2, false, FM_CP_STAGES)}, {FM_K4(2, true, 0), FM_K4(2, true, FM_CP_STAGES)}}};
+    return k[nmat == 2][mx ? 1 : 0][st ? 1 : 0][nt_index(nt)];
+}
+static size_t ring_bytes(int nmat, int nt) {
+    return (size_t)FM_CP_STAGES * (nmat * 1024 + nmat * 128 + nt * 2048);
 }
 
 static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int nmat, cudaStream_t s) {
@@ -333,6 +437,24 @@ static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int n
     if (blocks <= 0) return FM_OK;
     if (blocks > 0x7fffffff) return fm_error(FM_E_RANGE, "CUDA grid of %lld blocks is too large", (long long)blocks);
     size_t smem = c->ksplit > 1 ? (size_t)c->warps * nmat * c->nt * 4 * 32 * sizeof(float) : 0;
+    if (c->cp_async) smem += (size_t)c->warps * ring_bytes(nmat, c->nt);
+    fm_kfn fn = pick(nmat, c->nt, p->mx, c->cp_async);
+    if (smem > 48 * 1024) {
+        int dev = 0, maxs = 0;
+        FM_CU(cudaGetDevice(&dev));
+        FM_CU(cudaDeviceGetAttribute(&maxs, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        if (smem > (size_t)maxs)
+            return fm_error(FM_E_ARG,
+                            "kernel config (warps %d, k_split %d, tile_n %d, cp.async) needs %zu bytes of shared "
+                            "memory per block; this GPU allows %d",
+                            c->warps, c->ksplit, c->nt * 8, smem, maxs);
+        cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (err != cudaSuccess) {
+            cudaGetLastError();
+            return fm_error(FM_E_CUDA, "cudaFuncSetAttribute(%zu bytes of shared memory): %s", smem,
+                            cudaGetErrorString(err));
+        }
+    }
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
     cfg.gridDim = dim3((unsigned)blocks);
@@ -343,7 +465,7 @@ static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int n
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = c->pdl ? 1 : 0;
-    FM_CU(cudaLaunchKernelEx(&cfg, pick(nmat, c->nt, p->mx), *p, c->warps, c->ksplit));
+    FM_CU(cudaLaunchKernelEx(&cfg, fn, *p, c->warps, c->ksplit));
     FM_CU_LAUNCH(nmat == 2 ? "fm_expert_kernel (gate/up)" : "fm_expert_kernel (down)");
     return FM_OK;
 }
@@ -356,8 +478,8 @@ extern "C" fm_status fm_cuda_launch_down(const fm_expert_params *p, const fm_lau
 }
 
 extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char *buf, size_t cap) {
-    snprintf(buf, cap, "fm_expert_kernel<nt%d,%s> gate_up+down (mma.m16n8k16 bf16, %d warps, k_split %d)", c->nt,
-             mx ? "mxfp4" : "nvfp4", c->warps, c->ksplit);
+    snprintf(buf, cap, "fm_expert_kernel<nt%d,%s,%s> gate_up+down (mma.m16n8k16 bf16, %d warps, k_split %d)", c->nt,
+             mx ? "mxfp4" : "nvfp4", c->cp_async ? "cp.async x3" : "regs x2", c->warps, c->ksplit);
     return buf;
 }
 

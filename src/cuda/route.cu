@@ -80,11 +80,65 @@ static __device__ int warp_argmax(const float *sel, const unsigned char *taken, 
     return bi != 0x7fffffff ? bi : firstfree;
 }
 
+
+/* Router logits, FP32: logits[t][e] = x[t] . W[e] (+ router bias[e]). A warp
+ * owns EW experts and a tile of TT tokens, so each router row is read once
+ * per token tile (from L2) and the tokens' activations come from L1. */
+template <int EW, int TT>
+__global__ void __launch_bounds__(RT_THREADS) fm_logits_kernel(fm_route_params p) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int e0 = (blockIdx.x * RT_WARPS + warp) * EW, t0 = blockIdx.y * TT;
+    pdl_wait();
+    pdl_launch_dependents();
+    if (e0 >= p.E) return;
+    const int H = p.H;
+    float acc[EW][TT];
+#pragma unroll
+    for (int a = 0; a < EW; a++)
+#pragma unroll
+        for (int b = 0; b < TT; b++) acc[a][b] = 0.0f;
+    for (int i = lane * 4; i < H; i += 128) {
+        float4 w[EW];
+#pragma unroll
+        for (int a = 0; a < EW; a++)
+            w[a] = e0 + a < p.E ? __ldg((const float4 *)(p.router_w + (size_t)(e0 + a) * H + i)) : make_float4(0, 0, 0, 0);
+#pragma unroll
+        for (int b = 0; b < TT; b++) {
+            if (t0 + b >= p.T) break;
+            size_t o = (size_t)(t0 + b) * H + i;
+            float x0, x1, x2, x3;
+            if (p.xdt == FM_DT_F32) {
+                float4 v = __ldg((const float4 *)((const float *)p.x + o));
+                x0 = v.x; x1 = v.y; x2 = v.z; x3 = v.w;
+            } else {
+                uint2 v = __ldg((const uint2 *)((const uint16_t *)p.x + o));
+                if (p.xdt == FM_DT_BF16) {
+                    x0 = __uint_as_float(v.x << 16); x1 = __uint_as_float(v.x & 0xFFFF0000u);
+                    x2 = __uint_as_float(v.y << 16); x3 = __uint_as_float(v.y & 0xFFFF0000u);
+                } else {
+                    __half2 h0 = *(__half2 *)&v.x, h1 = *(__half2 *)&v.y;
+                    x0 = __low2float(h0); x1 = __high2float(h0); x2 = __low2float(h1); x3 = __high2float(h1);
+                }
+            }
+#pragma unroll
+            for (int a = 0; a < EW; a++) acc[a][b] += w[a].x * x0 + w[a].y * x1 + w[a].z * x2 + w[a].w * x3;
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < EW; a++)
+#pragma unroll
+        for (int b = 0; b < TT; b++) {
+            float v = acc[a][b];
+            for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0 && e0 + a < p.E && t0 + b < p.T)
+                p.logits[(size_t)(t0 + b) * p.E + e0 + a] = v + (p.router_bias ? p.router_bias[e0 + a] : 0.0f);
+        }
+}
+
 __global__ void __launch_bounds__(RT_THREADS) fm_route_kernel(fm_route_params p) {
     extern __shared__ float rt_smem[];
     const int E = p.E, H = p.H, k = p.k;
-    float *xs = rt_smem;          /* [H]  */
-    float *lg = xs + H;           /* [E]  logits               */
+    float *lg = rt_smem;          /* [E]  logits               */
     float *sel = lg + E;          /* [E]  selection score      */
     float *wsc = sel + E;         /* [E]  weight score         */
     unsigned char *taken = (unsigned char *)(wsc + E); /* [E] */
@@ -96,34 +150,17 @@ __global__ void __launch_bounds__(RT_THREADS) fm_route_kernel(fm_route_params p)
     const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     pdl_wait();
 
-    /* activations: FP32 copy for the router, BF16 copy for the experts */
-    for (int i = tid; i < H; i += RT_THREADS) xs[i] = load_x(p.x, p.xdt, (size_t)t * H + i);
+    /* the experts' copy of the activations: BF16 * 2^7, stored position m
+     * of a group of 8 holds element perm[m] (expert.cu) */
     for (int i = tid; i < H; i += RT_THREADS) p.out[(size_t)t * H + i] = 0.0f;
-    __syncthreads();
-    /* stored position m of a group of 8 holds element perm[m] (expert.cu) */
     for (int i = tid; i < p.Hp; i += RT_THREADS) {
         const int perm[8] = {0, 4, 1, 5, 2, 6, 3, 7};
         int src = (i & ~7) + perm[i & 7];
-        float v = src < H ? xs[src] * 128.0f : 0.0f;
+        float v = src < H ? load_x(p.x, p.xdt, (size_t)t * H + src) * 128.0f : 0.0f;
         __nv_bfloat16 b = __float2bfloat16_rn(v);
         p.x_prep[(size_t)t * p.Hp + i] = *(uint16_t *)&b;
     }
-
-    /* logits: one warp per expert row, lanes stride over H */
-    for (int e = warp; e < E; e += RT_WARPS) {
-        const float *w = p.router_w + (size_t)e * H;
-        float acc = 0.0f;
-        if ((H & 3) == 0) {
-            for (int i = lane * 4; i < H; i += 128) {
-                float4 a = *(const float4 *)(w + i);
-                acc += a.x * xs[i] + a.y * xs[i + 1] + a.z * xs[i + 2] + a.w * xs[i + 3];
-            }
-        } else {
-            for (int i = lane; i < H; i += 32) acc += w[i] * xs[i];
-        }
-        for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (lane == 0) lg[e] = acc + (p.router_bias ? p.router_bias[e] : 0.0f);
-    }
+    for (int e = tid; e < E; e += RT_THREADS) lg[e] = p.logits[(size_t)t * E + e];
     __syncthreads();
 
     /* family scores */
@@ -256,7 +293,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_route_kernel(fm_route_params p)
     if (!is_last) return;
     __threadfence();
 
-    int *cnt = (int *)rt_smem;  /* [E] (reuses xs) */
+    int *cnt = (int *)rt_smem;  /* [E] (reuses the score arrays) */
     int *off = cnt + E;         /* [E] */
     int *cur = off + E;         /* [E] */
     const int n = p.T * k;
@@ -297,7 +334,8 @@ __global__ void __launch_bounds__(RT_THREADS) fm_route_kernel(fm_route_params p)
 }
 
 extern "C" size_t fm_cuda_route_smem(int H, int E) {
-    size_t a = (size_t)H * 4 + (size_t)E * 13 + 16;
+    (void)H;
+    size_t a = (size_t)E * 13 + 16;
     size_t b = (size_t)E * 12;
     return a > b ? a : b;
 }
@@ -310,16 +348,27 @@ extern "C" fm_status fm_cuda_route_prepare(size_t smem) {
 
 extern "C" fm_status fm_cuda_launch_route(const fm_route_params *p, size_t smem, int pdl, cudaStream_t s) {
     if (p->k > RT_MAXK) return fm_error(FM_E_UNSUPPORTED, "CUDA routing supports top-k up to %d, not %d", RT_MAXK, p->k);
-    cudaLaunchConfig_t cfg = {};
+    if (p->H % 4) return fm_error(FM_E_UNSUPPORTED, "CUDA routing needs the hidden size %d to be a multiple of 4", p->H);
     cudaLaunchAttribute attr[1];
-    cfg.gridDim = dim3((unsigned)p->T);
-    cfg.blockDim = dim3(RT_THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(RT_THREADS);
+    cfg.stream = s;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
+    /* few tokens: one expert per warp (more blocks); many: two experts and
+     * 16 tokens per warp (fewer passes over the router weights) */
+    if (p->T <= 8) {
+        cfg.gridDim = dim3((unsigned)((p->E + RT_WARPS - 1) / RT_WARPS), (unsigned)((p->T + 7) / 8));
+        FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_kernel<1, 8>, *p));
+    } else {
+        cfg.gridDim = dim3((unsigned)((p->E + 2 * RT_WARPS - 1) / (2 * RT_WARPS)), (unsigned)((p->T + 15) / 16));
+        FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_kernel<2, 16>, *p));
+    }
+    FM_CU_LAUNCH("fm_logits_kernel");
+    cfg.gridDim = dim3((unsigned)p->T);
+    cfg.dynamicSmemBytes = smem;
     FM_CU(cudaLaunchKernelEx(&cfg, fm_route_kernel, *p));
     FM_CU_LAUNCH("fm_route_kernel");
     return FM_OK;

@@ -74,31 +74,71 @@ int main(int argc, char **argv) {
     printf("# %s %s, %d layers from layer %d, shared expert %s; floor = routed active experts x %lld B / bandwidth\n",
            preset, fmtname, layers, L0, shared && d.n_shared ? "on" : "off", (long long)ebytes);
     printf("%5s %8s %9s %9s %8s %7s %7s %7s  %s\n", "B", "active", "floor_us", "us", "GB/s", "%bw", "xfloor", "spread", "config");
+    /* {path, rows_per_block, k_split, warps, stages (1 registers, 3 cp.async), tile_n} */
     const fm_kernel_config vars[] = {
-        {FM_PATH_SMALL, 16, 8, 8, 1, 8, 0}, {FM_PATH_SMALL, 16, 4, 4, 1, 8, 0}, {FM_PATH_LARGE, 64, 1, 4, 1, 8, 0},
-        {FM_PATH_LARGE, 64, 1, 4, 1, 16, 0}, {FM_PATH_LARGE, 64, 1, 4, 1, 32, 0}, {FM_PATH_LARGE, 128, 1, 8, 1, 16, 0},
-        {FM_PATH_SMALL, 32, 2, 4, 1, 16, 0}, {FM_PATH_SMALL, 32, 4, 8, 1, 8, 0},
+        {FM_PATH_SMALL, 16, 4, 4, 1, 8, 0},  {FM_PATH_LARGE, 64, 1, 4, 1, 8, 0},   {FM_PATH_LARGE, 64, 1, 4, 1, 16, 0},
+        {FM_PATH_SMALL, 16, 8, 8, 3, 8, 0},  {FM_PATH_SMALL, 16, 4, 4, 3, 8, 0},   {FM_PATH_LARGE, 64, 1, 4, 3, 8, 0},
+        {FM_PATH_LARGE, 128, 1, 8, 3, 8, 0}, {FM_PATH_LARGE, 64, 1, 4, 3, 16, 0},  {FM_PATH_LARGE, 128, 1, 8, 3, 16, 0},
+        {FM_PATH_SMALL, 32, 2, 4, 3, 8, 0},  {FM_PATH_SMALL, 32, 2, 4, 3, 16, 0},  {FM_PATH_LARGE, 64, 1, 4, 3, 32, 0},
     };
     int nv = variants ? (int)(sizeof vars / sizeof vars[0]) : 1;
+    double best_us[64];
+    fm_cuda_bench_result best[64];
     for (int bi = 0; bi < nb; bi++) {
+        best_us[bi] = 1e30;
         for (int vi = 0; vi < nv; vi++) {
             if (variants) fm_cuda_engine_set_config(e, &vars[vi]);
             else fm_cuda_engine_set_config(e, forced ? &fc : NULL);
             fm_cuda_bench_result r;
             if (fm_cuda_bench(e, &d, ls, layers, batches[bi], 7, reps, &r)) { fprintf(stderr, "cuda_bench: B=%d: %s\n", batches[bi], fm_last_error()); return 1; }
             double floor_us = r.active_experts * (double)ebytes / bw * 1e6;
+            if (r.us_per_layer < best_us[bi]) { best_us[bi] = r.us_per_layer; best[bi] = r; }
             double gbs = r.bytes_per_layer / (r.us_per_layer * 1e-6) / 1e9;
-            printf("%5d %8.1f %9.1f %9.1f %8.0f %6.1f%% %7.2f %7.1f  w%d/ks%d/n%d %s\n", batches[bi], r.active_experts,
-                   floor_us, r.us_per_layer, gbs, 100.0 * gbs * 1e9 / bw, r.us_per_layer / floor_us,
-                   r.us_max - r.us_min, r.cfg.warps, r.cfg.k_split, r.cfg.tile_n, variants ? "" : r.config_source);
+            printf("%5d %8.1f %9.1f %9.1f %8.0f %6.1f%% %7.2f %7.1f  w%d/ks%d/n%d/%s %s\n", batches[bi],
+                   r.active_experts, floor_us, r.us_per_layer, gbs, 100.0 * gbs * 1e9 / bw, r.us_per_layer / floor_us,
+                   r.us_max - r.us_min, r.cfg.warps, r.cfg.k_split, r.cfg.tile_n, r.cfg.stages > 1 ? "cp" : "rg",
+                   variants ? "" : r.config_source);
+            if (!variants) {
+                /* per-kernel split of one layer (events around each launch, no graph) */
+                int T = batches[bi], H = d.hidden;
+                float *x = malloc(sizeof(float) * (size_t)T * H), *out = malloc(sizeof(float) * (size_t)T * H);
+                int32_t *tok = malloc(sizeof(int32_t) * (size_t)T);
+                for (int64_t i = 0; i < (int64_t)T * H; i++) x[i] = (float)((i * 2654435761u % 2001) / 1000.0 - 1.0);
+                for (int t = 0; t < T; t++) tok[t] = t * 13;
+                fm_phase_times pt;
+                memset(&pt, 0, sizeof pt);
+                fm_moe_out o = {out, NULL, NULL};
+                fm_cuda_forward(e, &d, ls[layers - 1], x, FM_DT_F32, T, tok, &o);
+                fm_cuda_engine_set_phase_times(e, &pt);
+                for (int it = 0; it < 5; it++) fm_cuda_forward(e, &d, ls[layers - 1], x, FM_DT_F32, T, tok, &o);
+                fm_cuda_engine_set_phase_times(e, NULL);
+                if (pt.calls)
+                    printf("      phases (layer %d alone, no graph): routing %.1f us, gate_up %.1f us, down %.1f us\n",
+                           L0 + layers - 1, pt.ns[FM_PH_ROUTE] / pt.calls / 1e3, pt.ns[FM_PH_GATEUP] / pt.calls / 1e3,
+                           pt.ns[FM_PH_DOWN] / pt.calls / 1e3);
+                free(x); free(out); free(tok);
+            }
             fflush(stdout);
             if (jf)
                 fprintf(jf, "{\"preset\":\"%s\",\"format\":\"%s\",\"B\":%d,\"layers\":%d,\"shared\":%d,\"active\":%.2f,"
                             "\"bytes\":%lld,\"us\":%.2f,\"us_min\":%.2f,\"us_max\":%.2f,\"bw\":%.4g,\"floor_us\":%.2f,"
-                            "\"warps\":%d,\"k_split\":%d,\"tile_n\":%d,\"kernel\":\"%s\",\"source\":\"%s\"}\n",
+                            "\"warps\":%d,\"k_split\":%d,\"tile_n\":%d,\"stages\":%d,\"kernel\":\"%s\",\"source\":\"%s\"}\n",
                         preset, fmtname, batches[bi], layers, shared, r.active_experts, (long long)r.bytes_per_layer,
                         r.us_per_layer, r.us_min, r.us_max, bw, floor_us, r.cfg.warps, r.cfg.k_split, r.cfg.tile_n,
-                        r.kernel, r.config_source);
+                        r.cfg.stages, r.kernel, r.config_source);
+        }
+    }
+    if (variants) {
+        printf("# best variant per batch (%s %s, %d layers, shared expert %s)\n", preset, fmtname, layers,
+               shared && d.n_shared ? "on" : "off");
+        printf("%5s %8s %9s %9s %8s %7s %7s  %s\n", "B", "active", "floor_us", "us", "GB/s", "%bw", "xfloor", "config");
+        for (int bi = 0; bi < nb; bi++) {
+            const fm_cuda_bench_result *r = &best[bi];
+            double floor_us = r->active_experts * (double)ebytes / bw * 1e6;
+            double gbs = r->bytes_per_layer / (r->us_per_layer * 1e-6) / 1e9;
+            printf("%5d %8.1f %9.1f %9.1f %8.0f %6.1f%% %7.2f  w%d/ks%d/n%d/%s\n", batches[bi], r->active_experts,
+                   floor_us, r->us_per_layer, gbs, 100.0 * gbs * 1e9 / bw, r->us_per_layer / floor_us, r->cfg.warps,
+                   r->cfg.k_split, r->cfg.tile_n, r->cfg.stages > 1 ? "cp" : "rg");
         }
     }
     if (jf) fclose(jf);
