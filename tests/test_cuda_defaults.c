@@ -1,0 +1,72 @@
+/* Built-in CUDA kernel configs: available without CUDA, consistent, and
+ * switching path on tokens per expert. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "fp4moe.h"
+
+static fm_tune_key key(int E, int k) {
+    fm_tune_key kk;
+    memset(&kk, 0, sizeof kk);
+    strcpy(kk.gpu_name, "NVIDIA H200");
+    kk.sm_count = 132;
+    kk.fmt = FM_QF_NVFP4;
+    kk.E = E;
+    kk.H = 4096;
+    kk.I = 2048;
+    kk.k = k;
+    return kk;
+}
+
+static void test_consistent(void **state) {
+    (void)state;
+    const int Es[] = {8, 128, 256, 384}, ks[] = {2, 8, 6, 8};
+    for (int i = 0; i < 4; i++) {
+        fm_tune_key kk = key(Es[i], ks[i]);
+        for (int T = 1; T <= 4096; T *= 2) {
+            fm_kernel_config c = fm_kernel_config_default(&kk, T);
+            assert_true(c.warps >= 1 && c.warps <= 8);
+            assert_true(c.k_split >= 1 && c.warps % c.k_split == 0);
+            assert_int_equal(c.rows_per_block, 16 * (c.warps / c.k_split));
+            assert_true(c.tile_n == 8 || c.tile_n == 16 || c.tile_n == 32);
+            assert_true(c.stages >= 1);
+            double tpe = (double)T * ks[i] / Es[i];
+            assert_int_equal(c.path, tpe < c.switch_tpe ? FM_PATH_SMALL : FM_PATH_LARGE);
+            /* the small path splits K, the large one does not */
+            if (c.path == FM_PATH_SMALL) assert_true(c.k_split > 1);
+            else assert_int_equal(c.k_split, 1);
+        }
+    }
+}
+
+static void test_switch_points(void **state) {
+    (void)state;
+    fm_tune_key kk = key(256, 6); /* DeepSeek-V4-Flash */
+    assert_int_equal(fm_kernel_config_default(&kk, 1).path, FM_PATH_SMALL);   /* 0.023 tokens/expert */
+    assert_int_equal(fm_kernel_config_default(&kk, 64).path, FM_PATH_LARGE);  /* 1.5 */
+    assert_int_equal(fm_kernel_config_default(&kk, 64).tile_n, 8);
+    assert_int_equal(fm_kernel_config_default(&kk, 512).tile_n, 16);          /* 12 */
+    /* no key: one token per expert assumed, never a crash */
+    fm_kernel_config c = fm_kernel_config_default(NULL, 0);
+    assert_true(c.warps >= 1);
+}
+
+static void test_names(void **state) {
+    (void)state;
+    assert_string_equal(fm_kernel_path_name(FM_PATH_SMALL), "small");
+    assert_string_equal(fm_kernel_path_name(FM_PATH_LARGE), "large");
+    assert_string_equal(fm_kernel_path_name((fm_kernel_path)7), "unknown");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_consistent),
+        cmocka_unit_test(test_switch_points),
+        cmocka_unit_test(test_names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
