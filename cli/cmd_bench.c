@@ -1,6 +1,7 @@
 /* fp4moe bench: time the MoE layer against this machine's measured memory
  * bandwidth (parsing and printing; the measurements live in libfp4moe). */
 #include "cli.h"
+#include "dist_opts.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -120,11 +121,15 @@ int fm_cmd_bench(int argc, char **argv) {
     int n_layers = 0, threads = 0, cuda = 0;
     long time_ms = 1000, bw_mib = 1024, seed = 1;
     fm_cpu_isa isa = FM_CPU_AUTO;
+    fm_cli_dist dist = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { bench_usage(stdout); return 0; }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { bench_usage(stdout); fputs(fm_cli_dist_usage(), stdout); return 0; }
+        int dr = fm_cli_dist_parse("bench", argc, argv, &i, &dist);
+        if (dr < 0) return 2;
+        if (dr) continue;
         if (!v) { fprintf(stderr, "fp4moe bench: error: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--preset")) preset = v;
@@ -175,6 +180,21 @@ int fm_cmd_bench(int argc, char **argv) {
     if (fmt == FM_QF_NONE) fmt = d.expert_format;
     if (!n_layers) n_layers = fm_cpu_bench_default_layers(&d, fmt);
     if (n_layers > MAX_LAYERS) n_layers = MAX_LAYERS;
+    if (fm_cli_dist_validate("bench", &dist, cuda ? FM_DEV_CUDA : FM_DEV_CPU)) return 2;
+    if (fm_cli_dist_active(&dist)) {
+        fm_moe_layer *L = NULL;
+        fm_cpu_engine *dce = NULL;
+        fm_ckpt *dck = NULL;
+        int first = nth_moe_layer(&d, 0);
+        if (model) { st = fm_ckpt_open(model, &dck); if (!st) st = fm_moe_layer_bind(dck, &d, first, FM_QF_NONE, &L); }
+        else st = fm_moe_layer_random(&d, fmt, (uint64_t)seed, first, &L);
+        if (!st && !cuda) st = fm_cpu_engine_new(isa, threads, &dce);
+        if (!st) st = fm_cli_dist_bench(&dist, cuda ? FM_DEV_CUDA : FM_DEV_CPU, dce, &d, L, batches, n_batch, 5, (uint64_t)seed, stdout);
+        fm_moe_layer_free(L);
+        fm_cpu_engine_free(dce);
+        fm_ckpt_close(dck);
+        return st ? fm_cli_fail("bench", st) : 0;
+    }
     char source[1100];
     snprintf(source, sizeof source, "%s %s", model ? "model" : "preset", model ? model : preset);
     printf("fp4moe bench: %s (%s, %s), H=%d I=%d E=%d k=%d shared=%d\n", source, d.family, fm_qformat_name(fmt),

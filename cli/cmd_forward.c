@@ -1,5 +1,6 @@
 /* fp4moe forward: one MoE layer on hidden states from a file. */
 #include "cli.h"
+#include "dist_opts.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -29,11 +30,15 @@ int fm_cmd_forward(int argc, char **argv) {
     o.layer = -1;
     o.device = FM_DEV_CPU;
     o.isa = FM_CPU_AUTO;
+    fm_cli_dist dist = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { forward_usage(stdout); return 0; }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { forward_usage(stdout); fputs(fm_cli_dist_usage(), stdout); return 0; }
+        int dr = fm_cli_dist_parse("forward", argc, argv, &i, &dist);
+        if (dr < 0) return 2;
+        if (dr) continue;
         if (!v) { fprintf(stderr, "fp4moe forward: error: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) o.model_dir = v;
         else if (!strcmp(a, "--input")) o.input = v;
@@ -62,6 +67,9 @@ int fm_cmd_forward(int argc, char **argv) {
         forward_usage(stderr);
         return 2;
     }
+    if (fm_cli_dist_validate("forward", &dist, o.device)) return 2;
+    fm_dist_opts dop = fm_cli_dist_lib_opts(&dist);
+    if (fm_cli_dist_active(&dist)) { o.dist = &dop; o.dist_mpi = dist.mpi; }
     char info[1024];
     fm_status s = fm_forward_file(&o, info, sizeof info);
     if (s != FM_OK) return fm_cli_fail("forward", s);

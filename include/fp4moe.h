@@ -471,6 +471,8 @@ typedef struct {
     fm_device device;
     fm_cpu_isa isa;  /* CPU only */
     int n_threads;   /* CPU only; <= 0: all */
+    const struct fm_dist_opts *dist; /* non-NULL: sharded run (src/dist)   */
+    int dist_mpi;                    /* one GPU per MPI process            */
 } fm_forward_file_opts;
 fm_status fm_forward_file(const fm_forward_file_opts *o, char *info, size_t cap);
 

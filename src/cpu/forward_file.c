@@ -100,7 +100,11 @@ fm_status fm_forward_file(const fm_forward_file_opts *o, char *info, size_t cap)
     if (!out || !ids || !w) { st = FM_E_NOMEM; goto done; }
     fm_moe_out mo = {out, ids, w};
     const char *engine = "";
-    if (o->device == FM_DEV_CUDA) {
+    if (o->dist) {
+        if (o->device == FM_DEV_CPU) st = fm_cpu_engine_new(o->isa, o->n_threads, &ce);
+        if (!st) st = fm_dist_run(o->dist, o->device, o->dist_mpi, ce, &d, l, hs->data, hs->dtype, T, tok, &mo, NULL);
+        if (!st) engine = "sharded (src/dist)";
+    } else if (o->device == FM_DEV_CUDA) {
         st = fm_cuda_engine_new(0, &ge);
         if (!st) st = fm_cuda_layer_upload(ge, &d, l, &gl);
         if (!st) st = fm_cuda_forward(ge, &d, gl, hs->data, hs->dtype, T, tok, &mo);
