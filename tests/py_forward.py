@@ -190,6 +190,10 @@ def act(cfg, g, u):
         g = np.minimum(g, lim)
         u = np.clip(u, -lim, lim)
         return g / (1 + np.exp(-1.702 * g)) * (u + 1)
+    lim = cfg.get("swiglu_limit", 0.0) or 0.0
+    if lim > 0:  # DeepSeek-V4: clamped SiLU-gated
+        g = np.minimum(g, lim)
+        u = np.clip(u, -lim, lim)
     return g / (1 + np.exp(-g)) * u
 
 

@@ -68,6 +68,12 @@ static double act(const fm_model_desc *d, double g, double u) {
         if (u < -lim) u = -lim;
         return g / (1.0 + exp(-al * g)) * (u + 1.0);
     }
+    if (d->swiglu_limit > 0) { /* DeepSeek-V4 clamped SiLU */
+        const double lim = d->swiglu_limit;
+        if (g > lim) g = lim;
+        if (u > lim) u = lim;
+        if (u < -lim) u = -lim;
+    }
     return g / (1.0 + exp(-g)) * u;
 }
 

@@ -91,6 +91,13 @@ static inline float fm_cpu_act(fm_act_kind act, float g, float u, float alpha, f
         else if (u < -limit) u = -limit;
         return g * (1.0f / (1.0f + expf(-alpha * g))) * (u + 1.0f);
     }
+    if (limit > 0.0f) {
+        /* DeepSeek-V4 (swiglu_limit in config.json): SiLU-gated with the
+         * same clamps as gpt-oss, gate <= limit, -limit <= up <= limit. */
+        if (g > limit) g = limit;
+        if (u > limit) u = limit;
+        else if (u < -limit) u = -limit;
+    }
     return g / (1.0f + expf(-g)) * u;
 }
 

@@ -20,6 +20,11 @@ static double act_f64(fm_act_kind act, double g, double u, double alpha, double 
         else if (u < -limit) u = -limit;
         return g / (1.0 + exp(-alpha * g)) * (u + 1.0);
     }
+    if (limit > 0.0) { /* DeepSeek-V4: clamped SiLU-gated (swiglu_limit) */
+        if (g > limit) g = limit;
+        if (u > limit) u = limit;
+        else if (u < -limit) u = -limit;
+    }
     return g / (1.0 + exp(-g)) * u;
 }
 
