@@ -63,6 +63,7 @@ typedef struct {
     int64_t bytes;
     char kernel[160];
     char provenance[1024];
+    char decision[2048]; /* the tuning decision at the start of the run */
 } row;
 
 static int write_json(const char *path, const char *source, const fm_model_desc *d, fm_qformat fmt, int n_layers,
@@ -93,6 +94,7 @@ static int write_json(const char *path, const char *source, const fm_model_desc 
         json_object_set_new(r, "pct_bandwidth", json_real(bw > 0 ? 100.0 * rows[i].gbps * 1e9 / bw : 0.0));
         json_object_set_new(r, "kernel", json_string(rows[i].kernel));
         if (rows[i].provenance[0]) json_object_set_new(r, "provenance", json_string(rows[i].provenance));
+        if (rows[i].decision[0]) json_object_set_new(r, "decision", json_string(rows[i].decision));
         json_array_append_new(arr, r);
     }
     json_object_set_new(root, "results", arr);
@@ -262,11 +264,31 @@ int fm_cmd_bench(int argc, char **argv) {
     n_layers = have;
     printf("layers cycled: %d\n", n_layers);
     if (ce) printf("kernel: %s\n", fm_cpu_engine_describe(ce));
+    /* Provenance first: which kernel and config each batch will use, and
+     * from which tuned file -- or a loud WARNING when none matches. */
+    memset(rows, 0, sizeof(row) * (size_t)n_batch);
+    for (int b = 0; b < n_batch; b++) {
+        if (cuda) {
+            fm_tune_key key;
+            fm_tune_choice ch;
+            st = fm_cuda_engine_key(ge, &d, fmt, &key);
+            if (!st) st = fm_tune_choose(&key, batches[b], &ch);
+            if (st) { rc = fm_cli_fail("bench", st); goto done; }
+            fm_tune_provenance_line(&key, batches[b], &ch, rows[b].decision, sizeof rows[b].decision);
+        } else {
+            snprintf(rows[b].decision, sizeof rows[b].decision,
+                     "provenance: backend=cpu batch=%d kernel=%s (ISA chosen at run time; the CPU path has no tuned configs)",
+                     batches[b], fm_cpu_engine_describe(ce));
+        }
+        printf("%s\n", rows[b].decision);
+    }
 
     printf("\n%6s %11s %21s %11s %8s %10s %8s %7s\n", "batch", "us/layer", "(min .. max)", "tokens/s", "active",
            "MB/layer", "GB/s", "%bw");
     for (int b = 0; b < n_batch; b++) {
         row *r = &rows[b];
+        char decision[sizeof r->decision];
+        memcpy(decision, r->decision, sizeof decision);
         memset(r, 0, sizeof *r);
         char label[64];
         snprintf(label, sizeof label, "fp4moe bench: batch %d", batches[b]);
@@ -279,7 +301,7 @@ int fm_cmd_bench(int argc, char **argv) {
             if (st) { rc = fm_cli_fail("bench", st); goto done; }
             *r = (row){batches[b], cr.us_per_layer, cr.us_min, cr.us_max, batches[b] / (cr.us_per_layer * 1e-6),
                        cr.active_experts, (double)cr.bytes_per_layer / (cr.us_per_layer * 1e-6) * 1e-9,
-                       cr.bytes_per_layer, "", ""};
+                       cr.bytes_per_layer, "", "", ""};
             snprintf(r->kernel, sizeof r->kernel, "%s", cr.kernel);
             snprintf(r->provenance, sizeof r->provenance,
                      "kernel %s, path %s, rows_per_block %d, k_split %d, warps %d, stages %d, tile_n %d, "
@@ -293,9 +315,10 @@ int fm_cmd_bench(int argc, char **argv) {
             progress_done();
             if (st) { rc = fm_cli_fail("bench", st); goto done; }
             *r = (row){batches[b], cr.us_per_layer, cr.us_min, cr.us_max, cr.tokens_per_s, cr.active_experts, cr.gbps,
-                       cr.bytes_per_layer, "", ""};
+                       cr.bytes_per_layer, "", "", ""};
             snprintf(r->kernel, sizeof r->kernel, "%s", cr.kernel);
         }
+        memcpy(r->decision, decision, sizeof decision);
         char mm[32];
         snprintf(mm, sizeof mm, "(%.1f .. %.1f)", r->us_min, r->us_max);
         printf("%6d %11.1f %21s %11.0f %8.1f %10.2f %8.2f %6.1f%%\n", r->T, r->us, mm, r->tps, r->active,

@@ -70,9 +70,9 @@ int fm_cmd_forward(int argc, char **argv) {
     if (fm_cli_dist_validate("forward", &dist, o.device)) return 2;
     fm_dist_opts dop = fm_cli_dist_lib_opts(&dist);
     if (fm_cli_dist_active(&dist)) { o.dist = &dop; o.dist_mpi = dist.mpi; }
-    char info[1024];
+    char info[4096];
     fm_status s = fm_forward_file(&o, info, sizeof info);
     if (s != FM_OK) return fm_cli_fail("forward", s);
-    printf("wrote %s\n", info);
+    printf("%s\n", info);
     return 0;
 }

@@ -100,12 +100,22 @@ fm_status fm_forward_file(const fm_forward_file_opts *o, char *info, size_t cap)
     if (!out || !ids || !w) { st = FM_E_NOMEM; goto done; }
     fm_moe_out mo = {out, ids, w};
     const char *engine = "";
+    char prov[1536] = "";
     if (o->dist) {
         if (o->device == FM_DEV_CPU) st = fm_cpu_engine_new(o->isa, o->n_threads, &ce);
         if (!st) st = fm_dist_run(o->dist, o->device, o->dist_mpi, ce, &d, l, hs->data, hs->dtype, T, tok, &mo, NULL);
         if (!st) engine = "sharded (src/dist)";
     } else if (o->device == FM_DEV_CUDA) {
         st = fm_cuda_engine_new(0, &ge);
+        if (!st) {
+            /* Provenance: the kernel config this batch will run with, and
+             * from which tuned file (or the WARNING that none matched). */
+            fm_tune_key key;
+            fm_tune_choice ch;
+            st = fm_cuda_engine_key(ge, &d, l->fmt, &key);
+            if (!st) st = fm_tune_choose(&key, T, &ch);
+            if (!st) fm_tune_provenance_line(&key, T, &ch, prov, sizeof prov);
+        }
         if (!st) st = fm_cuda_layer_upload(ge, &d, l, &gl);
         if (!st) st = fm_cuda_forward(ge, &d, gl, hs->data, hs->dtype, T, tok, &mo);
         if (!st) engine = fm_cuda_engine_describe(ge);
@@ -117,8 +127,8 @@ fm_status fm_forward_file(const fm_forward_file_opts *o, char *info, size_t cap)
     if (st) goto done;
     st = write_output(o->output, T, H, k, out, ids, w);
     if (!st && info)
-        snprintf(info, cap, "%s: hidden_states [%d, %lld] F32, topk_ids/topk_weights [%d, %d]; layer %d of %s (%s, %s); %s",
-                 o->output, T, (long long)H, T, k, o->layer, o->model_dir, d.family, fm_qformat_name(l->fmt), engine);
+        snprintf(info, cap, "%s%swrote %s: hidden_states [%d, %lld] F32, topk_ids/topk_weights [%d, %d]; layer %d of %s (%s, %s); %s",
+                 prov, prov[0] ? "\n" : "", o->output, T, (long long)H, T, k, o->layer, o->model_dir, d.family, fm_qformat_name(l->fmt), engine);
 done:
     if (gl) fm_cuda_layer_free(gl);
     if (ge) fm_cuda_engine_free(ge);
