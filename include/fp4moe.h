@@ -524,6 +524,8 @@ typedef struct {
     char kernel[128];         /* kernel(s) that ran                        */
     fm_kernel_config cfg;     /* with which parameters                     */
     char config_source[512];  /* tuned file path or "built-in default"     */
+    double route_us;          /* routing launches alone, same graph shape  */
+    double logits_us;         /* router logits kernel alone, likewise      */
 } fm_cuda_bench_result;
 /* n_layers layers back to back in one CUDA graph at batch T, random
  * activations from seed, uniform random routing by the real routers. */

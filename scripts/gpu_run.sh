@@ -4,7 +4,11 @@
 # the issue (DeepSeek-V4-Flash NVFP4, B = 1..512, 8 layers in one CUDA graph)
 # with the torch peers measured in the same call, other shapes and MXFP4.
 # Logs and JSON go to $OUT (or ./gpu_out); the summary table prints last.
-#   bash scripts/gpu_run.sh [all|test|bench|variants|peers|cli]...
+#   bash scripts/gpu_run.sh [all|test|bench|variants|peers|cli|quick]...
+# FM_GPU_QUICK=1 (or the mode "quick") runs only the GPU tests and one
+# benchmark of the routed DeepSeek-V4-Flash layer with the built-in config
+# and the per-kernel split at B = 1,4,16,64,256,512 (QUICK_BATCH overrides):
+# about a minute of GPU time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -12,6 +16,7 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.devbuild/lib:${LD_LIBRARY_PATH:-}
 BIN=$PWD/.devbuild/bin
 MODES=${*:-all}
+if [[ "${FM_GPU_QUICK:-0}" == 1 || " $MODES " == *" quick "* ]]; then MODES="test quickbench"; fi
 has() { [[ " $MODES " == *" $1 "* || " $MODES " == *" all "* ]]; }
 BATCH=1,2,4,8,16,32,64,128,256,512
 SUMMARY=$OUT/summary.txt
@@ -21,19 +26,27 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --fo
 
 if has test; then
     echo "== GPU tests"
-    (cd "$OUT" && timeout 300 "$BIN/test_cuda") > "$OUT/test_cuda.log" 2>&1
+    (cd "$OUT" && timeout "${TEST_TIMEOUT:-300}" "$BIN/test_cuda") > "$OUT/test_cuda.log" 2>&1
     rc=$?
     tail -n 25 "$OUT/test_cuda.log"
     echo "test_cuda exit $rc" | tee -a "$SUMMARY"
     if command -v compute-sanitizer >/dev/null; then
         for tool in memcheck racecheck; do
-            timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/cuda_smoke" > "$OUT/sanitizer_$tool.log" 2>&1
+            timeout "${SAN_TIMEOUT:-240}" compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/cuda_smoke" > "$OUT/sanitizer_$tool.log" 2>&1
             rc=$?
             echo "compute-sanitizer $tool exit $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)" | tee -a "$SUMMARY"
         done
     else
         echo "compute-sanitizer not found" | tee -a "$SUMMARY"
     fi
+fi
+
+if [[ " $MODES " == *" quickbench "* ]]; then
+    echo "== quick benchmark (built-in config, per-kernel split)"
+    timeout 150 "$BIN/cuda_bench" --preset deepseek-v4-flash --batch "${QUICK_BATCH:-1,4,16,64,256,512}" --layers 8 \
+        --no-shared --reps 20 --json "$OUT/bench.jsonl" > "$OUT/bench_quick.txt" 2>&1
+    echo "rc=$?" >> "$OUT/bench_quick.txt"
+    { echo "-- dsv4 routed, default config, with per-kernel split"; cat "$OUT/bench_quick.txt"; } >> "$SUMMARY"
 fi
 
 if has bench; then

@@ -86,7 +86,10 @@ typedef struct {
     const void *x;          /* [T][H] input (xdt) or NULL when x_f32 given   */
     int xdt;                /* fm_dtype of x                                 */
     const int32_t *token_ids;
-    float *logits;          /* [T][E] workspace                              */
+    float *logits;          /* [kslices][T][E] partial logits (workspace)    */
+    int kslices;            /* K slices of the logits (set at launch)        */
+    int sms;                /* SMs of the device (sizes the logits grid)     */
+    int prep_done;          /* x_prep and out written by the logits kernel   */
     /* outputs */
     int32_t *ids;           /* [T][k]                                        */
     float *wts;             /* [T][k]                                        */
@@ -128,11 +131,19 @@ typedef struct {
 /* Stages of the cp.async ring (FM_CP_STAGES - 1 segments in flight per warp). */
 #define FM_CP_STAGES 3
 
+#define FM_ROUTE_PART_LOGITS 1
+#define FM_ROUTE_PART_SELECT 2
+#define FM_ROUTE_PART_EXPERTS 4
+#define FM_ROUTE_PARTS_ALL 7
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-fm_status fm_cuda_launch_route(const fm_route_params *p, size_t smem, int pdl, cudaStream_t s);
+/* parts: FM_ROUTE_PART_* (the benchmark times the logits kernel alone). */
+fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int pdl, int parts, cudaStream_t s);
 size_t fm_cuda_route_smem(int H, int E);
+/* Floats of the partial-logits workspace for up to T tokens (monotone). */
+size_t fm_cuda_route_logit_floats(int T, int H, int E, int sms);
 fm_status fm_cuda_route_prepare(size_t smem);
 fm_status fm_cuda_launch_gateup(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s);
 fm_status fm_cuda_launch_down(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s);

@@ -590,7 +590,7 @@ static fm_status ws_ensure(fm_cuda_engine *e, int T, int H, int Hp, int E, int k
     FM_CU(cudaMalloc(&e->out, (size_t)T * H * sizeof(float)));
     FM_CU(cudaMalloc(&e->ids, Tk * sizeof(int32_t)));
     FM_CU(cudaMalloc(&e->wts, Tk * sizeof(float)));
-    FM_CU(cudaMalloc(&e->logits, (size_t)T * E * sizeof(float)));
+    FM_CU(cudaMalloc(&e->logits, fm_cuda_route_logit_floats(T, H, E, e->sm_count) * sizeof(float)));
     FM_CU(cudaMalloc(&e->n_active, sizeof(int)));
     FM_CU(cudaMalloc(&e->act_e, (size_t)E * sizeof(int)));
     FM_CU(cudaMalloc(&e->act_off, (size_t)E * sizeof(int)));
@@ -637,7 +637,7 @@ static float route_scaling(const fm_model_desc *d) {
 
 /* The three launches of one layer on e->stream; x_dev is [T][H] of xdt. */
 static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, const void *x_dev, int xdt,
-                           const int32_t *tok_dev, int *stat, const fm_launch_cfg *lc, cudaEvent_t *ev) {
+                           const int32_t *tok_dev, int *stat, const fm_launch_cfg *lc, cudaEvent_t *ev, int parts) {
     fm_route_params rp;
     memset(&rp, 0, sizeof rp);
     rp.route = l->d.route;
@@ -650,6 +650,7 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
     rp.tid2eid = l->tid2eid; rp.tid_rows = l->tid_rows;
     rp.x = x_dev; rp.xdt = xdt; rp.token_ids = tok_dev;
     rp.logits = e->logits;
+    rp.sms = e->sm_count;
     rp.ids = e->ids; rp.wts = e->wts; rp.x_prep = e->x_prep; rp.out = e->out;
     rp.n_active = e->n_active; rp.act_e = e->act_e; rp.act_off = e->act_off; rp.act_cnt = e->act_cnt;
     rp.sorted_tok = e->sorted_tok; rp.sorted_w = e->sorted_w; rp.done = e->done; rp.stat_active = stat;
@@ -663,7 +664,8 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
     fill_expert_params(e, l, T, &ep);
     fm_status s;
     if (ev) FM_CU(cudaEventRecord(ev[0], e->stream));
-    if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, e->stream))) return s;
+    if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, parts, e->stream))) return s;
+    if (!(parts & FM_ROUTE_PART_EXPERTS)) return FM_OK;
     if (ev) FM_CU(cudaEventRecord(ev[1], e->stream));
     if ((s = fm_cuda_launch_gateup(&ep, lc, e->stream))) return s;
     if (ev) FM_CU(cudaEventRecord(ev[2], e->stream));
@@ -714,7 +716,8 @@ fm_status fm_cuda_forward(fm_cuda_engine *e, const fm_model_desc *d, const fm_cu
             return fm_error(FM_E_CUDA, "cudaEventCreate failed");
         }
     }
-    s = run_layer(e, l, T, e->x_raw, xdt, l->hash ? e->tok_ids : NULL, e->stats, &lc, e->pt ? ev : NULL);
+    s = run_layer(e, l, T, e->x_raw, xdt, l->hash ? e->tok_ids : NULL, e->stats, &lc, e->pt ? ev : NULL,
+                  FM_ROUTE_PARTS_ALL);
     if (!s) {
         cudaError_t err = cudaMemcpyAsync(o->out, e->out, (size_t)T * l->H * 4, cudaMemcpyDeviceToHost, e->stream);
         if (err == cudaSuccess && o->topk_ids)
@@ -741,6 +744,69 @@ fm_status fm_cuda_forward(fm_cuda_engine *e, const fm_model_desc *d, const fm_cu
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+/* One CUDA graph of the given launches (FM_ROUTE_PART_*) of every layer at
+ * batch T, replayed reps times after a warm-up: median, min and max µs per
+ * layer. Turns PDL off in *lc when the graph cannot hold it. */
+static fm_status graph_time(fm_cuda_engine *e, fm_cuda_layer *const *layers, int n_layers, int T, fm_launch_cfg *lc,
+                            int parts, int reps, double *med, double *mn, double *mx) {
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaError_t err;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        FM_CU(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
+        fm_status cs = FM_OK;
+        for (int i = 0; i < n_layers && !cs; i++)
+            cs = run_layer(e, layers[i], T, e->x_raw, FM_DT_F32, layers[i]->hash ? e->tok_ids : NULL, e->stats + i,
+                           lc, NULL, parts);
+        err = cudaStreamEndCapture(e->stream, &graph);
+        if (cs) { if (graph) cudaGraphDestroy(graph); return cs; }
+        if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
+        if (err == cudaSuccess) break;
+        if (graph) cudaGraphDestroy(graph);
+        graph = NULL;
+        cudaGetLastError();
+        if (!lc->pdl || attempt == 1) return fm_error(FM_E_CUDA, "CUDA graph of %d layers: %s", n_layers, cudaGetErrorString(err));
+        lc->pdl = 0; /* retry without programmatic dependent launch */
+    }
+    fm_status s = FM_OK;
+    double *times = (double *)malloc(sizeof(double) * (size_t)reps);
+    cudaEvent_t *ev = (cudaEvent_t *)malloc(sizeof(cudaEvent_t) * (size_t)(reps + 1));
+    int nev = 0;
+    if (!times || !ev) s = fm_error(FM_E_NOMEM, "out of memory");
+    for (; !s && nev < reps + 1; nev++)
+        if ((err = cudaEventCreate(&ev[nev])) != cudaSuccess) s = fm_error(FM_E_CUDA, "cudaEventCreate: %s", cudaGetErrorString(err));
+    for (int w = 0; !s && w < 3; w++)
+        if ((err = cudaGraphLaunch(exec, e->stream)) != cudaSuccess) s = fm_error(FM_E_CUDA, "cudaGraphLaunch: %s", cudaGetErrorString(err));
+    if (!s && (err = cudaStreamSynchronize(e->stream)) != cudaSuccess)
+        s = fm_error(FM_E_CUDA, "benchmark warm-up failed: %s", cudaGetErrorString(err));
+    if (!s) {
+        cudaEventRecord(ev[0], e->stream);
+        for (int i = 0; i < reps && !s; i++) {
+            if ((err = cudaGraphLaunch(exec, e->stream)) != cudaSuccess) s = fm_error(FM_E_CUDA, "cudaGraphLaunch: %s", cudaGetErrorString(err));
+            cudaEventRecord(ev[i + 1], e->stream);
+        }
+        if (!s && (err = cudaStreamSynchronize(e->stream)) != cudaSuccess)
+            s = fm_error(FM_E_CUDA, "benchmark replay failed: %s", cudaGetErrorString(err));
+    }
+    if (!s) {
+        for (int i = 0; i < reps; i++) {
+            float ms = 0;
+            cudaEventElapsedTime(&ms, ev[i], ev[i + 1]);
+            times[i] = ms * 1e3 / n_layers;
+        }
+        qsort(times, (size_t)reps, sizeof(double), cmp_double);
+        *med = times[reps / 2];
+        *mn = times[0];
+        *mx = times[reps - 1];
+    }
+    for (int i = 0; i < nev; i++) cudaEventDestroy(ev[i]);
+    free(ev);
+    free(times);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    return s;
 }
 
 fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer *const *layers, int n_layers, int T,
@@ -783,53 +849,8 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
     r->cfg = cfg;
     fm_cuda_kernel_names(&lc, layers[0]->fmt == FM_QF_MXFP4, r->kernel, sizeof r->kernel);
 
-    cudaGraph_t graph = NULL;
-    cudaGraphExec_t exec = NULL;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        FM_CU(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
-        fm_status cs = FM_OK;
-        for (int i = 0; i < n_layers && !cs; i++)
-            cs = run_layer(e, layers[i], T, e->x_raw, FM_DT_F32, layers[i]->hash ? e->tok_ids : NULL, e->stats + i,
-                           &lc, NULL);
-        err = cudaStreamEndCapture(e->stream, &graph);
-        if (cs) { if (graph) cudaGraphDestroy(graph); return cs; }
-        if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
-        if (err == cudaSuccess) break;
-        if (graph) cudaGraphDestroy(graph);
-        graph = NULL;
-        cudaGetLastError();
-        if (!lc.pdl || attempt == 1) return fm_error(FM_E_CUDA, "CUDA graph of %d layers: %s", n_layers, cudaGetErrorString(err));
-        lc.pdl = 0; /* retry without programmatic dependent launch */
-    }
-    double *times = (double *)malloc(sizeof(double) * (size_t)reps);
-    cudaEvent_t *ev = (cudaEvent_t *)malloc(sizeof(cudaEvent_t) * (size_t)(reps + 1));
-    int nev = 0;
-    if (!times || !ev) s = fm_error(FM_E_NOMEM, "out of memory");
-    for (; !s && nev < reps + 1; nev++)
-        if ((err = cudaEventCreate(&ev[nev])) != cudaSuccess) s = fm_error(FM_E_CUDA, "cudaEventCreate: %s", cudaGetErrorString(err));
-    for (int w = 0; !s && w < 3; w++)
-        if ((err = cudaGraphLaunch(exec, e->stream)) != cudaSuccess) s = fm_error(FM_E_CUDA, "cudaGraphLaunch: %s", cudaGetErrorString(err));
-    if (!s && (err = cudaStreamSynchronize(e->stream)) != cudaSuccess)
-        s = fm_error(FM_E_CUDA, "benchmark warm-up failed: %s", cudaGetErrorString(err));
+    s = graph_time(e, layers, n_layers, T, &lc, FM_ROUTE_PARTS_ALL, reps, &r->us_per_layer, &r->us_min, &r->us_max);
     if (!s) {
-        cudaEventRecord(ev[0], e->stream);
-        for (int i = 0; i < reps && !s; i++) {
-            if ((err = cudaGraphLaunch(exec, e->stream)) != cudaSuccess) s = fm_error(FM_E_CUDA, "cudaGraphLaunch: %s", cudaGetErrorString(err));
-            cudaEventRecord(ev[i + 1], e->stream);
-        }
-        if (!s && (err = cudaStreamSynchronize(e->stream)) != cudaSuccess)
-            s = fm_error(FM_E_CUDA, "benchmark replay failed: %s", cudaGetErrorString(err));
-    }
-    if (!s) {
-        for (int i = 0; i < reps; i++) {
-            float ms = 0;
-            cudaEventElapsedTime(&ms, ev[i], ev[i + 1]);
-            times[i] = ms * 1e3 / n_layers;
-        }
-        qsort(times, (size_t)reps, sizeof(double), cmp_double);
-        r->us_per_layer = times[reps / 2];
-        r->us_min = times[0];
-        r->us_max = times[reps - 1];
         int *act = (int *)malloc(sizeof(int) * (size_t)n_layers);
         if (!act) s = fm_error(FM_E_NOMEM, "out of memory");
         else if ((err = cudaMemcpy(act, e->stats, sizeof(int) * (size_t)n_layers, cudaMemcpyDeviceToHost)) != cudaSuccess)
@@ -845,11 +866,11 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
         }
         free(act);
     }
-    for (int i = 0; i < nev; i++) cudaEventDestroy(ev[i]);
-    free(ev);
-    free(times);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    /* the routing launches alone (logits + selection + grouping) and the
+     * logits kernel alone, in graphs of the same shape */
+    double mn, mx;
+    if (!s) s = graph_time(e, layers, n_layers, T, &lc, FM_ROUTE_PART_LOGITS | FM_ROUTE_PART_SELECT, reps, &r->route_us, &mn, &mx);
+    if (!s) s = graph_time(e, layers, n_layers, T, &lc, FM_ROUTE_PART_LOGITS, reps, &r->logits_us, &mn, &mx);
     return s;
 }
 

@@ -1,13 +1,16 @@
 /*
- * Routing and token -> expert grouping on the GPU, one launch per layer.
+ * Routing and token -> expert grouping on the GPU: two launches per layer.
  *
- * One block per token computes the router logits in FP32, the family's
- * scores, the group limit and the top-k exactly as fm_route does (ties go to
- * the lower expert index, ids sorted ascending), zeroes the token's output
- * row and writes the token's activations in the layout the expert kernels
- * read (BF16, scaled by 2^7, K permuted; see expert.cu). The last block to
- * finish (a counter in global memory) groups the T*k (token, slot) pairs by
- * expert: counts, prefix sums, the list of active experts and the scatter.
+ * 1. Router logits in FP32 as partial sums over K slices, by a grid wide
+ *    enough to keep the router's bytes in flight at every batch size (a GEMV
+ *    shape for few tokens, a register-tiled SGEMM for many).
+ * 2. One warp per token adds the slices, computes the family's scores, the
+ *    group limit and the top-k exactly as fm_route does (ties go to the lower
+ *    expert index, ids sorted ascending), zeroes the token's output row and
+ *    writes the token's activations in the layout the expert kernels read
+ *    (BF16, scaled by 2^7, K permuted; see expert.cu). The last block to
+ *    finish (a counter in global memory) groups the T*k (token, slot) pairs
+ *    by expert: counts, prefix sums, the list of active experts, the scatter.
  * Nothing here waits on the host, so a whole step can be one CUDA graph.
  */
 #include "cuda_internal.h"
@@ -19,6 +22,9 @@
 #define RT_THREADS 256
 #define RT_WARPS (RT_THREADS / 32)
 #define RT_MAXK 32
+#define RS_WARPS 4 /* tokens per selection block */
+#define RS_THREADS (RS_WARPS * 32)
+#define GB 8      /* pairs per thread and round in the grouping */
 
 static __device__ __forceinline__ void pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -29,12 +35,6 @@ static __device__ __forceinline__ void pdl_launch_dependents(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-}
-
-static __device__ __forceinline__ float load_x(const void *x, int xdt, size_t i) {
-    if (xdt == FM_DT_BF16) return __uint_as_float((unsigned)((const uint16_t *)x)[i] << 16);
-    if (xdt == FM_DT_F16) return __half2float(((const __half *)x)[i]);
-    return ((const float *)x)[i];
 }
 
 /* Block-wide exclusive scan of one int per thread; returns the total. */
@@ -48,7 +48,7 @@ static __device__ int block_exscan(int v, int *excl, int *warp_tot) {
     if (lane == 31) warp_tot[w] = inc;
     __syncthreads();
     int base = 0, total = 0;
-    for (int i = 0; i < RT_WARPS; i++) {
+    for (int i = 0; i < RS_WARPS; i++) {
         if (i < w) base += warp_tot[i];
         total += warp_tot[i];
     }
@@ -81,166 +81,340 @@ static __device__ int warp_argmax(const float *sel, const unsigned char *taken, 
 }
 
 
-/* Router logits, FP32: logits[t][e] = x[t] . W[e] (+ router bias[e]). A warp
- * owns EW experts and a tile of TT tokens, so each router row is read once
- * per token tile (from L2) and the tokens' activations come from L1. */
-template <int EW, int TT>
-__global__ void __launch_bounds__(RT_THREADS) fm_logits_kernel(fm_route_params p) {
+/* Sums of N values across a warp, N a power of two <= 32, in five
+ * steps: each step halves the values a lane keeps (transposed butterfly), so
+ * N sums cost N - 1 + 5 - log2(N) shuffles instead of 5 N. Afterwards lane l
+ * holds the total of value (l >> (5 - log2 N)) in v[0]. */
+template <int N>
+static __device__ __forceinline__ float warp_sum_transposed(float *v) {
+    const int lane = threadIdx.x & 31;
+    int o = 16;
+#pragma unroll
+    for (int n = N; n > 1; n >>= 1, o >>= 1) {
+        const bool upper = (lane & o) != 0;
+#pragma unroll
+        for (int j = 0; j < n / 2; j++) {
+            float send = upper ? v[j] : v[j + n / 2];
+            float keep = upper ? v[j + n / 2] : v[j];
+            v[j] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+    }
+    for (; o; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+    return v[0];
+}
+
+/* Four activations x[t][k..k+3] as FP32 (k a multiple of 4, H % 4 == 0). */
+static __device__ __forceinline__ float4 load_x4(const void *x, int xdt, size_t o) {
+    if (xdt == FM_DT_F32) return __ldg((const float4 *)((const float *)x + o));
+    uint2 v = __ldg((const uint2 *)((const uint16_t *)x + o));
+    if (xdt == FM_DT_BF16)
+        return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xFFFF0000u), __uint_as_float(v.y << 16),
+                           __uint_as_float(v.y & 0xFFFF0000u));
+    __half2 h0 = *(__half2 *)&v.x, h1 = *(__half2 *)&v.y;
+    return make_float4(__low2float(h0), __high2float(h0), __low2float(h1), __high2float(h1));
+}
+
+/* Eight activations as the experts read them: BF16 of x * 2^7, stored
+ * position m holding element perm[m] (expert.cu's K order). */
+static __device__ __forceinline__ uint4 prep8(const float *xv, const int *perm) {
+    uint16_t o[8];
+#pragma unroll
+    for (int m = 0; m < 8; m++) {
+        __nv_bfloat16 b = __float2bfloat16_rn(xv[perm[m]] * 128.0f);
+        o[m] = *(uint16_t *)&b;
+    }
+    uint4 pk;
+    pk.x = o[0] | (unsigned)o[1] << 16; pk.y = o[2] | (unsigned)o[3] << 16;
+    pk.z = o[4] | (unsigned)o[5] << 16; pk.w = o[6] | (unsigned)o[7] << 16;
+    return pk;
+}
+
+/*
+ * Router logits, FP32, as partial sums over K slices: part[s][t][e] =
+ * sum over the s-th K slice of x[t][k] * W[e][k]; the selection kernel adds
+ * the slices in order (s = 0, 1, ...) and the router bias. Two shapes:
+ *
+ * few tokens (T <= LG_SMALL_T): a GEMV over a grid of (16-expert block x
+ *   512-K slice x 8-token tile); the token tile's x slice sits in shared
+ *   memory, a warp owns 2 router rows and issues all 8 of its 16-byte row
+ *   loads before the first FMA, so the whole 4 MB router of DeepSeek-V4 is
+ *   in flight at once over ~128 blocks instead of a chain of dependent loads.
+ * many tokens: a register-tiled SGEMM, 64 tokens x 64 experts per block,
+ *   4 x 4 outputs per thread from k-major shared tiles (2 LDS.128 per 16
+ *   FMA), K split so that the grid fills the SMs about four blocks deep.
+ */
+#define LG_SMALL_T 32
+#define LG_KC 512          /* K slice of the GEMV shape                      */
+#define LG_TT 8            /* tokens per GEMV block                          */
+#define LG_EW 2            /* router rows per warp (GEMV)                    */
+#define LG_TILE 64         /* tokens and experts per SGEMM block             */
+#define LG_KSTEP 16        /* K per shared-memory stage (SGEMM)              */
+
+__global__ void __launch_bounds__(RT_THREADS) fm_logits_gemv_kernel(fm_route_params p) {
+    __shared__ __align__(16) float xs[LG_TT][LG_KC];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int e0 = (blockIdx.x * RT_WARPS + warp) * EW, t0 = blockIdx.y * TT;
+    const int e0 = (blockIdx.x * RT_WARPS + warp) * LG_EW, k0 = blockIdx.y * LG_KC, t0 = blockIdx.z * LG_TT;
+    const int H = p.H, E = p.E, T = p.T;
+    /* the router rows are written by no kernel of the stream that triggers
+     * its dependents early, so they are read before waiting on the previous
+     * layer (their latency hides under its tail) */
+    float4 w[LG_EW][LG_KC / 128];
+#pragma unroll
+    for (int a = 0; a < LG_EW; a++)
+#pragma unroll
+        for (int it = 0; it < LG_KC / 128; it++) {
+            int k = k0 + it * 128 + lane * 4;
+            w[a][it] = e0 + a < E && k < H ? __ldg((const float4 *)(p.router_w + (size_t)(e0 + a) * H + k))
+                                           : make_float4(0, 0, 0, 0);
+        }
     pdl_wait();
     pdl_launch_dependents();
-    if (e0 >= p.E) return;
-    const int H = p.H;
-    float acc[EW][TT];
+    for (int i = threadIdx.x; i < LG_TT * (LG_KC / 4); i += RT_THREADS) {
+        int b = i / (LG_KC / 4), c = (i % (LG_KC / 4)) * 4;
+        int t = t0 + b, k = k0 + c;
+        float4 v = t < T && k < H ? load_x4(p.x, p.xdt, (size_t)t * H + k) : make_float4(0, 0, 0, 0);
+        *(float4 *)&xs[b][c] = v;
+    }
+    __syncthreads();
+    /* the first expert block of each (slice, token tile) also writes the
+     * tokens' copy for the experts and zeroes their output, so that the
+     * one-warp-per-token selection has no per-token streaming left */
+    if (blockIdx.x == 0) {
+        for (int i = threadIdx.x; i < LG_TT * (LG_KC / 8); i += RT_THREADS) {
+            int b = i / (LG_KC / 8), c = (i % (LG_KC / 8)) * 8;
+            int t = t0 + b, k = k0 + c;
+            if (t >= T) continue;
+            if (k < p.Hp) {
+                const int perm[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+                *(uint4 *)&p.x_prep[(size_t)t * p.Hp + k] = prep8(&xs[b][c], perm);
+            }
+            if (k < H) *(float4 *)&p.out[(size_t)t * H + k] = make_float4(0, 0, 0, 0);
+            if (k + 4 < H) *(float4 *)&p.out[(size_t)t * H + k + 4] = make_float4(0, 0, 0, 0);
+        }
+    }
+    float acc[LG_EW * LG_TT];
 #pragma unroll
-    for (int a = 0; a < EW; a++)
+    for (int i = 0; i < LG_EW * LG_TT; i++) acc[i] = 0.0f;
 #pragma unroll
-        for (int b = 0; b < TT; b++) acc[a][b] = 0.0f;
-    for (int i = lane * 4; i < H; i += 128) {
-        float4 w[EW];
+    for (int it = 0; it < LG_KC / 128; it++)
 #pragma unroll
-        for (int a = 0; a < EW; a++)
-            w[a] = e0 + a < p.E ? __ldg((const float4 *)(p.router_w + (size_t)(e0 + a) * H + i)) : make_float4(0, 0, 0, 0);
+        for (int b = 0; b < LG_TT; b++) {
+            float4 xv = *(const float4 *)&xs[b][it * 128 + lane * 4];
 #pragma unroll
-        for (int b = 0; b < TT; b++) {
-            if (t0 + b >= p.T) break;
-            size_t o = (size_t)(t0 + b) * H + i;
-            float x0, x1, x2, x3;
-            if (p.xdt == FM_DT_F32) {
-                float4 v = __ldg((const float4 *)((const float *)p.x + o));
-                x0 = v.x; x1 = v.y; x2 = v.z; x3 = v.w;
-            } else {
-                uint2 v = __ldg((const uint2 *)((const uint16_t *)p.x + o));
-                if (p.xdt == FM_DT_BF16) {
-                    x0 = __uint_as_float(v.x << 16); x1 = __uint_as_float(v.x & 0xFFFF0000u);
-                    x2 = __uint_as_float(v.y << 16); x3 = __uint_as_float(v.y & 0xFFFF0000u);
-                } else {
-                    __half2 h0 = *(__half2 *)&v.x, h1 = *(__half2 *)&v.y;
-                    x0 = __low2float(h0); x1 = __high2float(h0); x2 = __low2float(h1); x3 = __high2float(h1);
+            for (int a = 0; a < LG_EW; a++)
+                acc[a * LG_TT + b] += w[a][it].x * xv.x + w[a][it].y * xv.y + w[a][it].z * xv.z + w[a][it].w * xv.w;
+        }
+    float v = warp_sum_transposed<LG_EW * LG_TT>(acc);
+    const int idx = lane >> 1, a = idx / LG_TT, b = idx % LG_TT;
+    if ((lane & 1) == 0 && e0 + a < E && t0 + b < T)
+        p.logits[((size_t)blockIdx.y * T + t0 + b) * E + e0 + a] = v;
+}
+
+__global__ void __launch_bounds__(RT_THREADS) fm_logits_tile_kernel(fm_route_params p, int kc) {
+    __shared__ __align__(16) float xs[LG_KSTEP][LG_TILE + 4];
+    __shared__ __align__(16) float ws[LG_KSTEP][LG_TILE + 4];
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const int t0 = blockIdx.x * LG_TILE, e0 = blockIdx.y * LG_TILE;
+    const int H = p.H, E = p.E, T = p.T;
+    const int kbeg = blockIdx.z * kc, kend = min(H, kbeg + kc);
+    /* loader: row r of the tile, 4 K values at c */
+    const int lr = tid >> 2, lc = (tid & 3) * 4;
+    const bool xok = t0 + lr < T, wok = e0 + lr < E;
+    pdl_wait();
+    pdl_launch_dependents();
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    float4 xr = make_float4(0, 0, 0, 0), wr = make_float4(0, 0, 0, 0);
+    if (kbeg + lc < kend) {
+        if (xok) xr = load_x4(p.x, p.xdt, (size_t)(t0 + lr) * H + kbeg + lc);
+        if (wok) wr = __ldg((const float4 *)(p.router_w + (size_t)(e0 + lr) * H + kbeg + lc));
+    }
+    for (int kb = kbeg; kb < kend; kb += LG_KSTEP) {
+        xs[lc][lr] = xr.x; xs[lc + 1][lr] = xr.y; xs[lc + 2][lr] = xr.z; xs[lc + 3][lr] = xr.w;
+        ws[lc][lr] = wr.x; ws[lc + 1][lr] = wr.y; ws[lc + 2][lr] = wr.z; ws[lc + 3][lr] = wr.w;
+        __syncthreads();
+        /* next stage's loads fly during this stage's FMAs */
+        const int kn = kb + LG_KSTEP + lc;
+        xr = make_float4(0, 0, 0, 0);
+        wr = make_float4(0, 0, 0, 0);
+        if (kn < kend) {
+            if (xok) xr = load_x4(p.x, p.xdt, (size_t)(t0 + lr) * H + kn);
+            if (wok) wr = __ldg((const float4 *)(p.router_w + (size_t)(e0 + lr) * H + kn));
+        }
+#pragma unroll
+        for (int kk = 0; kk < LG_KSTEP; kk++) {
+            float4 xv = *(const float4 *)&xs[kk][ty * 4];
+            float4 wv = *(const float4 *)&ws[kk][tx * 4];
+            float xa[4] = {xv.x, xv.y, xv.z, xv.w}, wa[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(xa[i], wa[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int t = t0 + ty * 4 + i;
+        if (t >= T) continue;
+        float *dst = p.logits + ((size_t)blockIdx.z * T + t) * E;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int e = e0 + tx * 4 + j;
+            if (e < E) dst[e] = acc[i][j];
+        }
+    }
+}
+
+/* K slices of the SGEMM shape: enough that the grid is ~4 blocks per SM,
+ * but slices of at least LG_KMIN and at most LG_MAXKS of them (the
+ * selection kernel reads every slice of its token's logits). */
+#define LG_KMIN 128
+#define LG_MAXKS 32
+static void tile_split(int T, int H, int E, int sms, int *ks, int *kc) {
+    long tiles = (long)((T + LG_TILE - 1) / LG_TILE) * ((E + LG_TILE - 1) / LG_TILE);
+    long want = (4L * (sms > 0 ? sms : 132) + tiles - 1) / tiles;
+    long maxks = (H + LG_KMIN - 1) / LG_KMIN;
+    if (maxks > LG_MAXKS) maxks = LG_MAXKS;
+    if (want > maxks) want = maxks;
+    if (want < 1) want = 1;
+    long c = (H + want - 1) / want;
+    c = (c + LG_KSTEP - 1) / LG_KSTEP * LG_KSTEP;
+    *kc = (int)c;
+    *ks = (int)((H + c - 1) / c);
+}
+
+/* Per-warp shared memory of the selection kernel: lg, sel, wsc [E] floats
+ * and taken [E] bytes, rounded to 16 bytes. */
+static __host__ __device__ size_t sel_warp_bytes(int E) { return ((size_t)E * 13 + 15) & ~(size_t)15; }
+
+/*
+ * Selection and grouping: one warp per token (RS_WARPS tokens per block).
+ * The warp adds the K slices of its token's logits in slice order, applies
+ * the family's scores, the group limit and the top-k exactly as fm_route
+ * (ties to the lower expert index, ids ascending), writes the token's
+ * activations in the experts' layout and zeroes its output row. The last
+ * block to finish (a counter in global memory) groups the T*k pairs by
+ * expert: counts (shared atomics), scans, active list, scatter.
+ */
+__global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p) {
+    extern __shared__ __align__(16) unsigned char rs_smem[];
+    const int E = p.E, H = p.H, k = p.k, T = p.T;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int t = blockIdx.x * RS_WARPS + warp;
+    float *lg = (float *)(rs_smem + (size_t)warp * sel_warp_bytes(E)); /* [E] logits          */
+    float *sel = lg + E;                                               /* [E] selection score */
+    float *wsc = sel + E;                                              /* [E] weight score    */
+    unsigned char *taken = (unsigned char *)(wsc + E);                 /* [E]                 */
+    __shared__ int chosen[RS_WARPS][RT_MAXK];
+    __shared__ int warp_tot[RS_WARPS];
+    __shared__ unsigned is_last;
+    pdl_wait();
+
+    if (t < T) {
+        /* the experts' copy of the activations and the zeroed output row
+         * (unless the GEMV logits kernel wrote them) */
+        if (!p.prep_done) {
+            for (int i = lane * 4; i < H; i += 128) *(float4 *)&p.out[(size_t)t * H + i] = make_float4(0, 0, 0, 0);
+            for (int g = lane; g < p.Hp / 8; g += 32) {
+                const int perm[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+                const size_t base = (size_t)t * H + g * 8;
+                float4 lo = g * 8 < H ? load_x4(p.x, p.xdt, base) : make_float4(0, 0, 0, 0);
+                float4 hi = g * 8 + 4 < H ? load_x4(p.x, p.xdt, base + 4) : make_float4(0, 0, 0, 0);
+                const float xv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+                *(uint4 *)&p.x_prep[(size_t)t * p.Hp + g * 8] = prep8(xv, perm);
+            }
+        }
+        /* K slices in order; a lane's 8 experts per slice are independent
+         * loads, so the slices cost a few L2 latencies, not one each */
+        for (int c0 = 0; c0 < E; c0 += 256) {
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) v[j] = 0.0f;
+#pragma unroll 8
+            for (int s = 0; s < p.kslices; s++) {
+                const float *src = p.logits + ((size_t)s * T + t) * E;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    int e = c0 + j * 32 + lane;
+                    if (e < E) v[j] += __ldcg(src + e);
                 }
             }
 #pragma unroll
-            for (int a = 0; a < EW; a++) acc[a][b] += w[a].x * x0 + w[a].y * x1 + w[a].z * x2 + w[a].w * x3;
-        }
-    }
-#pragma unroll
-    for (int a = 0; a < EW; a++)
-#pragma unroll
-        for (int b = 0; b < TT; b++) {
-            float v = acc[a][b];
-            for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (lane == 0 && e0 + a < p.E && t0 + b < p.T)
-                p.logits[(size_t)(t0 + b) * p.E + e0 + a] = v + (p.router_bias ? p.router_bias[e0 + a] : 0.0f);
-        }
-}
-
-__global__ void __launch_bounds__(RT_THREADS) fm_route_kernel(fm_route_params p) {
-    extern __shared__ float rt_smem[];
-    const int E = p.E, H = p.H, k = p.k;
-    float *lg = rt_smem;          /* [E]  logits               */
-    float *sel = lg + E;          /* [E]  selection score      */
-    float *wsc = sel + E;         /* [E]  weight score         */
-    unsigned char *taken = (unsigned char *)(wsc + E); /* [E] */
-    __shared__ int chosen[RT_MAXK];
-    __shared__ float red[RT_WARPS];
-    __shared__ int warp_tot[RT_WARPS];
-    __shared__ unsigned is_last;
-
-    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    pdl_wait();
-
-    /* the experts' copy of the activations: BF16 * 2^7, stored position m
-     * of a group of 8 holds element perm[m] (expert.cu) */
-    for (int i = tid; i < H; i += RT_THREADS) p.out[(size_t)t * H + i] = 0.0f;
-    for (int i = tid; i < p.Hp; i += RT_THREADS) {
-        const int perm[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-        int src = (i & ~7) + perm[i & 7];
-        float v = src < H ? load_x(p.x, p.xdt, (size_t)t * H + src) * 128.0f : 0.0f;
-        __nv_bfloat16 b = __float2bfloat16_rn(v);
-        p.x_prep[(size_t)t * p.Hp + i] = *(uint16_t *)&b;
-    }
-    for (int e = tid; e < E; e += RT_THREADS) lg[e] = p.logits[(size_t)t * E + e];
-    __syncthreads();
-
-    /* family scores */
-    if (p.route == FM_ROUTE_SOFTMAX) {
-        float m = -INFINITY;
-        for (int e = tid; e < E; e += RT_THREADS) m = fmaxf(m, lg[e]);
-        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (lane == 0) red[warp] = m;
-        __syncthreads();
-        m = red[0];
-        for (int i = 1; i < RT_WARPS; i++) m = fmaxf(m, red[i]);
-        __syncthreads();
-        float s = 0.0f;
-        for (int e = tid; e < E; e += RT_THREADS) { float v = expf(lg[e] - m); wsc[e] = v; s += v; }
-        for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0) red[warp] = s;
-        __syncthreads();
-        s = 0.0f;
-        for (int i = 0; i < RT_WARPS; i++) s += red[i];
-        for (int e = tid; e < E; e += RT_THREADS) { wsc[e] = wsc[e] / s; sel[e] = wsc[e]; }
-    } else if (p.route == FM_ROUTE_GPTOSS) {
-        for (int e = tid; e < E; e += RT_THREADS) {
-            float v = lg[e];
-            sel[e] = v; wsc[e] = v;
-        }
-    } else {
-        for (int e = tid; e < E; e += RT_THREADS) {
-            float l = lg[e], s;
-            if (p.route == FM_ROUTE_DSV4) {
-                float sp = l > 20.0f ? l : log1pf(expf(l));
-                s = sqrtf(sp);
-            } else {
-                s = 1.0f / (1.0f + expf(-l));
+            for (int j = 0; j < 8; j++) {
+                int e = c0 + j * 32 + lane;
+                if (e < E) lg[e] = v[j] + (p.router_bias ? p.router_bias[e] : 0.0f);
             }
-            wsc[e] = s;
-            sel[e] = s + (p.score_bias ? p.score_bias[e] : 0.0f);
         }
-    }
-    for (int e = tid; e < E; e += RT_THREADS) taken[e] = 0;
-    __syncthreads();
+        __syncwarp();
 
-    /* group limit (DeepSeek-V3 family): keep the topk_group groups with the
-     * largest sum of their two best biased scores */
-    if ((p.route == FM_ROUTE_NOAUX_TC || p.route == FM_ROUTE_DSV4) && p.n_group > 1 && p.topk_group > 0 &&
-        p.topk_group < p.n_group) {
-        int gs = E / p.n_group;
-        float *gscore = lg; /* logits are no longer needed */
-        __syncthreads();
-        for (int g = tid; g < p.n_group; g += RT_THREADS) {
-            float b1 = -INFINITY, b2 = -INFINITY;
-            for (int e = g * gs; e < (g + 1) * gs; e++) {
-                float v = sel[e];
-                if (v > b1) { b2 = b1; b1 = v; } else if (v > b2) b2 = v;
+        /* family scores */
+        if (p.route == FM_ROUTE_SOFTMAX) {
+            float m = -INFINITY;
+            for (int e = lane; e < E; e += 32) m = fmaxf(m, lg[e]);
+            for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            float s = 0.0f;
+            for (int e = lane; e < E; e += 32) { float v = expf(lg[e] - m); wsc[e] = v; s += v; }
+            for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            for (int e = lane; e < E; e += 32) { wsc[e] = wsc[e] / s; sel[e] = wsc[e]; }
+        } else if (p.route == FM_ROUTE_GPTOSS) {
+            for (int e = lane; e < E; e += 32) {
+                float v = lg[e];
+                sel[e] = v; wsc[e] = v;
             }
-            gscore[g] = gs >= 2 ? b1 + b2 : b1;
+        } else {
+            for (int e = lane; e < E; e += 32) {
+                float l = lg[e], s;
+                if (p.route == FM_ROUTE_DSV4) {
+                    float sp = l > 20.0f ? l : log1pf(expf(l));
+                    s = sqrtf(sp);
+                } else {
+                    s = 1.0f / (1.0f + expf(-l));
+                }
+                wsc[e] = s;
+                sel[e] = s + (p.score_bias ? p.score_bias[e] : 0.0f);
+            }
         }
-        __syncthreads();
-        if (warp == 0) {
+        for (int e = lane; e < E; e += 32) taken[e] = 0;
+        __syncwarp();
+
+        /* group limit (DeepSeek-V3 family): keep the topk_group groups with
+         * the largest sum of their two best biased scores */
+        if ((p.route == FM_ROUTE_NOAUX_TC || p.route == FM_ROUTE_DSV4) && p.n_group > 1 && p.topk_group > 0 &&
+            p.topk_group < p.n_group) {
+            int gs = E / p.n_group;
+            float *gscore = lg; /* logits are no longer needed */
+            for (int g = lane; g < p.n_group; g += 32) {
+                float b1 = -INFINITY, b2 = -INFINITY;
+                for (int e = g * gs; e < (g + 1) * gs; e++) {
+                    float v = sel[e];
+                    if (v > b1) { b2 = b1; b1 = v; } else if (v > b2) b2 = v;
+                }
+                gscore[g] = gs >= 2 ? b1 + b2 : b1;
+            }
+            __syncwarp();
             for (int j = 0; j < p.topk_group; j++) {
                 int g = warp_argmax(gscore, taken, p.n_group);
                 if (lane == 0) taken[g] = 1;
                 __syncwarp();
             }
+            for (int e = lane; e < E; e += 32)
+                if (!taken[e / gs]) sel[e] = -INFINITY;
+            __syncwarp();
+            for (int g = lane; g < p.n_group; g += 32) taken[g] = 0;
+            __syncwarp();
         }
-        __syncthreads();
-        for (int e = tid; e < E; e += RT_THREADS)
-            if (!taken[e / gs]) sel[e] = -INFINITY;
-        __syncthreads();
-        for (int g = tid; g < p.n_group; g += RT_THREADS) taken[g] = 0;
-        __syncthreads();
-    }
 
-    if (warp == 0) {
         if (p.hash) {
             int tok = p.token_ids[t];
-            if (lane < k) chosen[lane] = p.tid2eid[(size_t)tok * k + lane];
+            if (lane < k) chosen[warp][lane] = p.tid2eid[(size_t)tok * k + lane];
         } else {
             for (int j = 0; j < k; j++) {
                 int e = warp_argmax(sel, taken, E);
-                if (lane == 0) { taken[e] = 1; chosen[j] = e; }
+                if (lane == 0) { taken[e] = 1; chosen[warp][j] = e; }
                 __syncwarp();
             }
         }
@@ -248,7 +422,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_route_kernel(fm_route_params p)
         if (lane == 0) {
             float w[RT_MAXK];
             int id[RT_MAXK];
-            for (int j = 0; j < k; j++) id[j] = chosen[j];
+            for (int j = 0; j < k; j++) id[j] = chosen[warp][j];
             /* ascending expert ids */
             for (int a = 1; a < k; a++) {
                 int v = id[a], b = a - 1;
@@ -288,21 +462,34 @@ __global__ void __launch_bounds__(RT_THREADS) fm_route_kernel(fm_route_params p)
     /* the last block groups the pairs by expert */
     __threadfence();
     __syncthreads();
-    if (tid == 0) is_last = (atomicAdd(p.done, 1u) == (unsigned)(p.T - 1));
+    /* one block: it is the last (no counter round trip) */
+    if (tid == 0) is_last = gridDim.x == 1 || atomicAdd(p.done, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!is_last) return;
     __threadfence();
 
-    int *cnt = (int *)rt_smem;  /* [E] (reuses the score arrays) */
+    int *cnt = (int *)rs_smem;  /* [E] (reuses the score arrays) */
     int *off = cnt + E;         /* [E] */
     int *cur = off + E;         /* [E] */
-    const int n = p.T * k;
-    for (int e = tid; e < E; e += RT_THREADS) { cnt[e] = 0; cur[e] = 0; }
+    const int n = T * k;
+    for (int e = tid; e < E; e += RS_THREADS) { cnt[e] = 0; cur[e] = 0; }
     __syncthreads();
-    for (int i = tid; i < n; i += RT_THREADS) atomicAdd(&cnt[__ldcg(&p.ids[i])], 1);
+    /* GB pairs per thread per round: their loads are issued together, so a
+     * round costs one L2 latency (one block does this for the whole grid) */
+    for (int i0 = 0; i0 < n; i0 += RS_THREADS * GB) {
+        int ev[GB];
+#pragma unroll
+        for (int j = 0; j < GB; j++) {
+            int i = i0 + j * RS_THREADS + tid;
+            ev[j] = i < n ? __ldcg(&p.ids[i]) : -1;
+        }
+#pragma unroll
+        for (int j = 0; j < GB; j++)
+            if (ev[j] >= 0) atomicAdd(&cnt[ev[j]], 1);
+    }
     __syncthreads();
-    /* each thread owns a run of up to 4 consecutive experts */
-    const int per = (E + RT_THREADS - 1) / RT_THREADS;
+    /* each thread owns a run of consecutive experts */
+    const int per = (E + RS_THREADS - 1) / RS_THREADS;
     int e0 = tid * per, e1 = min(E, e0 + per);
     int mysum = 0, myact = 0;
     for (int e = e0; e < e1; e++) { mysum += cnt[e]; myact += cnt[e] > 0; }
@@ -320,11 +507,23 @@ __global__ void __launch_bounds__(RT_THREADS) fm_route_kernel(fm_route_params p)
         base += cnt[e];
     }
     __syncthreads();
-    for (int i = tid; i < n; i += RT_THREADS) {
-        int e = __ldcg(&p.ids[i]);
-        int pos = off[e] + atomicAdd(&cur[e], 1);
-        p.sorted_tok[pos] = i / k;
-        p.sorted_w[pos] = __ldcg(&p.wts[i]);
+    for (int i0 = 0; i0 < n; i0 += RS_THREADS * GB) {
+        int ev[GB];
+        float wv[GB];
+#pragma unroll
+        for (int j = 0; j < GB; j++) {
+            int i = i0 + j * RS_THREADS + tid;
+            ev[j] = i < n ? __ldcg(&p.ids[i]) : -1;
+            wv[j] = i < n ? __ldcg(&p.wts[i]) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < GB; j++)
+            if (ev[j] >= 0) {
+                int i = i0 + j * RS_THREADS + tid;
+                int pos = off[ev[j]] + atomicAdd(&cur[ev[j]], 1);
+                p.sorted_tok[pos] = i / k;
+                p.sorted_w[pos] = wv[j];
+            }
     }
     if (tid == 0) {
         *p.n_active = n_act;
@@ -335,9 +534,21 @@ __global__ void __launch_bounds__(RT_THREADS) fm_route_kernel(fm_route_params p)
 
 extern "C" size_t fm_cuda_route_smem(int H, int E) {
     (void)H;
-    size_t a = (size_t)E * 13 + 16;
+    size_t a = RS_WARPS * sel_warp_bytes(E);
     size_t b = (size_t)E * 12;
     return a > b ? a : b;
+}
+
+extern "C" size_t fm_cuda_route_logit_floats(int T, int H, int E, int sms) {
+    /* GEMV shape: ceil(H / LG_KC) slices of at most LG_SMALL_T tokens;
+     * SGEMM shape: slices x tiles <= 4 sms + tiles - 1, each 64 x 64; and
+     * never less than one slice. Every term grows with T, H, E and sms. */
+    size_t tiles = (size_t)((T + LG_TILE - 1) / LG_TILE) * ((E + LG_TILE - 1) / LG_TILE);
+    size_t a = (size_t)((H + LG_KC - 1) / LG_KC) * LG_SMALL_T * E;
+    size_t b = (4 * (size_t)(sms > 0 ? sms : 132) + tiles) * LG_TILE * LG_TILE;
+    size_t c = (size_t)T * E;
+    size_t m = a > b ? a : b;
+    return m > c ? m : c;
 }
 
 extern "C" fm_status fm_cuda_route_prepare(size_t smem) {
@@ -346,9 +557,10 @@ extern "C" fm_status fm_cuda_route_prepare(size_t smem) {
     return FM_OK;
 }
 
-extern "C" fm_status fm_cuda_launch_route(const fm_route_params *p, size_t smem, int pdl, cudaStream_t s) {
+extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int pdl, int parts, cudaStream_t s) {
     if (p->k > RT_MAXK) return fm_error(FM_E_UNSUPPORTED, "CUDA routing supports top-k up to %d, not %d", RT_MAXK, p->k);
     if (p->H % 4) return fm_error(FM_E_UNSUPPORTED, "CUDA routing needs the hidden size %d to be a multiple of 4", p->H);
+    if (p->Hp % 8) return fm_error(FM_E_UNSUPPORTED, "CUDA routing needs the padded hidden size %d to be a multiple of 8", p->Hp);
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -357,17 +569,30 @@ extern "C" fm_status fm_cuda_launch_route(const fm_route_params *p, size_t smem,
     cfg.stream = s;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
-    /* few tokens: one expert per warp (more blocks); many: two experts and
-     * 16 tokens per warp (fewer passes over the router weights) */
-    if (p->T <= 8) {
-        cfg.gridDim = dim3((unsigned)((p->E + RT_WARPS - 1) / RT_WARPS), (unsigned)((p->T + 7) / 8));
-        FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_kernel<1, 8>, *p));
+    int ks, kc = 0;
+    if (p->T <= LG_SMALL_T) {
+        ks = (p->H + LG_KC - 1) / LG_KC;
+        cfg.gridDim = dim3((unsigned)((p->E + RT_WARPS * LG_EW - 1) / (RT_WARPS * LG_EW)), (unsigned)ks,
+                           (unsigned)((p->T + LG_TT - 1) / LG_TT));
     } else {
-        cfg.gridDim = dim3((unsigned)((p->E + 2 * RT_WARPS - 1) / (2 * RT_WARPS)), (unsigned)((p->T + 15) / 16));
-        FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_kernel<2, 16>, *p));
+        tile_split(p->T, p->H, p->E, p->sms, &ks, &kc);
+        cfg.gridDim = dim3((unsigned)((p->T + LG_TILE - 1) / LG_TILE), (unsigned)((p->E + LG_TILE - 1) / LG_TILE),
+                           (unsigned)ks);
     }
-    FM_CU_LAUNCH("fm_logits_kernel");
-    cfg.gridDim = dim3((unsigned)p->T);
+    p->kslices = ks;
+    p->prep_done = p->T <= LG_SMALL_T;
+    if (parts & FM_ROUTE_PART_LOGITS) {
+        if (p->T <= LG_SMALL_T) {
+            FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_gemv_kernel, *p));
+            FM_CU_LAUNCH("fm_logits_gemv_kernel");
+        } else {
+            FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_tile_kernel, *p, kc));
+            FM_CU_LAUNCH("fm_logits_tile_kernel");
+        }
+    }
+    if (!(parts & FM_ROUTE_PART_SELECT)) return FM_OK;
+    cfg.blockDim = dim3(RS_THREADS);
+    cfg.gridDim = dim3((unsigned)((p->T + RS_WARPS - 1) / RS_WARPS));
     cfg.dynamicSmemBytes = smem;
     FM_CU(cudaLaunchKernelEx(&cfg, fm_route_kernel, *p));
     FM_CU_LAUNCH("fm_route_kernel");

@@ -99,6 +99,8 @@ int main(int argc, char **argv) {
                    r.us_max - r.us_min, r.cfg.warps, r.cfg.k_split, r.cfg.tile_n, r.cfg.stages > 1 ? "cp" : "rg",
                    variants ? "" : r.config_source);
             if (!variants) {
+                printf("      routing alone in a graph: %.1f us (logits kernel %.1f us, selection + grouping %.1f us)\n",
+                       r.route_us, r.logits_us, r.route_us - r.logits_us);
                 /* per-kernel split of one layer (events around each launch, no graph) */
                 int T = batches[bi], H = d.hidden;
                 float *x = malloc(sizeof(float) * (size_t)T * H), *out = malloc(sizeof(float) * (size_t)T * H);
@@ -122,10 +124,11 @@ int main(int argc, char **argv) {
             if (jf)
                 fprintf(jf, "{\"preset\":\"%s\",\"format\":\"%s\",\"B\":%d,\"layers\":%d,\"shared\":%d,\"active\":%.2f,"
                             "\"bytes\":%lld,\"us\":%.2f,\"us_min\":%.2f,\"us_max\":%.2f,\"bw\":%.4g,\"floor_us\":%.2f,"
-                            "\"warps\":%d,\"k_split\":%d,\"tile_n\":%d,\"stages\":%d,\"kernel\":\"%s\",\"source\":\"%s\"}\n",
+                            "\"warps\":%d,\"k_split\":%d,\"tile_n\":%d,\"stages\":%d,\"kernel\":\"%s\",\"source\":\"%s\","
+                            "\"route_us\":%.2f,\"logits_us\":%.2f}\n",
                         preset, fmtname, batches[bi], layers, shared, r.active_experts, (long long)r.bytes_per_layer,
                         r.us_per_layer, r.us_min, r.us_max, bw, floor_us, r.cfg.warps, r.cfg.k_split, r.cfg.tile_n,
-                        r.cfg.stages, r.kernel, r.config_source);
+                        r.cfg.stages, r.kernel, r.config_source, r.route_us, r.logits_us);
         }
     }
     if (variants) {
