@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU checks of the modules around the CUDA engine: profiling (CUPTI,
+# NVML), the single-rank NCCL path, the CPU ISAs of the GPU host, `fp4moe
+# profile --device cuda`, `fp4moe tune` and the CLI benchmark of the issue.
+#   here:  bash scripts/gpu_integration.sh build   (after scripts/gpu_build.sh)
+#   there: bash scripts/gpu_run.sh integration     (calls "run" below)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+case "${1:-run}" in
+build)
+    B=${FM_GPU_BUILD_DIR:-.devbuild/build}
+    cmake --build "$B" -j"$(nproc)" --target test_prof_cuda test_dist_nccl cpu_isa_check fp4moe_cli
+    cp "$B/tests/test_prof_cuda" "$B/tests/test_dist_nccl" "$B/tests/tools/cpu_isa_check" "$B/fp4moe" .devbuild/bin/
+    strip --strip-unneeded .devbuild/bin/* 2>/dev/null || true
+    du -sh .devbuild/bin .devbuild/lib
+    ;;
+run)
+    OUT=${OUT:-$PWD/gpu_out}
+    mkdir -p "$OUT"
+    export LD_LIBRARY_PATH=$PWD/.devbuild/lib:${LD_LIBRARY_PATH:-}
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    BIN=$PWD/.devbuild/bin
+    SUMMARY=$OUT/summary.txt
+    touch "$SUMMARY"
+    # NCCL comes with the image's PyTorch (pip package nvidia-nccl-cu13).
+    if [ -z "${FM_NCCL_LIB:-}" ]; then
+        FM_NCCL_LIB=$(python3 -c 'import nvidia.nccl, os, glob; d=os.path.dirname(nvidia.nccl.__file__); print((glob.glob(d+"/lib/libnccl.so*") or [""])[0])' 2>/dev/null)
+        export FM_NCCL_LIB
+    fi
+    t() { # name timeout cmd...
+        local name=$1 to=$2; shift 2
+        local t0=$(date +%s.%N)
+        (cd "$OUT" && timeout "$to" "$@") > "$OUT/$name.log" 2>&1
+        local rc=$?
+        printf '%-22s exit %3d  %6.1f s\n' "$name" "$rc" "$(echo "$(date +%s.%N) - $t0" | bc)" | tee -a "$SUMMARY"
+    }
+    t test_prof_cuda 120 "$BIN/test_prof_cuda"
+    t test_dist_nccl 120 "$BIN/test_dist_nccl"
+    t cpu_isa_check 120 "$BIN/cpu_isa_check"
+    t cli_bench_dsv4 150 "$BIN/fp4moe" bench --device cuda --preset deepseek-v4-flash \
+        --batch 1,2,4,8,16,32,64,128,256,512 --layers 8 --json "$OUT/cli_bench_dsv4.json"
+    t profile_dsv4 150 "$BIN/fp4moe" profile --device cuda --preset deepseek-v4-flash --batch 32,80 \
+        --json "$OUT/profile.json" --trace "$OUT/profile_trace.json" --report "$OUT/profile_report.html" --quiet
+    mkdir -p "$OUT/configs"
+    t tune 200 "$BIN/fp4moe" tune --all-presets --batch 1,4,16,64,256,512 --out "$OUT/configs" --budget-s "${TUNE_BUDGET:-6}"
+    t tune_summary 30 "$BIN/fp4moe" tune --summary "$OUT/configs"
+    t cli_bench_dsv4_tuned 150 env FP4MOE_CONFIG_DIR="$OUT/configs" "$BIN/fp4moe" bench --device cuda \
+        --preset deepseek-v4-flash --batch 1,16,64,256 --layers 8
+    { echo "-- fp4moe bench (the issue's command)"; sed -n '/^ batch/,$p' "$OUT/cli_bench_dsv4.log" | head -30
+      echo "-- profile (head)"; head -60 "$OUT/profile_dsv4.log"
+      echo "-- tune summary"; cat "$OUT/tune_summary.log"
+      echo "-- bench with the tuned configs"; sed -n '/^ batch/,$p' "$OUT/cli_bench_dsv4_tuned.log" | head -20
+      echo "-- nccl"; tail -5 "$OUT/test_dist_nccl.log"; echo "-- prof_cuda"; tail -5 "$OUT/test_prof_cuda.log"
+      echo "-- isa"; tail -5 "$OUT/cpu_isa_check.log"; } >> "$SUMMARY"
+    ;;
+*) echo "usage: $0 build|run" >&2; exit 2 ;;
+esac
