@@ -32,7 +32,7 @@ run)
         local t0=$(date +%s.%N)
         (cd "$OUT" && timeout "$to" "$@") > "$OUT/$name.log" 2>&1
         local rc=$?
-        printf '%-22s exit %3d  %6.1f s\n' "$name" "$rc" "$(echo "$(date +%s.%N) - $t0" | bc)" | tee -a "$SUMMARY"
+        printf '%-22s exit %3d  %6.1f s\n' "$name" "$rc" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')" | tee -a "$SUMMARY"
     }
     t test_prof_cuda 120 "$BIN/test_prof_cuda"
     t test_dist_nccl 120 "$BIN/test_dist_nccl"
