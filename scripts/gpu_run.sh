@@ -8,7 +8,10 @@
 # FM_GPU_QUICK=1 (or the mode "quick") runs only the GPU tests and one
 # benchmark of the routed DeepSeek-V4-Flash layer with the built-in config
 # and the per-kernel split at B = 1,4,16,64,256,512 (QUICK_BATCH overrides):
-# about a minute of GPU time.
+# about a minute of GPU time. In quick mode the sanitizers run after the
+# benchmark, then the same benchmark with the v5 FP4 decode
+# (FP4MOE_CUDA_FP4_DECODE=v5), each only within QUICK_DEADLINE seconds
+# (default 160) of the start, so the call fits a short device limit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -24,12 +27,11 @@ SUMMARY=$OUT/summary.txt
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv 2>&1 | tee "$OUT/nvidia-smi.txt"
 
-if has test; then
-    echo "== GPU tests"
-    (cd "$OUT" && timeout "${TEST_TIMEOUT:-300}" "$BIN/test_cuda") > "$OUT/test_cuda.log" 2>&1
-    rc=$?
-    tail -n 25 "$OUT/test_cuda.log"
-    echo "test_cuda exit $rc" | tee -a "$SUMMARY"
+QUICK=0
+if [[ " $MODES " == *" quickbench "* ]]; then QUICK=1; fi
+left() { echo $(( ${QUICK_DEADLINE:-160} - SECONDS )); }
+
+run_sanitizers() {
     if command -v compute-sanitizer >/dev/null; then
         for tool in memcheck racecheck; do
             timeout "${SAN_TIMEOUT:-240}" compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/cuda_smoke" > "$OUT/sanitizer_$tool.log" 2>&1
@@ -39,14 +41,38 @@ if has test; then
     else
         echo "compute-sanitizer not found" | tee -a "$SUMMARY"
     fi
+}
+
+if has test; then
+    echo "== GPU tests"
+    (cd "$OUT" && timeout "${TEST_TIMEOUT:-$(( QUICK ? 110 : 300 ))}" "$BIN/test_cuda") > "$OUT/test_cuda.log" 2>&1
+    rc=$?
+    grep -E "^# tiny-deepseek-v4|clamped vs|^\[ *(PASSED|FAILED|  FAILED|  PASSED)" "$OUT/test_cuda.log" | tail -n 12
+    tail -n 8 "$OUT/test_cuda.log"
+    echo "test_cuda exit $rc" | tee -a "$SUMMARY"
+    if [[ $QUICK == 0 ]]; then run_sanitizers; fi
 fi
 
 if [[ " $MODES " == *" quickbench "* ]]; then
     echo "== quick benchmark (built-in config, per-kernel split)"
-    timeout 150 "$BIN/cuda_bench" --preset deepseek-v4-flash --batch "${QUICK_BATCH:-1,4,16,64,256,512}" --layers 8 \
+    t=$(left); (( t > 150 )) && t=150; (( t < 30 )) && t=30
+    timeout $t "$BIN/cuda_bench" --preset deepseek-v4-flash --batch "${QUICK_BATCH:-1,4,16,64,256,512}" --layers 8 \
         --no-shared --reps 20 --json "$OUT/bench.jsonl" > "$OUT/bench_quick.txt" 2>&1
     echo "rc=$?" >> "$OUT/bench_quick.txt"
     { echo "-- dsv4 routed, default config, with per-kernel split"; cat "$OUT/bench_quick.txt"; } >> "$SUMMARY"
+    if (( $(left) > 40 )); then
+        SAN_TIMEOUT=$(( ($(left) - 30) / 2 )) run_sanitizers
+    else
+        echo "sanitizers skipped: $(left) s left of QUICK_DEADLINE" | tee -a "$SUMMARY"
+    fi
+    if (( $(left) > 15 )); then
+        FP4MOE_CUDA_FP4_DECODE=v5 timeout $(( $(left) - 5 )) "$BIN/cuda_bench" --preset deepseek-v4-flash \
+            --batch "${QUICK_BATCH:-1,4,16,64,256,512}" --layers 8 --no-shared --reps 20 > "$OUT/bench_quick_v5dec.txt" 2>&1
+        echo "rc=$?" >> "$OUT/bench_quick_v5dec.txt"
+        { echo "-- same, FP4MOE_CUDA_FP4_DECODE=v5 (checkpoint nibble order, v5 decode)"; cat "$OUT/bench_quick_v5dec.txt"; } >> "$SUMMARY"
+    else
+        echo "v5-decode benchmark skipped: $(left) s left" | tee -a "$SUMMARY"
+    fi
 fi
 
 if has bench; then

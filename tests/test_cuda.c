@@ -421,12 +421,76 @@ static void test_dsv4_flash_shape(void **state) {
     fm_cuda_layer_free(cl);
 }
 
+/* DeepSeek-V4's clamped SiLU (swiglu_limit > 0): activations large enough
+ * that gate/up pass the limit, GPU against the float64 reference with the
+ * clamp; the same layer without the limit (GPU and reference) differs
+ * clearly, so the comparison sees the clamp. Both formats, B = 1 and 33. */
+static void test_dsv4_clamp(void **state) {
+    (void)state;
+    NEED_GPU();
+    const fm_qformat fmts[] = {FM_QF_NVFP4, FM_QF_MXFP4};
+    const int Ts[] = {1, 33};
+    for (int fi = 0; fi < 2; fi++) {
+        fm_model_desc d;
+        assert_int_equal(fm_preset_desc("tiny-deepseek-v4", fmts[fi], &d), FM_OK);
+        assert_true(d.swiglu_limit > 0);
+        int L = first_moe_layer(&d, 0);
+        assert_true(L >= 0);
+        fm_model_desc u = d;
+        u.swiglu_limit = 0.0f;
+        fm_moe_layer *hl;
+        if (fm_moe_layer_random(&d, fmts[fi], 4242 + fi, L, &hl)) fail_msg("random layer: %s", fm_last_error());
+        fm_cuda_layer *cl, *cu;
+        if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+        if (fm_cuda_layer_upload(g_eng, &u, hl, &cu)) fail_msg("upload: %s", fm_last_error());
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            int T = Ts[ti], H = d.hidden;
+            uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+            float *xf = malloc(sizeof(float) * (size_t)T * H);
+            float *oc = malloc(sizeof(float) * (size_t)T * H), *ou = malloc(sizeof(float) * (size_t)T * H);
+            int32_t *tok = malloc(sizeof(int32_t) * (size_t)T);
+            assert_non_null(xb); assert_non_null(xf); assert_non_null(oc); assert_non_null(ou);
+            assert_non_null(tok);
+            make_x(777 + T, T, H, xb, xf);
+            /* x 64 (exact in BF16) pushes the pre-activations past the limit */
+            for (int64_t i = 0; i < (int64_t)T * H; i++) xb[i] = fm_f32_to_bf16(fm_bf16_to_f32(xb[i]) * 64.0f);
+            for (int t = 0; t < T; t++) tok[t] = t;
+            cmp_result r, ru;
+            run_compare(&d, hl, cl, T, xb, tok, &r);
+            run_compare(&u, hl, cu, T, xb, tok, &ru);
+            printf("# tiny-deepseek-v4 %s clamp %g T=%2d rel %.2e (unclamped rel %.2e)\n", fm_qformat_name(fmts[fi]),
+                   (double)d.swiglu_limit, T, r.rel, ru.rel);
+            assert_int_equal(r.nonfinite, 0);
+            assert_int_equal(r.id_mismatch, 0);
+            assert_true(r.rel <= 5e-3);
+            assert_int_equal(ru.nonfinite, 0);
+            assert_true(ru.rel <= 5e-3);
+            /* clamped and unclamped references differ well beyond the tolerance */
+            fm_moe_out oo = {oc, NULL, NULL}, uo = {ou, NULL, NULL};
+            if (fm_moe_forward_ref(&d, hl, xb, FM_DT_BF16, T, tok, &oo)) fail_msg("ref: %s", fm_last_error());
+            if (fm_moe_forward_ref(&u, hl, xb, FM_DT_BF16, T, tok, &uo)) fail_msg("ref: %s", fm_last_error());
+            double num = 0, den = 0;
+            for (int64_t i = 0; i < (int64_t)T * H; i++) {
+                double dd = (double)oc[i] - ou[i];
+                num += dd * dd;
+                den += (double)oc[i] * oc[i];
+            }
+            printf("#   clamped vs unclamped reference: rel %.2e\n", sqrt(num / (den > 0 ? den : 1)));
+            assert_true(sqrt(num / (den > 0 ? den : 1)) > 1e-2);
+            free(xb); free(xf); free(oc); free(ou); free(tok);
+        }
+        fm_cuda_layer_free(cl);
+        fm_cuda_layer_free(cu);
+        fm_moe_layer_free(hl);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vs_reference),     cmocka_unit_test(test_all_on_one_expert),
         cmocka_unit_test(test_forced_configs),   cmocka_unit_test(test_layer_random_same),
         cmocka_unit_test(test_bad_inputs),       cmocka_unit_test(test_bench_runs),
-        cmocka_unit_test(test_dsv4_flash_shape),
+        cmocka_unit_test(test_dsv4_flash_shape), cmocka_unit_test(test_dsv4_clamp),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

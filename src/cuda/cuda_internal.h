@@ -70,7 +70,32 @@ typedef struct {
     int64_t pstride;   /* bytes between matrices in packed                   */
     int64_t sstride;   /* bytes between matrices in scales                   */
     int rows, rows_p, kp, n;
+    int enc;           /* 1: words stored as fm_fp4_enc_word (v6 decode)      */
 } fm_dmat;
+
+/*
+ * v6 storage of a 32-bit word of 8 nibbles n0..n7 (checkpoint order, low
+ * nibble first), so that the kernel decodes the BF16x2 pairs (n0,n4),
+ * (n1,n5), (n2,n6), (n3,n7), each E2M1 * 2^-126 (sign at bit 15, exponent and
+ * mantissa at bits 6..8 of each half; mask M = 0x81C081C0), with 8 integer
+ * instructions per word instead of 13:
+ *   pair 0 = w & M, pair 1 = rotr(w, 3) & M, pair 2 = rotr(w, 6) & M,
+ *   pair 3 = ((w & 0x001B001B) * 0x4108) & M.
+ * A bit permutation: pairs 0..2 sit at the mask rotated by 0, 3, 6 bits, and
+ * pair 3 fills the 8 bits left over (0, 1, 3, 4 of each half), placed so that
+ * the three shifted copies of the multiply (3, 8, 14) neither overlap nor
+ * carry. No layout places all four pairs with one shift + mask each (the
+ * translates of the mask cannot tile 32 bits), hence the multiply.
+ */
+static FM_HD inline uint32_t fm_fp4_pair_bits(uint32_t w) { /* (n0, n4) at the BF16 bits */
+    return ((w & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
+}
+static FM_HD inline uint32_t fm_fp4_enc_word(uint32_t w) {
+    uint32_t p0 = fm_fp4_pair_bits(w), p1 = fm_fp4_pair_bits(w >> 4), p2 = fm_fp4_pair_bits(w >> 8),
+             p3 = fm_fp4_pair_bits(w >> 12);
+    return p0 | (p1 << 3 | p1 >> 29) | (p2 << 6 | p2 >> 26) | ((p3 & 0x00C000C0u) >> 3) | ((p3 & 0x01000100u) >> 8) |
+           ((p3 & 0x80008000u) >> 14);
+}
 
 /* Routing parameters of one layer, by value into the routing kernel. */
 typedef struct {

@@ -27,6 +27,7 @@ struct fm_cuda_engine {
     fm_phase_times *pt;
     int shared_enabled;
     int pdl;
+    int fp4_enc;  /* weights of new layers stored for the v6 decode        */
     /* workspace, sized for the largest call so far */
     int ws_T, ws_H, ws_Hp, ws_E, ws_k, ws_hstride;
     void *x_raw;
@@ -107,6 +108,11 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
     e->pdl = prop.major >= 9;
     const char *env = getenv("FP4MOE_CUDA_PDL");
     if (env && *env) e->pdl = atoi(env) != 0 && prop.major >= 9;
+    /* FP4MOE_CUDA_FP4_DECODE=v5: checkpoint nibble order and the v5 decode
+     * (kept to measure the two against each other) */
+    e->fp4_enc = 1;
+    env = getenv("FP4MOE_CUDA_FP4_DECODE");
+    if (env && !strcmp(env, "v5")) e->fp4_enc = 0;
     snprintf(e->desc, sizeof e->desc, "%s, %d SMs, sm_%d%d, CUDA %d.%d, driver %d.%d, %.0f GB", e->name, e->sm_count,
              e->cc_major, e->cc_minor, e->rt_ver / 1000, (e->rt_ver % 1000) / 10, e->drv_ver / 1000,
              (e->drv_ver % 1000) / 10, (double)prop.totalGlobalMem / 1e9);
@@ -297,6 +303,7 @@ static fm_status layer_shell(fm_cuda_engine *e, const fm_model_desc *d, fm_qform
         if (!s) s = dmat_alloc(&l->sdown, 1, l->H, l->SI, fmt, 16, 0);
     }
     if (s) { fm_cuda_layer_free(l); return s; }
+    l->gate.enc = l->up.enc = l->down.enc = l->sgate.enc = l->sup.enc = l->sdown.enc = e->fp4_enc;
     l->Hp = l->gate.kp;
     l->Ip = l->down.kp;
     l->SIp = l->has_shared ? l->sdown.kp : 0;
@@ -365,6 +372,13 @@ static fm_status upload_matrix(fm_dmat *m, int i, const fm_qmatrix *q, int64_t K
             sstage[fm_tile_scale_off(r, b, nseg, mx)] = srow[b];
         }
     }
+    if (m->enc) /* pstride is a multiple of 64 bytes (kp is of 128 values) */
+        for (int64_t o = 0; o < m->pstride; o += 4) {
+            uint32_t w;
+            memcpy(&w, stage + o, 4);
+            w = fm_fp4_enc_word(w);
+            memcpy(stage + o, &w, 4);
+        }
     FM_CU(cudaMemcpy(m->packed + (size_t)i * m->pstride, stage, (size_t)m->pstride, cudaMemcpyHostToDevice));
     FM_CU(cudaMemcpy(m->scales + (size_t)i * m->sstride, sstage, (size_t)m->sstride, cudaMemcpyHostToDevice));
     float s2 = q->fmt == FM_QF_NVFP4 ? q->scale2 : 1.0f;
@@ -442,6 +456,7 @@ __global__ void fm_gen_kernel(fm_dmat m, const uint64_t *kcodes, const uint64_t 
         int64_t b = i % g16, rr = i / g16;
         int r = (int)(rr % m.rows), n = (int)(rr / m.rows);
         uint64_t w = d_rng_u64(seed, kcodes[n], (uint64_t)r * g16 + b);
+        if (m.enc) w = fm_fp4_enc_word((uint32_t)w) | (uint64_t)fm_fp4_enc_word((uint32_t)(w >> 32)) << 32;
         const int nseg = m.kp / FM_KSEG;
         *(uint64_t *)(m.packed + n * m.pstride + fm_tile_packed_off(r, b * 8, nseg)) = w;
         if (!mx) {
@@ -618,7 +633,10 @@ static void fill_expert_params(fm_cuda_engine *e, const fm_cuda_layer *l, int T,
     p->Hp = l->Hp;
     p->act = l->d.act == FM_ACT_GPTOSS ? FM_ACT_GPTOSS : FM_ACT_SILU;
     p->alpha = l->d.swiglu_alpha > 0 ? l->d.swiglu_alpha : 1.702f;
-    p->limit = l->d.swiglu_limit > 0 ? l->d.swiglu_limit : 7.0f;
+    /* gpt-oss always clamps (7 when the config omits it); SiLU-gated
+     * models clamp only when they set swiglu_limit (DeepSeek-V4) */
+    if (p->act == FM_ACT_GPTOSS) p->limit = l->d.swiglu_limit > 0 ? l->d.swiglu_limit : 7.0f;
+    else p->limit = l->d.swiglu_limit > 0 ? l->d.swiglu_limit : 0.0f;
     int ta = T * l->k;
     p->max_active = ta < l->E ? ta : l->E;
     p->n_active = e->n_active; p->act_e = e->act_e; p->act_off = e->act_off; p->act_cnt = e->act_cnt;

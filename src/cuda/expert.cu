@@ -75,14 +75,24 @@ static __device__ __forceinline__ uint32_t bf2_mul(uint32_t a, uint32_t s) {
 }
 
 /* Four BF16x2 registers from one word of 8 nibbles n0..n7:
- * r[0] = (n0, n4), r[1] = (n1, n5), r[2] = (n2, n6), r[3] = (n3, n7). */
+ * r[0] = (n0, n4), r[1] = (n1, n5), r[2] = (n2, n6), r[3] = (n3, n7).
+ * ENC: the word is stored as fm_fp4_enc_word (cuda_internal.h), 8 integer
+ * instructions (2 SHF, 5 LOP3, 1 IMAD) instead of 13 (1 SHF, 8 LOP3, 4 IMAD). */
+template <bool ENC>
 static __device__ __forceinline__ void decode8(uint32_t w, uint32_t s2, uint32_t r[4]) {
     const uint32_t M = 0x81C081C0u;
-    uint32_t w2 = w >> 8;
-    r[0] = bf2_mul(((w & 0x000F000Fu) * 0x1040u) & M, s2);
-    r[1] = bf2_mul(((w & 0x00F000F0u) * 0x104u) & M, s2);
-    r[2] = bf2_mul(((w2 & 0x000F000Fu) * 0x1040u) & M, s2);
-    r[3] = bf2_mul(((w2 & 0x00F000F0u) * 0x104u) & M, s2);
+    if (ENC) {
+        r[0] = bf2_mul(w & M, s2);
+        r[1] = bf2_mul(__funnelshift_r(w, w, 3) & M, s2);
+        r[2] = bf2_mul(__funnelshift_r(w, w, 6) & M, s2);
+        r[3] = bf2_mul(((w & 0x001B001Bu) * 0x4108u) & M, s2);
+    } else {
+        uint32_t w2 = w >> 8;
+        r[0] = bf2_mul(((w & 0x000F000Fu) * 0x1040u) & M, s2);
+        r[1] = bf2_mul(((w & 0x00F000F0u) * 0x104u) & M, s2);
+        r[2] = bf2_mul(((w2 & 0x000F000Fu) * 0x1040u) & M, s2);
+        r[3] = bf2_mul(((w2 & 0x00F000F0u) * 0x104u) & M, s2);
+    }
 }
 
 static __device__ __forceinline__ void mma16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -99,19 +109,23 @@ static __device__ __forceinline__ int kperm_pos(int r) {
     return (r & ~7) | ((inv >> (4 * (r & 7))) & 7);
 }
 
+/* limit > 0 clamps gate and up first: always for gpt-oss, and for
+ * SiLU-gated models that set swiglu_limit (DeepSeek-V4). Written like the
+ * CPU engine's fm_cpu_act so that NaN passes through the clamps. */
 static __device__ __forceinline__ float act_fn(int act, float g, float u, float alpha, float limit) {
-    if (act == FM_ACT_GPTOSS) {
-        g = fminf(g, limit);
-        u = fminf(fmaxf(u, -limit), limit);
-        return g / (1.0f + __expf(-alpha * g)) * (u + 1.0f);
+    if (limit > 0.0f) {
+        if (g > limit) g = limit;
+        if (u > limit) u = limit;
+        else if (u < -limit) u = -limit;
     }
+    if (act == FM_ACT_GPTOSS) return g / (1.0f + __expf(-alpha * g)) * (u + 1.0f);
     return g / (1.0f + __expf(-g)) * u;
 }
 
 
 /* One 128-wide K segment: decode the thread's weights of rows g and g + 8
  * (both matrices) and run the MMAs against every token tile. */
-template <int NT, int NMAT, bool MX>
+template <int NT, int NMAT, bool MX, bool ENC>
 static __device__ __forceinline__ void seg_compute(float (&acc)[NMAT][NT][4], const uint4 (&wa)[NMAT],
                                                    const uint4 (&wb)[NMAT], const uint32_t (&ca)[NMAT],
                                                    const uint32_t (&cb)[NMAT], const uint4 (&xb)[NT][4]) {
@@ -132,8 +146,8 @@ static __device__ __forceinline__ void seg_compute(float (&acc)[NMAT][NT][4], co
             uint32_t wA = d == 0 ? wa[m].x : d == 1 ? wa[m].y : d == 2 ? wa[m].z : wa[m].w;
             uint32_t wB = d == 0 ? wb[m].x : d == 1 ? wb[m].y : d == 2 ? wb[m].z : wb[m].w;
             uint32_t ra[4], rbv[4];
-            decode8(wA, SA[d >> 1], ra);
-            decode8(wB, SB[d >> 1], rbv);
+            decode8<ENC>(wA, SA[d >> 1], ra);
+            decode8<ENC>(wB, SB[d >> 1], rbv);
 #pragma unroll
             for (int n = 0; n < NT; n++) {
                 mma16816(acc[m][n], ra[0], rbv[0], ra[1], rbv[1], xb[n][d].x, xb[n][d].y);
@@ -172,7 +186,7 @@ struct fm_stage {
  * registers, h goes to global as BF16 * 2^7, K-permuted for down).
  * NMAT = 1: down; the result times the routing weight is added into out.
  */
-template <int NT, int NMAT, bool MX, int ST>
+template <int NT, int NMAT, bool MX, int ST, bool ENC>
 __global__ void __launch_bounds__(256, (NT == 1 || ST > 0) ? 2 : 1) fm_expert_kernel(fm_expert_params p, int W, int KS) {
     extern __shared__ float ex_smem[];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
@@ -211,9 +225,12 @@ __global__ void __launch_bounds__(256, (NT == 1 || ST > 0) ? 2 : 1) fm_expert_ke
     const float s2B = NMAT == 2 ? dB.scale2[e] : 0.0f;
     const int r0 = (rb * rgroups + rg) * 16;
     const int rowA = r0 + g, rowB = r0 + g + 8;
-    const bool vA = rowA < rows, vB = rowB < rows;
     const int nseg = kp / FM_KSEG;
-    const int s_begin = ks * nseg / KS, s_end = (ks + 1) * nseg / KS;
+    /* Rows rows .. rows_p - 1 are zero in memory (weights and scales), so the
+     * loads need no per-row predicate: only a warp whose 16 rows lie wholly
+     * past rows_p (the grid's last row block) has nothing to load. */
+    const bool wv = r0 < rows_p;
+    const int s_begin = wv ? ks * nseg / KS : 0, s_end = wv ? (ks + 1) * nseg / KS : 0;
     const int spr = MX ? 4 : 8;          /* scale bytes per row and tile */
     const int64_t tile0 = (int64_t)(r0 / 16) * nseg;
 
@@ -259,31 +276,28 @@ __global__ void __launch_bounds__(256, (NT == 1 || ST > 0) ? 2 : 1) fm_expert_ke
         uint32_t ca[NMAT], cb[NMAT], nca[NMAT], ncb[NMAT];
 #define FM_LOAD_SEG(S, WA, WB, CA, CB)                                                                    \
     _Pragma("unroll") for (int m = 0; m < NMAT; m++) {                                                    \
-        WA[m] = vA ? ld_stream(pa[m] + (int64_t)(S) * 1024) : make_uint4(0, 0, 0, 0);                    \
-        WB[m] = vB ? ld_stream(pb[m] + (int64_t)(S) * 1024) : make_uint4(0, 0, 0, 0);                    \
+        WA[m] = ld_stream(pa[m] + (int64_t)(S) * 1024);                                                   \
+        WB[m] = ld_stream(pb[m] + (int64_t)(S) * 1024);                                                   \
         if (MX) {                                                                                          \
-            CA[m] = vA ? __ldg(sa[m] + (int64_t)(S) * 64) : 0;                                             \
-            CB[m] = vB ? __ldg(sb[m] + (int64_t)(S) * 64) : 0;                                             \
+            CA[m] = __ldg(sa[m] + (int64_t)(S) * 64);                                                      \
+            CB[m] = __ldg(sb[m] + (int64_t)(S) * 64);                                                      \
         } else {                                                                                           \
-            CA[m] = vA ? __ldg((const unsigned short *)(sa[m] + (int64_t)(S) * 128)) : 0;                   \
-            CB[m] = vB ? __ldg((const unsigned short *)(sb[m] + (int64_t)(S) * 128)) : 0;                   \
+            CA[m] = __ldg((const unsigned short *)(sa[m] + (int64_t)(S) * 128));                            \
+            CB[m] = __ldg((const unsigned short *)(sb[m] + (int64_t)(S) * 128));                            \
         }                                                                                                  \
     }
         if (s_begin < s_end) { FM_LOAD_SEG(s_begin, wa, wb, ca, cb) }
+#pragma unroll 2
         for (int s = s_begin; s < s_end; s++) {
-            if (s + 1 < s_end) {
-                FM_LOAD_SEG(s + 1, na, nb, nca, ncb)
-            } else {
-#pragma unroll
-                for (int m = 0; m < NMAT; m++) { na[m] = nb[m] = make_uint4(0, 0, 0, 0); nca[m] = ncb[m] = 0; }
-            }
+            /* after the last segment na.. are not used */
+            if (s + 1 < s_end) { FM_LOAD_SEG(s + 1, na, nb, nca, ncb) }
             uint4 xb[NT][4];
 #pragma unroll
             for (int n = 0; n < NT; n++)
 #pragma unroll
                 for (int d = 0; d < 4; d++)
                     xb[n][d] = src[n] ? __ldg((const uint4 *)(src[n] + s * FM_KSEG) + d) : make_uint4(0, 0, 0, 0);
-            seg_compute<NT, NMAT, MX>(acc, wa, wb, ca, cb, xb);
+            seg_compute<NT, NMAT, MX, ENC>(acc, wa, wb, ca, cb, xb);
 #pragma unroll
             for (int m = 0; m < NMAT; m++) { wa[m] = na[m]; wb[m] = nb[m]; ca[m] = nca[m]; cb[m] = ncb[m]; }
         }
@@ -308,11 +322,11 @@ __global__ void __launch_bounds__(256, (NT == 1 || ST > 0) ? 2 : 1) fm_expert_ke
             const int s_ = s_begin + (J);                                                                  \
             const uint32_t st_ = ring_s + ((J) % ST) * SG::BYTES;                                          \
             _Pragma("unroll") for (int m = 0; m < NMAT; m++) {                                             \
-                cp_async16(st_ + SG::W + m * 1024 + lane * 16, vA ? pa[m] + (int64_t)s_ * 1024 : safe, vA); \
-                cp_async16(st_ + SG::W + m * 1024 + 512 + lane * 16, vB ? pb[m] + (int64_t)s_ * 1024 : safe, vB); \
+                cp_async16(st_ + SG::W + m * 1024 + lane * 16, pa[m] + (int64_t)s_ * 1024, true);         \
+                cp_async16(st_ + SG::W + m * 1024 + 512 + lane * 16, pb[m] + (int64_t)s_ * 1024, true);   \
                 if (t == 0) {                                                                              \
-                    cp_async_small<MX ? 4 : 8>(st_ + SG::S + m * 128 + g * 8, vA ? sca[m] + (int64_t)s_ * sbytes : safe, vA); \
-                    cp_async_small<MX ? 4 : 8>(st_ + SG::S + m * 128 + (g + 8) * 8, vB ? scb[m] + (int64_t)s_ * sbytes : safe, vB); \
+                    cp_async_small<MX ? 4 : 8>(st_ + SG::S + m * 128 + g * 8, sca[m] + (int64_t)s_ * sbytes, true); \
+                    cp_async_small<MX ? 4 : 8>(st_ + SG::S + m * 128 + (g + 8) * 8, scb[m] + (int64_t)s_ * sbytes, true); \
                 }                                                                                          \
             }                                                                                              \
             _Pragma("unroll") for (int n = 0; n < NT; n++)                                                 \
@@ -349,7 +363,7 @@ __global__ void __launch_bounds__(256, (NT == 1 || ST > 0) ? 2 : 1) fm_expert_ke
 #pragma unroll
                 for (int d = 0; d < 4; d++) xb[n][d] = *(const uint4 *)(stg + SG::X + n * 2048 + d * 512 + lane * 16);
             __syncwarp();
-            seg_compute<NT, NMAT, MX>(acc, wa, wb, ca, cb, xb);
+            seg_compute<NT, NMAT, MX, ENC>(acc, wa, wb, ca, cb, xb);
         }
 #undef FM_ISSUE
         cp_async_wait<0>();
@@ -411,13 +425,15 @@ __global__ void __launch_bounds__(256, (NT == 1 || ST > 0) ? 2 : 1) fm_expert_ke
 static int nt_index(int nt) { return nt == 1 ? 0 : nt == 2 ? 1 : 2; }
 
 typedef void (*fm_kfn)(fm_expert_params, int, int);
-#define FM_K4(NMAT, MX, ST) \
-    {fm_expert_kernel<1, NMAT, MX, ST>, fm_expert_kernel<2, NMAT, MX, ST>, fm_expert_kernel<4, NMAT, MX, ST>}
-static fm_kfn pick(int nmat, int nt, int mx, int st) {
-    static const fm_kfn k[2][2][2][3] = {
-        {{FM_K4(1, false, 0), FM_K4(1, false, FM_CP_STAGES)}, {FM_K4(1, true, 0), FM_K4(1, true, FM_CP_STAGES)}},
-        {{FM_K4(2, false, 0), FM_K4(2, false, FM_CP_STAGES)}, {FM_K4(2, true, 0), FM_K4(2, true, FM_CP_STAGES)}}};
-    return k[nmat == 2][mx ? 1 : 0][st ? 1 : 0][nt_index(nt)];
+#define FM_K4(NMAT, MX, ST, ENC)                                                                  \
+    {fm_expert_kernel<1, NMAT, MX, ST, ENC>, fm_expert_kernel<2, NMAT, MX, ST, ENC>,             \
+     fm_expert_kernel<4, NMAT, MX, ST, ENC>}
+#define FM_K8(NMAT, MX, ENC) {FM_K4(NMAT, MX, 0, ENC), FM_K4(NMAT, MX, FM_CP_STAGES, ENC)}
+static fm_kfn pick(int nmat, int nt, int mx, int st, int enc) {
+    static const fm_kfn k[2][2][2][2][3] = {
+        {{FM_K8(1, false, false), FM_K8(1, true, false)}, {FM_K8(2, false, false), FM_K8(2, true, false)}},
+        {{FM_K8(1, false, true), FM_K8(1, true, true)}, {FM_K8(2, false, true), FM_K8(2, true, true)}}};
+    return k[enc ? 1 : 0][nmat == 2][mx ? 1 : 0][st ? 1 : 0][nt_index(nt)];
 }
 static size_t ring_bytes(int nmat, int nt) {
     return (size_t)FM_CP_STAGES * (nmat * 1024 + nmat * 128 + nt * 2048);
@@ -438,7 +454,7 @@ static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int n
     if (blocks > 0x7fffffff) return fm_error(FM_E_RANGE, "CUDA grid of %lld blocks is too large", (long long)blocks);
     size_t smem = c->ksplit > 1 ? (size_t)c->warps * nmat * c->nt * 4 * 32 * sizeof(float) : 0;
     if (c->cp_async) smem += (size_t)c->warps * ring_bytes(nmat, c->nt);
-    fm_kfn fn = pick(nmat, c->nt, p->mx, c->cp_async);
+    fm_kfn fn = pick(nmat, c->nt, p->mx, c->cp_async, m->enc);
     if (smem > 48 * 1024) {
         int dev = 0, maxs = 0;
         FM_CU(cudaGetDevice(&dev));
