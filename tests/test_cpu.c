@@ -81,6 +81,47 @@ static void test_batch_permutation_threads(void **s) {
     }
 }
 
+/* A wider layer (H 1024: one thread takes down items of 128 rows, three
+ * threads items of 32; I 208: a scalar tail after three 64-element chunks),
+ * 21 tokens on 16 experts so experts see odd and even token counts (pairs
+ * plus a single per decode): against the float64 reference, and bit for
+ * bit across thread counts and against each token alone. */
+static void test_wide_layer_items(void **s) {
+    (void)s;
+    enum { T = 21 };
+    static const fm_qformat fmts[] = {FM_QF_NVFP4, FM_QF_MXFP4, FM_QF_BF16};
+    for (int fi = 0; fi < 3; fi++) {
+        tl t;
+        assert_int_equal(fm_preset_desc("tiny-qwen3", fmts[fi], &t.d), FM_OK);
+        t.d.hidden = 1024;
+        t.d.moe_inter = fmts[fi] == FM_QF_MXFP4 ? 224 : 208; /* whole MXFP4 blocks of 32 */
+        assert_int_equal(fm_moe_layer_random(&t.d, fmts[fi], 31, 0, &t.l), FM_OK);
+        const int64_t H = t.d.hidden;
+        float *x = cpu_check_input(T, H, FM_DT_F32, 8);
+        float *o1 = malloc(sizeof(float) * T * H), *o3 = malloc(sizeof(float) * T * H);
+        float *oref = malloc(sizeof(float) * T * H), *one = malloc(sizeof(float) * H);
+        fm_cpu_engine *e1 = NULL, *e3 = NULL;
+        assert_int_equal(fm_cpu_engine_new(FM_CPU_AUTO, 1, &e1), FM_OK);
+        assert_int_equal(fm_cpu_engine_new(FM_CPU_AUTO, 3, &e3), FM_OK);
+        fm_moe_out m1 = {o1, NULL, NULL}, m3 = {o3, NULL, NULL}, mr = {oref, NULL, NULL}, mo = {one, NULL, NULL};
+        assert_int_equal(fm_cpu_forward(e1, &t.d, t.l, x, FM_DT_F32, T, NULL, &m1), FM_OK);
+        assert_int_equal(fm_cpu_forward(e3, &t.d, t.l, x, FM_DT_F32, T, NULL, &m3), FM_OK);
+        assert_int_equal(fm_moe_forward_ref(&t.d, t.l, x, FM_DT_F32, T, NULL, &mr), FM_OK);
+        assert_memory_equal(o1, o3, sizeof(float) * T * H);
+        double rel = cpu_check_rel(o1, oref, T, H);
+        printf("%s: H %lld: relative error %.3g vs float64\n", fm_qformat_name(fmts[fi]), (long long)H, rel);
+        assert_true(rel <= CPU_CHECK_TOL);
+        for (int i = 0; i < T; i += 5) {
+            assert_int_equal(fm_cpu_forward(e3, &t.d, t.l, x + i * H, FM_DT_F32, 1, NULL, &mo), FM_OK);
+            assert_memory_equal(one, o1 + i * H, sizeof(float) * H);
+        }
+        fm_cpu_engine_free(e1);
+        fm_cpu_engine_free(e3);
+        fm_moe_layer_free(t.l);
+        free(x); free(o1); free(o3); free(oref); free(one);
+    }
+}
+
 static void test_bad_inputs(void **s) {
     (void)s;
     tl t;
@@ -209,6 +250,7 @@ int main(void) {
         cmocka_unit_test(test_avx2_vs_ref),
         cmocka_unit_test(test_avx512_vs_ref),
         cmocka_unit_test(test_batch_permutation_threads),
+        cmocka_unit_test(test_wide_layer_items),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_phase_times),
         cmocka_unit_test(test_bench_accounting),

@@ -32,8 +32,16 @@
 #include "route/route.h"
 #include "util/util.h"
 
-#define GU_ROWS 32   /* rows of gate/up per work item (multiple of 16)   */
-#define DOWN_ROWS 32 /* output rows per down work item (multiple of 16)  */
+/* Rows per work item (multiples of 16). A down item reads a run of rows of
+ * every active expert, and each run restarts the hardware prefetcher:
+ * DOWN_ROWS is doubled up to DOWN_ROWS_MAX while every thread still gets
+ * ITEMS_PER_THREAD items (one core streaming 64 experts' down matrices:
+ * 6.6 GB/s with runs of 32 rows, 7.1 GB/s with 128); many threads keep the
+ * short items for balance. */
+#define GU_ROWS 32
+#define DOWN_ROWS 32
+#define DOWN_ROWS_MAX 128
+#define ITEMS_PER_THREAD 8
 #define ROUTE_EXPERTS 32
 
 float fm_cpu_lut_e4m3[256];
@@ -199,7 +207,14 @@ typedef struct {
     const int32_t *items; /* gate/up: (slot, row block) pairs */
     float *wbuf;
     int64_t wbuf_stride;
+    int64_t down_rows; /* output rows per down item */
 } job;
+
+static int64_t down_item_rows(int64_t H, int n_threads) {
+    int64_t r = DOWN_ROWS;
+    while (2 * r <= DOWN_ROWS_MAX && H / (2 * r) >= (int64_t)ITEMS_PER_THREAD * n_threads) r *= 2;
+    return r;
+}
 
 static void job_logits(void *arg, int tid) {
     job *j = arg;
@@ -232,8 +247,8 @@ static void job_gate_up(void *arg, int tid) {
 static void job_down(void *arg, int tid) {
     job *j = arg;
     for (int it; (it = atomic_fetch_add(&j->next, 1)) < j->n_items;) {
-        int64_t r0 = (int64_t)it * DOWN_ROWS;
-        int64_t r1 = r0 + DOWN_ROWS < j->H ? r0 + DOWN_ROWS : j->H;
+        int64_t r0 = (int64_t)it * j->down_rows;
+        int64_t r1 = r0 + j->down_rows < j->H ? r0 + j->down_rows : j->H;
         for (int t = 0; t < j->T; t++) memset(j->o->out + t * j->H + r0, 0, sizeof(float) * (size_t)(r1 - r0));
         for (int si = 0; si < j->n_slots; si++) {
             const slot *s = &j->slots[si];
@@ -353,6 +368,7 @@ fm_status fm_cpu_forward(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_
         xptr[i] = xp + (int64_t)tok[i] * H;
         optr[i] = o->out + (int64_t)tok[i] * H;
     }
+    j.down_rows = down_item_rows(H, e->n_threads);
     int n_gu = 0;
     for (int si = 0; si < ns; si++)
         for (int rb = 0; rb * GU_ROWS < slots[si].inter; rb++) {
@@ -372,7 +388,7 @@ fm_status fm_cpu_forward(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_
 
     run(e, job_gate_up, &j, n_gu);
     uint64_t t_down = fm_now_ns();
-    run(e, job_down, &j, (int)((H + DOWN_ROWS - 1) / DOWN_ROWS));
+    run(e, job_down, &j, (int)((H + j.down_rows - 1) / j.down_rows));
     uint64_t t_end = fm_now_ns();
 
     for (int64_t i = 0; i < T * H; i++)
