@@ -39,8 +39,9 @@
  * part of a fully used 512-byte piece.
  *   packed tile (1024 bytes): half h (rows 8h .. 8h+7 of the group), lane
  *     l = 4g + t holds bytes [16t, 16t + 16) of the row's 64-byte piece:
- *     offset 512h + 16l.  A byte keeps the checkpoint's nibble order (low
- *     nibble = even k).
+ *     offset 512h + 16l.  Each 32-bit word holds the checkpoint's 8 nibbles
+ *     of 8 consecutive k, bit-permuted by fm_fp4_enc_word (below) unless the
+ *     engine keeps the v5 order (FP4MOE_CUDA_FP4_DECODE=v5; dmat.enc = 0).
  *   scale tile: spr = 8 (NVFP4) or 4 (MXFP4) scale bytes per row and tile,
  *     row r16 of the group at r16 * spr.
  */
