@@ -275,6 +275,9 @@ fm_status fm_telemetry_start(fm_device dev, int device_index, int period_ms, uin
         snprintf(t->note, sizeof t->note, "host CPU utilization from /proc/stat every %d ms (no NVML on the CPU path)",
                  period_ms);
     take_sample(t);
+    /* A baseline sample now, so that even a run shorter than one period
+     * has utilization figures at its stop sample. */
+    take_sample(t);
     if (pthread_create(&t->thread, NULL, sampler_main, t) != 0) {
         fm_telemetry_free(t);
         return fm_error(FM_E_NOMEM, "telemetry: cannot start the sampler thread");
