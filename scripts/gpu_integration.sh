@@ -34,22 +34,27 @@ run)
         local rc=$?
         printf '%-22s exit %3d  %6.1f s\n' "$name" "$rc" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')" | tee -a "$SUMMARY"
     }
-    t test_prof_cuda 120 "$BIN/test_prof_cuda"
-    t test_dist_nccl 120 "$BIN/test_dist_nccl"
-    t cpu_isa_check 120 "$BIN/cpu_isa_check"
-    t cli_bench_dsv4 150 "$BIN/fp4moe" bench --device cuda --preset deepseek-v4-flash \
+    t cli_bench_dsv4 120 "$BIN/fp4moe" bench --device cuda --preset deepseek-v4-flash \
         --batch 1,2,4,8,16,32,64,128,256,512 --layers 8 --json "$OUT/cli_bench_dsv4.json"
-    t profile_dsv4 150 "$BIN/fp4moe" profile --device cuda --preset deepseek-v4-flash --batch 32,80 \
+    t profile_dsv4 90 "$BIN/fp4moe" profile --device cuda --preset deepseek-v4-flash --batch 32,80 \
         --json "$OUT/profile.json" --trace "$OUT/profile_trace.json" --report "$OUT/profile_report.html" --quiet
+    t test_prof_cuda 60 "$BIN/test_prof_cuda"
+    t test_dist_nccl 60 "$BIN/test_dist_nccl"
+    t cpu_isa_check 60 "$BIN/cpu_isa_check"
     mkdir -p "$OUT/configs"
-    t tune 200 "$BIN/fp4moe" tune --all-presets --batch 1,4,16,64,256,512 --out "$OUT/configs" --budget-s "${TUNE_BUDGET:-6}"
+    t tune ${TUNE_TIMEOUT:-150} "$BIN/fp4moe" tune --all-presets --batch 1,4,16,64,256,512 --out "$OUT/configs" --budget-s "${TUNE_BUDGET:-6}"
     t tune_summary 30 "$BIN/fp4moe" tune --summary "$OUT/configs"
-    t cli_bench_dsv4_tuned 150 env FP4MOE_CONFIG_DIR="$OUT/configs" "$BIN/fp4moe" bench --device cuda \
+    t cli_bench_dsv4_tuned 90 env FP4MOE_CONFIG_DIR="$OUT/configs" "$BIN/fp4moe" bench --device cuda \
         --preset deepseek-v4-flash --batch 1,16,64,256 --layers 8
+    for p in glm-5 kimi-k2 qwen3-30b-a3b; do
+        t "cli_bench_$p" 60 env FP4MOE_CONFIG_DIR="$OUT/configs" "$BIN/fp4moe" bench --device cuda --preset "$p" --batch 1,16,64,256 --layers 4
+    done
+    t cli_bench_dsv4_mxfp4 60 env FP4MOE_CONFIG_DIR="$OUT/configs" "$BIN/fp4moe" bench --device cuda --preset deepseek-v4-flash --format mxfp4 --batch 1,16,64,256 --layers 8
     { echo "-- fp4moe bench (the issue's command)"; sed -n '/^ batch/,$p' "$OUT/cli_bench_dsv4.log" | head -30
       echo "-- profile (head)"; head -60 "$OUT/profile_dsv4.log"
       echo "-- tune summary"; cat "$OUT/tune_summary.log"
       echo "-- bench with the tuned configs"; sed -n '/^ batch/,$p' "$OUT/cli_bench_dsv4_tuned.log" | head -20
+      for p in glm-5 kimi-k2 qwen3-30b-a3b dsv4_mxfp4; do echo "-- $p"; grep -E "bandwidth|^ +[0-9]+ " "$OUT/cli_bench_${p#dsv4_}.log" "$OUT/cli_bench_$p.log" 2>/dev/null | head -8; done
       echo "-- nccl"; tail -5 "$OUT/test_dist_nccl.log"; echo "-- prof_cuda"; tail -5 "$OUT/test_prof_cuda.log"
       echo "-- isa"; tail -5 "$OUT/cpu_isa_check.log"; } >> "$SUMMARY"
     ;;

@@ -21,7 +21,7 @@ BIN=$PWD/.devbuild/bin
 MODES=${*:-all}
 if [[ "${FM_GPU_QUICK:-0}" == 1 || " $MODES " == *" quick "* ]]; then MODES="test quickbench"; fi
 has() { [[ " $MODES " == *" $1 "* || " $MODES " == *" all "* ]]; }
-BATCH=1,2,4,8,16,32,64,128,256,512
+BATCH=${BATCH:-1,2,4,8,16,32,64,128,256,512}
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
 
@@ -112,6 +112,13 @@ if has cli; then
     timeout 200 "$BIN/fp4moe" bench --device cuda --preset deepseek-v4-flash --batch $BATCH --layers 8 > "$OUT/cli_bench.txt" 2>&1
     echo "rc=$?" >> "$OUT/cli_bench.txt"
     { echo "-- fp4moe bench --device cuda --preset deepseek-v4-flash --batch $BATCH --layers 8"; tail -n 20 "$OUT/cli_bench.txt"; } >> "$SUMMARY"
+fi
+
+# The modules around the engine: profile (CUPTI, NVML), NCCL single rank,
+# the GPU host's CPU ISAs, tune, the CLI benchmark (scripts/gpu_integration.sh).
+if [[ " $MODES " == *" integration "* || " $MODES " == *" all "* ]]; then
+    echo "== integration"
+    bash scripts/gpu_integration.sh run
 fi
 
 echo "================ summary"
