@@ -588,6 +588,28 @@ static void test_kernel_steps_no_graph(void **st) {
     assert_int_equal(fm_prof_kernel_steps(r, 0, 2, step_of, ns), 0);
 }
 
+/* Overlapping kernels of one stream (programmatic dependent launch): each
+ * nanosecond counts once, under the kernel that ran first. */
+static void test_kernel_steps_overlap(void **st) {
+    (void)st;
+    fm_kernel_rec r[8];
+    size_t n = 0;
+    /* one step: route [0,100), gate_up [80,500) overlaps route by 20,
+     * down [450,900) overlaps gate_up by 50 */
+    r[n++] = krec("fm_route_kernel", 0, 100, 1);
+    r[n++] = krec("fm_gate_up_small", 80, 420, 2);
+    r[n++] = krec("fm_down_small", 450, 450, 3);
+    int step_of[8];
+    double ns[FM_PH_COUNT];
+    assert_int_equal(fm_prof_kernel_steps(r, n, 1, step_of, ns), 1);
+    assert_true(ns[FM_PH_ROUTE] == 100);
+    assert_true(ns[FM_PH_GATEUP] == 400); /* 500 - 100 */
+    assert_true(ns[FM_PH_DOWN] == 400);   /* 900 - 500 */
+    double sum = 0;
+    for (int q = 0; q < FM_PH_COUNT; q++) sum += ns[q];
+    assert_true(sum == 900); /* the union of the three intervals */
+}
+
 static void test_cupti_without_build(void **st) {
     (void)st;
 #ifdef FM_HAVE_CUPTI
@@ -612,6 +634,7 @@ int main(void) {
         cmocka_unit_test(test_write_atomic),       cmocka_unit_test(test_telemetry_cpu),
         cmocka_unit_test(test_telemetry_nvml_absent), cmocka_unit_test(test_cupti_without_build),
         cmocka_unit_test(test_kernel_steps_graph), cmocka_unit_test(test_kernel_steps_no_graph),
+        cmocka_unit_test(test_kernel_steps_overlap),
         cmocka_unit_test(test_contended_note),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

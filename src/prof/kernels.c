@@ -45,16 +45,47 @@ static const group *find(const group *g, size_t m, uint32_t corr) {
     return bsearch(&key, g, m, sizeof *g, cmp_group);
 }
 
+/* Kernels of one stream may overlap: with programmatic dependent launch a
+ * kernel starts while its predecessor drains. Phase times count each
+ * nanosecond of a stream once, under the kernel that was running first, so
+ * that the phases add up to the busy time and never past the step. */
+static void exclusive_ns(const fm_kernel_rec *r, size_t n, const int *step, uint64_t *ex) {
+    uint32_t stream = UINT32_MAX;
+    uint64_t covered = 0;
+    for (size_t i = 0; i < n; i++) {
+        ex[i] = 0;
+        if (step[i] < 0) continue; /* outside the measured steps */
+        if (r[i].stream != stream) {
+            stream = r[i].stream;
+            covered = 0;
+        }
+        uint64_t s = r[i].start_ns > covered ? r[i].start_ns : covered;
+        ex[i] = r[i].end_ns > s ? r[i].end_ns - s : 0;
+        if (r[i].end_ns > covered) covered = r[i].end_ns;
+    }
+}
+
 int fm_prof_kernel_steps(fm_kernel_rec *r, size_t n, int layers_per_step, int *step_of,
                          double ns_per_step[FM_PH_COUNT]) {
     for (int q = 0; q < FM_PH_COUNT; q++) ns_per_step[q] = 0;
     if (!r || n == 0) return 0;
     qsort(r, n, sizeof *r, cmp_start);
     assign_expert_phases(r, n);
+    uint64_t *ex = fm_malloc(n * sizeof *ex);
+    int *sof = fm_malloc(n * sizeof *sof);
+    if (!ex || !sof) {
+        free(ex);
+        free(sof);
+        return 0;
+    }
 
     /* correlation ids and their kernel counts */
     group *g = fm_malloc(n * sizeof *g);
-    if (!g) return 0;
+    if (!g) {
+        free(ex);
+        free(sof);
+        return 0;
+    }
     for (size_t i = 0; i < n; i++) g[i] = (group){r[i].correlation, 1, -1};
     qsort(g, n, sizeof *g, cmp_group);
     size_t m = 0;
@@ -83,7 +114,7 @@ int fm_prof_kernel_steps(fm_kernel_rec *r, size_t n, int layers_per_step, int *s
             const group *gi = find(g, m, r[i].correlation);
             int s = gi ? gi->step : -1;
             if (step_of) step_of[i] = s;
-            if (s >= 0) ns_per_step[r[i].phase] += (double)(r[i].end_ns - r[i].start_ns);
+            sof[i] = s;
         }
     } else {
         /* no graphs: one routing kernel per layer */
@@ -96,10 +127,15 @@ int fm_prof_kernel_steps(fm_kernel_rec *r, size_t n, int layers_per_step, int *s
             if (r[i].phase == FM_PH_ROUTE) layer++;
             int s = layer >= 0 && layer / per < steps ? layer / per : -1;
             if (step_of) step_of[i] = s;
-            if (s >= 0) ns_per_step[r[i].phase] += (double)(r[i].end_ns - r[i].start_ns);
+            sof[i] = s;
         }
     }
+    exclusive_ns(r, n, sof, ex);
+    for (size_t i = 0; i < n; i++)
+        if (sof[i] >= 0) ns_per_step[r[i].phase] += (double)ex[i];
     free(g);
+    free(ex);
+    free(sof);
     if (steps > 0)
         for (int q = 0; q < FM_PH_COUNT; q++) ns_per_step[q] /= steps;
     return steps;

@@ -553,7 +553,8 @@ static fm_status run_cuda(run_ctx *c) {
     if (fm_cupti_start(&cu) == FM_OK) {
         p->time_source = FM_TSRC_CUPTI;
         snprintf(p->time_note, sizeof p->time_note,
-                 "CUPTI concurrent-kernel activity records: each kernel inside the CUDA graph, per stream");
+                 "CUPTI concurrent-kernel activity records: each kernel inside the CUDA graph, per stream; "
+                 "overlapping kernels (programmatic dependent launch) count once, under the earlier one");
     } else {
         p->time_source = FM_TSRC_EVENTS;
         snprintf(p->time_note, sizeof p->time_note,
