@@ -22,8 +22,10 @@
  *
  * Each (row, token) pair owns one accumulator and follows one fixed
  * sequence of operations whatever the number of tokens processed together
- * (one or two per decode of a row; more tokens decode the row again from
- * L1), so a token's result does not depend on the rest of the batch.
+ * (groups of up to four per decode of a row; more tokens decode the row
+ * again from L1, which measured faster than decoding once into a buffer
+ * and reading it back), so a token's result does not depend on the rest
+ * of the batch.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -33,10 +35,9 @@
 #define INL static inline __attribute__((always_inline))
 
 /* ---- layout */
-/* Element order inside a 64-element chunk, as the decode produces it:
- * FP4: half hf of the chunk (128-bit lane hf of every vector: blocks hf
- * and 2 + hf of NVFP4) gives F0 F1 (from unpack W_hf of the low nibbles)
- * and F2 F3 (W_{2+hf}, high nibbles), stored at x[16 hf ..] and
+/* Element order inside a 64-element chunk, as decode_half produces it:
+ * FP4: half hf of the chunk gives F0 F1 (from unpack W_hf of the low
+ * nibbles) and F2 F3 (W_{2+hf}, high nibbles), stored at x[16 hf ..] and
  * x[32 + 16 hf ..]; BF16: loads hf and 2 + hf of 16 values each. */
 
 static int64_t pos_avx2(fm_qformat f, int64_t cols, int64_t c) {
@@ -59,22 +60,127 @@ static int64_t pos_avx2(fm_qformat f, int64_t cols, int64_t c) {
     return base + 8 * v + lane;
 }
 
-/* ---- decode and dot products */
+/* ---- decode of one 64-weight chunk, in two halves of 32 weights
+ * (half 0: F0 F1 F4 F5, blocks 0|2 of NVFP4; half 1: F2 F3 F6 F7, blocks
+ * 1|3), so that few registers are live at a time. */
 
-/* Tokens per decode of a row, at most 2. Per row, in cache (one core,
- * 768 x 2048 NVFP4 gate+up), 1 token cost 1.0, 2 tokens 1.41, 3 tokens
- * 2.6 and 4 tokens 3.2 (their partial sums spill to the stack), so 3 and
- * more tokens go in pairs. */
-#define MAXT 2
+typedef struct {
+    __m256 F[4];
+    __m256 S; /* the lanes' block scales (NVFP4, MXFP4) */
+} half;
 
 INL __m256 two_scales(const float *lut, uint8_t a, uint8_t b) {
     return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(&lut[a])), _mm_broadcast_ss(&lut[b]), 1);
+}
+
+/* Nibble codes of the chunk looked up as BF16 high / low bytes. */
+typedef struct {
+    __m256i hl, ll, hh, lh;
+} nib;
+
+INL void decode_nib(const uint8_t *p, int64_t ch, nib *o) {
+    const __m256i m = _mm256_set1_epi8(0x0F);
+    /* high / low byte of the BF16 encoding of each E2M1 code */
+    const __m256i th = _mm256_setr_epi8(0, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xBF, (char)0xBF,
+                                        (char)0xBF, (char)0xC0, (char)0xC0, (char)0xC0, (char)0xC0, 0, 0x3F, 0x3F, 0x3F,
+                                        0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xBF, (char)0xBF, (char)0xBF, (char)0xC0,
+                                        (char)0xC0, (char)0xC0, (char)0xC0);
+    const __m256i tl = _mm256_setr_epi8(0, 0, (char)0x80, (char)0xC0, 0, 0x40, (char)0x80, (char)0xC0, 0, 0, (char)0x80,
+                                        (char)0xC0, 0, 0x40, (char)0x80, (char)0xC0, 0, 0, (char)0x80, (char)0xC0, 0, 0x40,
+                                        (char)0x80, (char)0xC0, 0, 0, (char)0x80, (char)0xC0, 0, 0x40, (char)0x80,
+                                        (char)0xC0);
+    __m256i v = _mm256_loadu_si256((const __m256i *)(p + 32 * ch));
+    __m256i lo = _mm256_and_si256(v, m), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+    o->hl = _mm256_shuffle_epi8(th, lo);
+    o->ll = _mm256_shuffle_epi8(tl, lo);
+    o->hh = _mm256_shuffle_epi8(th, hi);
+    o->lh = _mm256_shuffle_epi8(tl, hi);
 }
 
 INL void split_words(__m256i w, __m256 *a, __m256 *b) {
     *a = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
     *b = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32((int)0xFFFF0000u)));
 }
+
+INL void decode_half(const int FMT, const uint8_t *p, const uint8_t *s, const float *lut, int64_t ch, const nib *n,
+                     int hf, half *o) {
+    if (FMT == FM_QF_BF16) {
+        /* half 0: loads 0 and 2 (F0 F1 F4 F5), half 1: loads 1 and 3 */
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)(p + 128 * ch + 32 * hf));
+        __m256i w1 = _mm256_loadu_si256((const __m256i *)(p + 128 * ch + 64 + 32 * hf));
+        split_words(w0, &o->F[0], &o->F[1]);
+        split_words(w1, &o->F[2], &o->F[3]);
+        return;
+    }
+    __m256i wa = hf ? _mm256_unpackhi_epi8(n->ll, n->hl) : _mm256_unpacklo_epi8(n->ll, n->hl);
+    __m256i wb = hf ? _mm256_unpackhi_epi8(n->lh, n->hh) : _mm256_unpacklo_epi8(n->lh, n->hh);
+    split_words(wa, &o->F[0], &o->F[1]);
+    split_words(wb, &o->F[2], &o->F[3]);
+    if (FMT == FM_QF_NVFP4) {
+        const uint8_t *b = s + 4 * ch;
+        o->S = two_scales(lut, b[hf], b[2 + hf]);
+    } else {
+        const uint8_t *b = s + 2 * ch;
+        o->S = two_scales(lut, b[0], b[1]);
+    }
+}
+
+/* acc += half . x, x: the chunk's 64 activations in layout order. */
+INL __m256 half_dot(const int FMT, const half *h, const float *x, int hf, __m256 acc) {
+    const float *xa = x + 16 * hf, *xb = x + 32 + 16 * hf;
+    if (FMT == FM_QF_BF16) {
+        acc = _mm256_fmadd_ps(h->F[0], _mm256_loadu_ps(xa), acc);
+        acc = _mm256_fmadd_ps(h->F[1], _mm256_loadu_ps(xa + 8), acc);
+        acc = _mm256_fmadd_ps(h->F[2], _mm256_loadu_ps(xb), acc);
+        return _mm256_fmadd_ps(h->F[3], _mm256_loadu_ps(xb + 8), acc);
+    }
+    __m256 t = _mm256_mul_ps(h->F[0], _mm256_loadu_ps(xa));
+    t = _mm256_fmadd_ps(h->F[1], _mm256_loadu_ps(xa + 8), t);
+    t = _mm256_fmadd_ps(h->F[2], _mm256_loadu_ps(xb), t);
+    t = _mm256_fmadd_ps(h->F[3], _mm256_loadu_ps(xb + 8), t);
+    return _mm256_fmadd_ps(t, h->S, acc);
+}
+
+INL float hsum(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_movehdup_ps(a));
+    return _mm_cvtss_f32(a);
+}
+
+static const float k_e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+
+/* The last cols % 64 elements, natural order, sequential FP32. */
+static float tail_dot(const fm_qmatrix *m, const uint8_t *p, const uint8_t *s, const float *lut, const float *x) {
+    const int64_t c0 = m->cols & ~(int64_t)63;
+    float sum = 0.0f;
+    for (int64_t c = c0; c < m->cols; c++) {
+        float w;
+        if (m->fmt == FM_QF_BF16) {
+            uint16_t h;
+            memcpy(&h, p + 2 * c, 2);
+            uint32_t u = (uint32_t)h << 16;
+            memcpy(&w, &u, 4);
+        } else {
+            uint8_t b = p[c >> 1];
+            int64_t blk = m->fmt == FM_QF_NVFP4 ? c >> 4 : c >> 5;
+            w = k_e2m1[(c & 1) ? b >> 4 : b & 15] * lut[s[blk]];
+        }
+        sum += w * x[c];
+    }
+    return sum;
+}
+
+INL const float *lut_of(const int FMT) {
+    return FMT == FM_QF_NVFP4 ? fm_cpu_lut_e4m3 : fm_cpu_lut_e8m0;
+}
+
+#define MAXR 1
+#define MAXT 4
+/* Tokens up to which the nibble-major loop (chunks_fp4) is used; more
+ * tokens use the half-major loop, whose partial sums are only live for one
+ * half. Both give the same operations per (row, token). */
+#define NM_MAXT 2
 
 /* One nibble set of a chunk (nb 0: the low nibbles, F0 F1 of both halves,
  * at x[0..] and x[16..]; nb 1: the high nibbles, F2 F3, at x[32..] and
@@ -112,7 +218,7 @@ INL void chunks_fp4(const int FMT, const int NT, const uint8_t *p, const uint8_t
                                         (char)0xC0);
     for (int64_t ch = 0; ch < nch; ch++) {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 32 * ch));
-        __m256 t0[MAXT], t1[MAXT];
+        __m256 t0[NM_MAXT], t1[NM_MAXT];
         nibbles_dot(0, NT, _mm256_and_si256(v, m), th, tl, x, 64 * ch, t0, t1);
         nibbles_dot(1, NT, _mm256_and_si256(_mm256_srli_epi16(v, 4), m), th, tl, x, 64 * ch + 32, t0, t1);
         __m256 s0, s1;
@@ -131,69 +237,36 @@ INL void chunks_fp4(const int FMT, const int NT, const uint8_t *p, const uint8_t
     }
 }
 
-/* acc[j] += BF16 row . x_j over the row's whole chunks. */
-INL void chunks_bf16(const int NT, const uint8_t *p, int64_t nch, const float *const *x, __m256 *acc) {
-    for (int64_t ch = 0; ch < nch; ch++)
-        for (int hf = 0; hf < 2; hf++) {
-            /* half 0: loads 0 and 2 (F0 F1 F4 F5), half 1: loads 1 and 3 */
-            __m256 f0, f1, f2, f3;
-            split_words(_mm256_loadu_si256((const __m256i *)(p + 128 * ch + 32 * hf)), &f0, &f1);
-            split_words(_mm256_loadu_si256((const __m256i *)(p + 128 * ch + 64 + 32 * hf)), &f2, &f3);
-            for (int j = 0; j < NT; j++) {
-                const float *xa = x[j] + 64 * ch + 16 * hf, *xb = xa + 32;
-                acc[j] = _mm256_fmadd_ps(f0, _mm256_loadu_ps(xa), acc[j]);
-                acc[j] = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xa + 8), acc[j]);
-                acc[j] = _mm256_fmadd_ps(f2, _mm256_loadu_ps(xb), acc[j]);
-                acc[j] = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xb + 8), acc[j]);
-            }
-        }
-}
 
-INL float hsum(__m256 v) {
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    a = _mm_add_ss(a, _mm_movehdup_ps(a));
-    return _mm_cvtss_f32(a);
-}
-
-static const float k_e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
-
-/* The last cols % 64 elements, natural order, sequential FP32. */
-static float tail_dot(const fm_qmatrix *m, const uint8_t *p, const uint8_t *s, const float *lut, const float *x) {
-    const int64_t c0 = m->cols & ~(int64_t)63;
-    float sum = 0.0f;
-    for (int64_t c = c0; c < m->cols; c++) {
-        float w;
-        if (m->fmt == FM_QF_BF16) {
-            uint16_t h;
-            memcpy(&h, p + 2 * c, 2);
-            uint32_t u = (uint32_t)h << 16;
-            memcpy(&w, &u, 4);
-        } else {
-            uint8_t b = p[c >> 1];
-            int64_t blk = m->fmt == FM_QF_NVFP4 ? c >> 4 : c >> 5;
-            w = k_e2m1[(c & 1) ? b >> 4 : b & 15] * lut[s[blk]];
-        }
-        sum += w * x[c];
-    }
-    return sum;
-}
-
-INL const float *lut_of(const int FMT) {
-    return FMT == FM_QF_NVFP4 ? fm_cpu_lut_e4m3 : fm_cpu_lut_e8m0;
-}
-
-/* dot[j] = row r of m . x_j (without the per-tensor factor). */
-INL void rows_dot(const int FMT, const int NT, const fm_qmatrix *m, int64_t r, const float *const *x, float dot[MAXT]) {
+/* dot[i][j] = row (r+i) of m . x_j (without the per-tensor factor). */
+INL void rows_dot(const int FMT, const int R, const int NT, const fm_qmatrix *m, int64_t r, const float *const *x,
+                  float dot[MAXR][MAXT]) {
     const float *lut = lut_of(FMT);
     const int64_t nch = m->cols >> 6;
-    const uint8_t *p = m->packed + r * m->row_stride;
-    const uint8_t *s = FMT == FM_QF_BF16 ? NULL : m->scales + r * m->scale_stride;
-    __m256 acc[MAXT];
-    for (int j = 0; j < NT; j++) acc[j] = _mm256_setzero_ps();
-    if (FMT == FM_QF_BF16) chunks_bf16(NT, p, nch, x, acc);
-    else chunks_fp4(FMT, NT, p, s, lut, nch, x, acc);
-    for (int j = 0; j < NT; j++) dot[j] = hsum(acc[j]) + ((m->cols & 63) ? tail_dot(m, p, s, lut, x[j]) : 0.0f);
+    const uint8_t *p[MAXR], *s[MAXR];
+    __m256 acc[MAXR][MAXT];
+    for (int i = 0; i < R; i++) {
+        p[i] = m->packed + (r + i) * m->row_stride;
+        s[i] = FMT == FM_QF_BF16 ? NULL : m->scales + (r + i) * m->scale_stride;
+        for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
+    }
+    if (FMT != FM_QF_BF16 && NT <= NM_MAXT) {
+        for (int i = 0; i < R; i++) chunks_fp4(FMT, NT, p[i], s[i], lut, nch, x, acc[i]);
+    } else {
+        for (int64_t ch = 0; ch < nch; ch++)
+            for (int i = 0; i < R; i++) {
+                nib n;
+                if (FMT != FM_QF_BF16) decode_nib(p[i], ch, &n);
+                for (int hf = 0; hf < 2; hf++) {
+                    half h;
+                    decode_half(FMT, p[i], s[i], lut, ch, &n, hf, &h);
+                    for (int j = 0; j < NT; j++) acc[i][j] = half_dot(FMT, &h, x[j] + 64 * ch, hf, acc[i][j]);
+                }
+            }
+    }
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < NT; j++)
+            dot[i][j] = hsum(acc[i][j]) + ((m->cols & 63) ? tail_dot(m, p[i], s[i], lut, x[j]) : 0.0f);
 }
 
 /* ---- gate + up + activation */
@@ -207,21 +280,23 @@ INL void gu_store(const fm_gu_task *t, int64_t r, int i0, int NT, const float *g
         t->h[(i0 + j) * t->ldh + pos] = fm_cpu_act(t->act, g[j] * sg + bg, u[j] * su + bu, t->alpha, t->limit);
 }
 
-INL void gu_group(const fm_gu_task *t, const int FMT, const int NT, int64_t r, int i0) {
-    float g[MAXT], u[MAXT];
-    rows_dot(FMT, NT, t->gate, r, t->x + i0, g);
-    rows_dot(FMT, NT, t->up, r, t->x + i0, u);
-    gu_store(t, r, i0, NT, g, u);
+INL void gu_group(const fm_gu_task *t, const int FMT, const int R, const int NT, int64_t r, int i0) {
+    float g[MAXR][MAXT], u[MAXR][MAXT];
+    rows_dot(FMT, R, NT, t->gate, r, t->x + i0, g);
+    rows_dot(FMT, R, NT, t->up, r, t->x + i0, u);
+    for (int i = 0; i < R; i++) gu_store(t, r + i, i0, NT, g[i], u[i]);
 }
 
 /* Rows one at a time (more rows at once spill registers and measured
- * slower), tokens in pairs per decode of the row. */
+ * slower), tokens in groups of up to four per decode of the row. */
 INL void gu_fmt(const fm_gu_task *t, const int FMT) {
-    for (int64_t r = t->r0; r < t->r1; r++) {
-        int i0 = 0;
-        for (; i0 + 2 <= t->n; i0 += 2) gu_group(t, FMT, 2, r, i0);
-        if (i0 < t->n) gu_group(t, FMT, 1, r, i0);
-    }
+    for (int64_t r = t->r0; r < t->r1; r++)
+        for (int i0 = 0; i0 < t->n; i0 += MAXT) switch (t->n - i0 < MAXT ? t->n - i0 : MAXT) {
+            case 4: gu_group(t, FMT, 1, 4, r, i0); break;
+            case 3: gu_group(t, FMT, 1, 3, r, i0); break;
+            case 2: gu_group(t, FMT, 1, 2, r, i0); break;
+            default: gu_group(t, FMT, 1, 1, r, i0); break;
+            }
 }
 
 static void gate_up(const fm_gu_task *t) {
@@ -241,20 +316,22 @@ INL void down_store(const fm_down_task *t, int64_t r, int i0, int NT, const floa
     for (int j = 0; j < NT; j++) t->out[i0 + j][r] += (t->w ? t->w[i0 + j] : 1.0f) * (y[j] * sd + b);
 }
 
-INL void down_group(const fm_down_task *t, const int FMT, const int NT, int64_t r, int i0) {
+INL void down_group(const fm_down_task *t, const int FMT, const int R, const int NT, int64_t r, int i0) {
     const float *x[MAXT];
     for (int j = 0; j < NT; j++) x[j] = t->h + (i0 + j) * t->ldh;
-    float y[MAXT];
-    rows_dot(FMT, NT, t->down, r, x, y);
-    down_store(t, r, i0, NT, y);
+    float y[MAXR][MAXT];
+    rows_dot(FMT, R, NT, t->down, r, x, y);
+    for (int i = 0; i < R; i++) down_store(t, r + i, i0, NT, y[i]);
 }
 
 INL void down_fmt(const fm_down_task *t, const int FMT) {
-    for (int64_t r = t->r0; r < t->r1; r++) {
-        int i0 = 0;
-        for (; i0 + 2 <= t->n; i0 += 2) down_group(t, FMT, 2, r, i0);
-        if (i0 < t->n) down_group(t, FMT, 1, r, i0);
-    }
+    for (int64_t r = t->r0; r < t->r1; r++)
+        for (int i0 = 0; i0 < t->n; i0 += MAXT) switch (t->n - i0 < MAXT ? t->n - i0 : MAXT) {
+            case 4: down_group(t, FMT, 1, 4, r, i0); break;
+            case 3: down_group(t, FMT, 1, 3, r, i0); break;
+            case 2: down_group(t, FMT, 1, 2, r, i0); break;
+            default: down_group(t, FMT, 1, 1, r, i0); break;
+            }
 }
 
 static void down(const fm_down_task *t) {
