@@ -9,7 +9,7 @@
  *     each code's exact BF16 value (E2M1 values are exact in BF16);
  *   - byte unpacks pair them into 16-bit BF16 words, and a shift / a mask
  *     turn each pair of words of a 32-bit lane into two floats.
- * No int->float conversion and no widening shuffles: 8 shuffles and 11
+ * No int->float conversion and no widening shuffles: 10 shuffles and 11
  * other operations per 64 weights. The weights come out in a fixed order
  * inside each 64-element chunk; the activations are permuted once per call
  * into that order ("chunk-64" layout, fm_cpu_kern_avx2.pos), the last
@@ -177,66 +177,6 @@ INL const float *lut_of(const int FMT) {
 
 #define MAXR 1
 #define MAXT 4
-/* Tokens up to which the nibble-major loop (chunks_fp4) is used; more
- * tokens use the half-major loop, whose partial sums are only live for one
- * half. Both give the same operations per (row, token). */
-#define NM_MAXT 2
-
-/* One nibble set of a chunk (nb 0: the low nibbles, F0 F1 of both halves,
- * at x[0..] and x[16..]; nb 1: the high nibbles, F2 F3, at x[32..] and
- * x[48..]) into the two halves' partial sums t0, t1 of every token. */
-INL void nibbles_dot(const int nb, const int NT, __m256i c, __m256i th, __m256i tl, const float *const *x,
-                     int64_t off, __m256 *t0, __m256 *t1) {
-    const __m256i hb = _mm256_shuffle_epi8(th, c), lb = _mm256_shuffle_epi8(tl, c);
-    __m256 a0, a1, b0, b1;
-    split_words(_mm256_unpacklo_epi8(lb, hb), &a0, &a1);
-    split_words(_mm256_unpackhi_epi8(lb, hb), &b0, &b1);
-    for (int j = 0; j < NT; j++) {
-        const float *xc = x[j] + off;
-        t0[j] = nb ? _mm256_fmadd_ps(a0, _mm256_loadu_ps(xc), t0[j]) : _mm256_mul_ps(a0, _mm256_loadu_ps(xc));
-        t1[j] = nb ? _mm256_fmadd_ps(b0, _mm256_loadu_ps(xc + 16), t1[j]) : _mm256_mul_ps(b0, _mm256_loadu_ps(xc + 16));
-        t0[j] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(xc + 8), t0[j]);
-        t1[j] = _mm256_fmadd_ps(b1, _mm256_loadu_ps(xc + 24), t1[j]);
-    }
-}
-
-/* acc[j] += FP4 row . x_j over the row's whole chunks. Nibble-major: only
- * one pair of looked-up vectors is live at a time, so the partial sums of
- * two tokens stay in registers. Per (row, token): t_hf = F0 x + F1 x +
- * F2 x + F3 x (FMA chain in that order), acc += t_0 S_0, acc += t_1 S_1. */
-INL void chunks_fp4(const int FMT, const int NT, const uint8_t *p, const uint8_t *s, const float *lut, int64_t nch,
-                    const float *const *x, __m256 *acc) {
-    const __m256i m = _mm256_set1_epi8(0x0F);
-    /* high / low byte of the BF16 encoding of each E2M1 code */
-    const __m256i th = _mm256_setr_epi8(0, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xBF, (char)0xBF,
-                                        (char)0xBF, (char)0xC0, (char)0xC0, (char)0xC0, (char)0xC0, 0, 0x3F, 0x3F, 0x3F,
-                                        0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xBF, (char)0xBF, (char)0xBF, (char)0xC0,
-                                        (char)0xC0, (char)0xC0, (char)0xC0);
-    const __m256i tl = _mm256_setr_epi8(0, 0, (char)0x80, (char)0xC0, 0, 0x40, (char)0x80, (char)0xC0, 0, 0, (char)0x80,
-                                        (char)0xC0, 0, 0x40, (char)0x80, (char)0xC0, 0, 0, (char)0x80, (char)0xC0, 0, 0x40,
-                                        (char)0x80, (char)0xC0, 0, 0, (char)0x80, (char)0xC0, 0, 0x40, (char)0x80,
-                                        (char)0xC0);
-    for (int64_t ch = 0; ch < nch; ch++) {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 32 * ch));
-        __m256 t0[NM_MAXT], t1[NM_MAXT];
-        nibbles_dot(0, NT, _mm256_and_si256(v, m), th, tl, x, 64 * ch, t0, t1);
-        nibbles_dot(1, NT, _mm256_and_si256(_mm256_srli_epi16(v, 4), m), th, tl, x, 64 * ch + 32, t0, t1);
-        __m256 s0, s1;
-        if (FMT == FM_QF_NVFP4) {
-            const uint8_t *b = s + 4 * ch;
-            s0 = two_scales(lut, b[0], b[2]);
-            s1 = two_scales(lut, b[1], b[3]);
-        } else {
-            const uint8_t *b = s + 2 * ch;
-            s0 = s1 = two_scales(lut, b[0], b[1]);
-        }
-        for (int j = 0; j < NT; j++) {
-            acc[j] = _mm256_fmadd_ps(t0[j], s0, acc[j]);
-            acc[j] = _mm256_fmadd_ps(t1[j], s1, acc[j]);
-        }
-    }
-}
-
 
 /* dot[i][j] = row (r+i) of m . x_j (without the per-tensor factor). */
 INL void rows_dot(const int FMT, const int R, const int NT, const fm_qmatrix *m, int64_t r, const float *const *x,
@@ -250,20 +190,16 @@ INL void rows_dot(const int FMT, const int R, const int NT, const fm_qmatrix *m,
         s[i] = FMT == FM_QF_BF16 ? NULL : m->scales + (r + i) * m->scale_stride;
         for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
     }
-    if (FMT != FM_QF_BF16 && NT <= NM_MAXT) {
-        for (int i = 0; i < R; i++) chunks_fp4(FMT, NT, p[i], s[i], lut, nch, x, acc[i]);
-    } else {
-        for (int64_t ch = 0; ch < nch; ch++)
-            for (int i = 0; i < R; i++) {
-                nib n;
-                if (FMT != FM_QF_BF16) decode_nib(p[i], ch, &n);
-                for (int hf = 0; hf < 2; hf++) {
-                    half h;
-                    decode_half(FMT, p[i], s[i], lut, ch, &n, hf, &h);
-                    for (int j = 0; j < NT; j++) acc[i][j] = half_dot(FMT, &h, x[j] + 64 * ch, hf, acc[i][j]);
-                }
+    for (int64_t ch = 0; ch < nch; ch++)
+        for (int i = 0; i < R; i++) {
+            nib n;
+            if (FMT != FM_QF_BF16) decode_nib(p[i], ch, &n);
+            for (int hf = 0; hf < 2; hf++) {
+                half h;
+                decode_half(FMT, p[i], s[i], lut, ch, &n, hf, &h);
+                for (int j = 0; j < NT; j++) acc[i][j] = half_dot(FMT, &h, x[j] + 64 * ch, hf, acc[i][j]);
             }
-    }
+        }
     for (int i = 0; i < R; i++)
         for (int j = 0; j < NT; j++)
             dot[i][j] = hsum(acc[i][j]) + ((m->cols & 63) ? tail_dot(m, p[i], s[i], lut, x[j]) : 0.0f);
