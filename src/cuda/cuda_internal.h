@@ -115,7 +115,6 @@ typedef struct {
     float *logits;          /* [kslices][T][E] partial logits (workspace)    */
     int kslices;            /* K slices of the logits (set at launch)        */
     int sms;                /* SMs of the device (sizes the logits grid)     */
-    int prep_done;          /* x_prep and out written by the logits kernel   */
     /* outputs */
     int32_t *ids;           /* [T][k]                                        */
     float *wts;             /* [T][k]                                        */
@@ -139,6 +138,12 @@ typedef struct {
     int act;                      /* fm_act_kind                             */
     float alpha, limit;
     int max_active;               /* grid rows reserved for routed experts   */
+    /* The shared expert's work items come first in the grid: (row block,
+     * token chunk), chunks of one row block adjacent so that they read the
+     * same weights close together in time (from L2 after the first). Set by
+     * the launch: tokens per chunk (one pass of the kernel's tile), chunks
+     * per row block, and the number of shared items. */
+    int sh_chunk, sh_chunks, sh_blocks;
     const int *n_active, *act_e, *act_off, *act_cnt, *sorted_tok;
     const float *sorted_w;
     const uint16_t *x_prep;       /* [T][Hp]                                 */

@@ -5,7 +5,9 @@
  *
  * Work: one thread block per (active expert, block of weight rows); blocks
  * reserved for experts that turned out inactive exit at once (the grid is
- * sized without a host sync). A warp owns 16 weight rows (the M of
+ * sized without a host sync). The shared expert, which every token uses,
+ * has one block per (block of rows, chunk of 8 * NT tokens), first in the
+ * grid. A warp owns 16 weight rows (the M of
  * mma.m16n8k16) over a range of K and the expert's tokens in N, 8 per MMA
  * tile, NT tiles per pass. Warps of a block either split K (small path,
  * reduced through shared memory) or own different rows (large path).
@@ -201,22 +203,28 @@ __global__ void __launch_bounds__(256, (NT == 1 || ST > 0) ? 2 : 1) fm_expert_ke
     pdl_wait();
     pdl_launch_dependents();
 
-    int b = blockIdx.x, e, pos0, cnt, rb;
+    int b = blockIdx.x, e, pos0, cnt, rb, pbeg = 0, pend;
     bool shared;
-    if (b < p.max_active * nrb) {
+    if (b < p.sh_blocks) {
+        /* shared expert: every token, split into chunks so that its rows
+         * are spread over many blocks instead of one long serial loop */
+        rb = b / p.sh_chunks;
+        pbeg = (b % p.sh_chunks) * p.sh_chunk;
+        e = 0;
+        pos0 = p.T * p.k;
+        cnt = p.T;
+        pend = min(cnt, pbeg + p.sh_chunk);
+        shared = true;
+    } else {
+        b -= p.sh_blocks;
         int a = b / nrb;
         rb = b % nrb;
         if (a >= *p.n_active) return;
         e = p.act_e[a];
         pos0 = p.act_off[a];
         cnt = p.act_cnt[a];
+        pend = cnt;
         shared = false;
-    } else {
-        rb = b - p.max_active * nrb;
-        e = 0;
-        pos0 = p.T * p.k;
-        cnt = p.T;
-        shared = true;
     }
     /* field by field, so that the parameter structs stay in constant space */
     const fm_dmat &dA = NMAT == 2 ? (shared ? p.sgate : p.gate) : (shared ? p.sdown : p.down);
@@ -249,7 +257,7 @@ __global__ void __launch_bounds__(256, (NT == 1 || ST > 0) ? 2 : 1) fm_expert_ke
     const uint16_t *src_base = NMAT == 2 ? p.x_prep : p.h;
     const int64_t src_stride = NMAT == 2 ? p.Hp : p.hstride;
 
-    for (int pass0 = 0; pass0 < cnt; pass0 += 8 * NT) {
+    for (int pass0 = pbeg; pass0 < pend; pass0 += 8 * NT) {
         float acc[NMAT][NT][4];
 #pragma unroll
         for (int m = 0; m < NMAT; m++)
@@ -451,9 +459,17 @@ static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int n
     int rpb = 16 * (c->warps / c->ksplit);
     int nrb = (m->rows_p + rpb - 1) / rpb;
     int nrb_s = sm->n ? (sm->rows_p + rpb - 1) / rpb : 0;
-    int64_t blocks = (int64_t)p->max_active * nrb + nrb_s;
+    /* one kernel pass (8 * nt tokens) per shared work item: a chunk costs
+     * the same decode work as a pass of one long loop, but the chunks run
+     * in parallel and re-read the weights from L2 */
+    fm_expert_params q = *p;
+    q.sh_chunk = 8 * c->nt;
+    q.sh_chunks = nrb_s > 0 ? (p->T + q.sh_chunk - 1) / q.sh_chunk : 0;
+    int64_t sh_blocks = (int64_t)nrb_s * q.sh_chunks;
+    int64_t blocks = (int64_t)p->max_active * nrb + sh_blocks;
     if (blocks <= 0) return FM_OK;
     if (blocks > 0x7fffffff) return fm_error(FM_E_RANGE, "CUDA grid of %lld blocks is too large", (long long)blocks);
+    q.sh_blocks = (int)sh_blocks;
     size_t smem = c->ksplit > 1 ? (size_t)c->warps * nmat * c->nt * 4 * 32 * sizeof(float) : 0;
     if (c->cp_async) smem += (size_t)c->warps * ring_bytes(nmat, c->nt);
     fm_kfn fn = pick(nmat, c->nt, p->mx, c->cp_async, m->enc);
@@ -483,7 +499,7 @@ static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int n
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = c->pdl ? 1 : 0;
-    FM_CU(cudaLaunchKernelEx(&cfg, fn, *p, c->warps, c->ksplit));
+    FM_CU(cudaLaunchKernelEx(&cfg, fn, q, c->warps, c->ksplit));
     FM_CU_LAUNCH(nmat == 2 ? "fm_expert_kernel (gate/up)" : "fm_expert_kernel (down)");
     return FM_OK;
 }

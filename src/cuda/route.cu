@@ -4,11 +4,12 @@
  * 1. Router logits in FP32 as partial sums over K slices, by a grid wide
  *    enough to keep the router's bytes in flight at every batch size (a GEMV
  *    shape for few tokens, a register-tiled SGEMM for many).
+ *    Both shapes also zero the tokens' output rows and write the tokens'
+ *    activations in the layout the expert kernels read (BF16, scaled by
+ *    2^7, K permuted; see expert.cu), one expert tile per K slice.
  * 2. One warp per token adds the slices, computes the family's scores, the
  *    group limit and the top-k exactly as fm_route does (ties go to the lower
- *    expert index, ids sorted ascending), zeroes the token's output row and
- *    writes the token's activations in the layout the expert kernels read
- *    (BF16, scaled by 2^7, K permuted; see expert.cu). The last block to
+ *    expert index, ids sorted ascending). The last block to
  *    finish (a counter in global memory) groups the T*k (token, slot) pairs
  *    by expert: counts, prefix sums, the list of active experts, the scatter.
  * Nothing here waits on the host, so a whole step can be one CUDA graph.
@@ -222,6 +223,27 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_tile_kernel(fm_route_par
     const bool xok = t0 + lr < T, wok = e0 + lr < E;
     pdl_wait();
     pdl_launch_dependents();
+    /* the first expert tile of each (token tile, K slice) also writes the
+     * tokens' copy for the experts and zeroes their output, as the GEMV
+     * shape does, so that the selection warps stream nothing per token (one
+     * warp copying a 4096-wide row was a chain of 16 dependent loads); the
+     * last slice also writes the zero padding up to Hp */
+    if (blockIdx.y == 0) {
+        const int pend = blockIdx.z == gridDim.z - 1 ? p.Hp : kend;
+        const int ng = (pend - kbeg) / 8; /* kbeg, kend (not last) and Hp are multiples of 8 */
+        for (int i = tid; i < LG_TILE * ng; i += RT_THREADS) {
+            const int t = t0 + i / ng, kk = kbeg + (i % ng) * 8;
+            if (t >= T) break; /* i grows with t */
+            const int perm[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+            const size_t base = (size_t)t * H + kk;
+            float4 lo = kk < H ? load_x4(p.x, p.xdt, base) : make_float4(0, 0, 0, 0);
+            float4 hi = kk + 4 < H ? load_x4(p.x, p.xdt, base + 4) : make_float4(0, 0, 0, 0);
+            const float xv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            *(uint4 *)&p.x_prep[(size_t)t * p.Hp + kk] = prep8(xv, perm);
+            if (kk < H) *(float4 *)&p.out[base] = make_float4(0, 0, 0, 0);
+            if (kk + 4 < H) *(float4 *)&p.out[base + 4] = make_float4(0, 0, 0, 0);
+        }
+    }
     float acc[4][4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -295,14 +317,14 @@ static __host__ __device__ size_t sel_warp_bytes(int E) { return ((size_t)E * 13
  * Selection and grouping: one warp per token (RS_WARPS tokens per block).
  * The warp adds the K slices of its token's logits in slice order, applies
  * the family's scores, the group limit and the top-k exactly as fm_route
- * (ties to the lower expert index, ids ascending), writes the token's
- * activations in the experts' layout and zeroes its output row. The last
- * block to finish (a counter in global memory) groups the T*k pairs by
+ * (ties to the lower expert index, ids ascending) and writes its ids and
+ * weights (the logits kernel already wrote the token's activations in the
+ * experts' layout and zeroed its output row). The last block to finish (a counter in global memory) groups the T*k pairs by
  * expert: counts (shared atomics), scans, active list, scatter.
  */
 __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p) {
     extern __shared__ __align__(16) unsigned char rs_smem[];
-    const int E = p.E, H = p.H, k = p.k, T = p.T;
+    const int E = p.E, k = p.k, T = p.T;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int t = blockIdx.x * RS_WARPS + warp;
     float *lg = (float *)(rs_smem + (size_t)warp * sel_warp_bytes(E)); /* [E] logits          */
@@ -315,19 +337,6 @@ __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p)
     pdl_wait();
 
     if (t < T) {
-        /* the experts' copy of the activations and the zeroed output row
-         * (unless the GEMV logits kernel wrote them) */
-        if (!p.prep_done) {
-            for (int i = lane * 4; i < H; i += 128) *(float4 *)&p.out[(size_t)t * H + i] = make_float4(0, 0, 0, 0);
-            for (int g = lane; g < p.Hp / 8; g += 32) {
-                const int perm[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-                const size_t base = (size_t)t * H + g * 8;
-                float4 lo = g * 8 < H ? load_x4(p.x, p.xdt, base) : make_float4(0, 0, 0, 0);
-                float4 hi = g * 8 + 4 < H ? load_x4(p.x, p.xdt, base + 4) : make_float4(0, 0, 0, 0);
-                const float xv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-                *(uint4 *)&p.x_prep[(size_t)t * p.Hp + g * 8] = prep8(xv, perm);
-            }
-        }
         /* K slices in order; a lane's 8 experts per slice are independent
          * loads, so the slices cost a few L2 latencies, not one each */
         for (int c0 = 0; c0 < E; c0 += 256) {
@@ -580,7 +589,6 @@ extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int p
                            (unsigned)ks);
     }
     p->kslices = ks;
-    p->prep_done = p->T <= LG_SMALL_T;
     if (parts & FM_ROUTE_PART_LOGITS) {
         if (p->T <= LG_SMALL_T) {
             FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_gemv_kernel, *p));
