@@ -9,8 +9,9 @@
 # benchmark of the routed DeepSeek-V4-Flash layer with the built-in config
 # and the per-kernel split at B = 1,4,16,64,256,512 (QUICK_BATCH overrides):
 # about a minute of GPU time. In quick mode the sanitizers run after the
-# benchmark, then the same benchmark with the v5 FP4 decode
-# (FP4MOE_CUDA_FP4_DECODE=v5), each only within QUICK_DEADLINE seconds
+# benchmark, then the same benchmark with QUICK_AB_ENV set (default
+# FP4MOE_CUDA_FP4_DECODE=v5, the v5 FP4 decode; batches QUICK_AB_BATCH),
+# each only within QUICK_DEADLINE seconds
 # (default 160) of the start, so the call fits a short device limit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,12 +67,15 @@ if [[ " $MODES " == *" quickbench "* ]]; then
         echo "sanitizers skipped: $(left) s left of QUICK_DEADLINE" | tee -a "$SUMMARY"
     fi
     if (( $(left) > 15 )); then
-        FP4MOE_CUDA_FP4_DECODE=v5 timeout $(( $(left) - 5 )) "$BIN/cuda_bench" --preset deepseek-v4-flash \
-            --batch "${QUICK_BATCH:-1,4,16,64,256,512}" --layers 8 --no-shared --reps 20 > "$OUT/bench_quick_v5dec.txt" 2>&1
-        echo "rc=$?" >> "$OUT/bench_quick_v5dec.txt"
-        { echo "-- same, FP4MOE_CUDA_FP4_DECODE=v5 (checkpoint nibble order, v5 decode)"; cat "$OUT/bench_quick_v5dec.txt"; } >> "$SUMMARY"
+        # the A/B run: QUICK_AB_ENV (default: the v5 FP4 decode), QUICK_AB_BATCH
+        ab_env=${QUICK_AB_ENV:-FP4MOE_CUDA_FP4_DECODE=v5}
+        env "$ab_env" timeout $(( $(left) - 5 )) "$BIN/cuda_bench" --preset deepseek-v4-flash \
+            --batch "${QUICK_AB_BATCH:-${QUICK_BATCH:-1,4,16,64,256,512}}" --layers 8 --no-shared --reps 20 \
+            > "$OUT/bench_quick_ab.txt" 2>&1
+        echo "rc=$?" >> "$OUT/bench_quick_ab.txt"
+        { echo "-- same, $ab_env"; cat "$OUT/bench_quick_ab.txt"; } >> "$SUMMARY"
     else
-        echo "v5-decode benchmark skipped: $(left) s left" | tee -a "$SUMMARY"
+        echo "A/B benchmark skipped: $(left) s left" | tee -a "$SUMMARY"
     fi
 fi
 

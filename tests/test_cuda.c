@@ -106,12 +106,14 @@ static int first_moe_layer(const fm_model_desc *d, int want_hash) {
 
 static const char *k_tiny[] = {"tiny-deepseek", "tiny-deepseek-v4", "tiny-qwen3", "tiny-mixtral", "tiny-gptoss"};
 
-/* Every tiny preset (every routing family), both formats, B = 1, 7, 33, 130
- * (not multiples of the tiles; many experts get no token at B = 1 and 7). */
+/* Every tiny preset (every routing family), both formats, B = 1, 7, 20, 32,
+ * 33, 130 (not multiples of the tiles; many experts get no token at B = 1
+ * and 7; 20 and 32 select in 3 and 4 token tiles of the fused logits kernel,
+ * 33 is the first of the separate selection kernel). */
 static void test_vs_reference(void **state) {
     (void)state;
     NEED_GPU();
-    const int Ts[] = {1, 7, 33, 130};
+    const int Ts[] = {1, 7, 20, 32, 33, 130};
     const fm_qformat fmts[] = {FM_QF_NVFP4, FM_QF_MXFP4};
     for (size_t pi = 0; pi < sizeof k_tiny / sizeof k_tiny[0]; pi++)
         for (int fi = 0; fi < 2; fi++)

@@ -125,7 +125,10 @@ typedef struct {
     int *act_e, *act_off, *act_cnt; /* [E]                                   */
     int *sorted_tok;        /* [T*k]                                         */
     float *sorted_w;        /* [T*k]                                         */
-    unsigned *done;         /* [1] block counter, reset by the last block    */
+    unsigned *done;         /* [FM_ROUTE_COUNTERS] block counters, each reset
+                             * by the block it elects                        */
+    int fuse;               /* selection fused into the GEMV logits (set at
+                             * launch)                                       */
     int *stat_active;       /* where to record n_active (bench) or NULL      */
 } fm_route_params;
 
@@ -161,6 +164,9 @@ typedef struct {
 } fm_launch_cfg;
 /* Stages of the cp.async ring (FM_CP_STAGES - 1 segments in flight per warp). */
 #define FM_CP_STAGES 3
+
+/* Block counters the routing kernels need (engine allocates, zeroed). */
+#define FM_ROUTE_COUNTERS 8
 
 #define FM_ROUTE_PART_LOGITS 1
 #define FM_ROUTE_PART_SELECT 2

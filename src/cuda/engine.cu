@@ -612,8 +612,8 @@ static fm_status ws_ensure(fm_cuda_engine *e, int T, int H, int Hp, int E, int k
     FM_CU(cudaMalloc(&e->act_cnt, (size_t)E * sizeof(int)));
     FM_CU(cudaMalloc(&e->sorted_tok, Tk * sizeof(int)));
     FM_CU(cudaMalloc(&e->sorted_w, Tk * sizeof(float)));
-    FM_CU(cudaMalloc(&e->done, sizeof(unsigned)));
-    FM_CU(cudaMemset(e->done, 0, sizeof(unsigned)));
+    FM_CU(cudaMalloc(&e->done, FM_ROUTE_COUNTERS * sizeof(unsigned)));
+    FM_CU(cudaMemset(e->done, 0, FM_ROUTE_COUNTERS * sizeof(unsigned)));
     FM_CU(cudaMalloc(&e->h, (Tk + T) * hstride * sizeof(uint16_t)));
     FM_CU(cudaMemset(e->h, 0, (Tk + T) * hstride * sizeof(uint16_t)));
     FM_CU(cudaMalloc(&e->stats, (size_t)(nstats > 0 ? nstats : 1) * sizeof(int)));

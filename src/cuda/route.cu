@@ -12,10 +12,13 @@
  *    expert index, ids sorted ascending). The last block to
  *    finish (a counter in global memory) groups the T*k (token, slot) pairs
  *    by expert: counts, prefix sums, the list of active experts, the scatter.
+ *    Up to 32 tokens this runs in the tail of the GEMV logits kernel instead
+ *    (one launch; FP4MOE_CUDA_ROUTE_FUSE=0 keeps the second kernel).
  * Nothing here waits on the host, so a whole step can be one CUDA graph.
  */
 #include "cuda_internal.h"
 #include <string.h>
+#include <stdlib.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
@@ -49,7 +52,7 @@ static __device__ int block_exscan(int v, int *excl, int *warp_tot) {
     if (lane == 31) warp_tot[w] = inc;
     __syncthreads();
     int base = 0, total = 0;
-    for (int i = 0; i < RS_WARPS; i++) {
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) {
         if (i < w) base += warp_tot[i];
         total += warp_tot[i];
     }
@@ -151,6 +154,16 @@ static __device__ __forceinline__ uint4 prep8(const float *xv, const int *perm) 
 #define LG_TILE 64         /* tokens and experts per SGEMM block             */
 #define LG_KSTEP 16        /* K per shared-memory stage (SGEMM)              */
 
+static __host__ __device__ size_t sel_warp_bytes(int E);
+static __device__ void select_token(const fm_route_params &p, int t, unsigned char *ws, int *chosen);
+static __device__ void group_pairs(const fm_route_params &p, unsigned char *smem, int *warp_tot, unsigned *done);
+
+/* Block counters of the fused GEMV shape (p.fuse): done[1 + z] counts the
+ * finished blocks of token tile z, done[FM_DONE_TILES] the selected tiles;
+ * done[0] is the selection kernel's. */
+#define FM_DONE_TILES (1 + LG_SMALL_T / LG_TT)
+static_assert(FM_DONE_TILES < FM_ROUTE_COUNTERS, "routing block counters");
+
 __global__ void __launch_bounds__(RT_THREADS) fm_logits_gemv_kernel(fm_route_params p) {
     __shared__ __align__(16) float xs[LG_TT][LG_KC];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -209,6 +222,33 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_gemv_kernel(fm_route_par
     const int idx = lane >> 1, a = idx / LG_TT, b = idx % LG_TT;
     if ((lane & 1) == 0 && e0 + a < E && t0 + b < T)
         p.logits[((size_t)blockIdx.y * T + t0 + b) * E + e0 + a] = v;
+    if (!p.fuse) return;
+
+    /* Fused selection (few tokens): the last block of a token tile to finish
+     * its partial logits selects the tile's tokens (one warp each), and the
+     * last tile to be selected groups the pairs, so that routing is one
+     * launch and one grid-completion wait instead of two. */
+    extern __shared__ __align__(16) unsigned char rs_smem[];
+    __shared__ int chosen[RT_WARPS][RT_MAXK];
+    __shared__ int warp_tot[RT_WARPS];
+    __shared__ unsigned is_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(&p.done[1 + blockIdx.z], 1u) == gridDim.x * gridDim.y - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    if (t0 + warp < T) select_token(p, t0 + warp, rs_smem + (size_t)warp * sel_warp_bytes(E), chosen[warp]);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        p.done[1 + blockIdx.z] = 0;
+        is_last = gridDim.z == 1 || atomicAdd(&p.done[FM_DONE_TILES], 1u) == gridDim.z - 1;
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    group_pairs(p, rs_smem, warp_tot, &p.done[FM_DONE_TILES]);
 }
 
 __global__ void __launch_bounds__(RT_THREADS) fm_logits_tile_kernel(fm_route_params p, int kc) {
@@ -322,21 +362,16 @@ static __host__ __device__ size_t sel_warp_bytes(int E) { return ((size_t)E * 13
  * experts' layout and zeroed its output row). The last block to finish (a counter in global memory) groups the T*k pairs by
  * expert: counts (shared atomics), scans, active list, scatter.
  */
-__global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p) {
-    extern __shared__ __align__(16) unsigned char rs_smem[];
-    const int E = p.E, k = p.k, T = p.T;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int t = blockIdx.x * RS_WARPS + warp;
-    float *lg = (float *)(rs_smem + (size_t)warp * sel_warp_bytes(E)); /* [E] logits          */
-    float *sel = lg + E;                                               /* [E] selection score */
-    float *wsc = sel + E;                                              /* [E] weight score    */
-    unsigned char *taken = (unsigned char *)(wsc + E);                 /* [E]                 */
-    __shared__ int chosen[RS_WARPS][RT_MAXK];
-    __shared__ int warp_tot[RS_WARPS];
-    __shared__ unsigned is_last;
-    pdl_wait();
-
-    if (t < T) {
+/* Selection of token t by one warp (lane 0 writes its ids and weights);
+ * ws: the warp's sel_warp_bytes(E) of shared memory, chosen: [RT_MAXK]. */
+static __device__ void select_token(const fm_route_params &p, int t, unsigned char *ws, int *chosen) {
+    const int E = p.E, k = p.k;
+    const int lane = threadIdx.x & 31;
+    const int T = p.T;
+    float *lg = (float *)ws;  /* [E] logits          */
+    float *sel = lg + E;      /* [E] selection score */
+    float *wsc = sel + E;     /* [E] weight score    */
+    unsigned char *taken = (unsigned char *)(wsc + E); /* [E] */
         /* K slices in order; a lane's 8 experts per slice are independent
          * loads, so the slices cost a few L2 latencies, not one each */
         for (int c0 = 0; c0 < E; c0 += 256) {
@@ -419,11 +454,11 @@ __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p)
 
         if (p.hash) {
             int tok = p.token_ids[t];
-            if (lane < k) chosen[warp][lane] = p.tid2eid[(size_t)tok * k + lane];
+            if (lane < k) chosen[lane] = p.tid2eid[(size_t)tok * k + lane];
         } else {
             for (int j = 0; j < k; j++) {
                 int e = warp_argmax(sel, taken, E);
-                if (lane == 0) { taken[e] = 1; chosen[warp][j] = e; }
+                if (lane == 0) { taken[e] = 1; chosen[j] = e; }
                 __syncwarp();
             }
         }
@@ -431,7 +466,7 @@ __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p)
         if (lane == 0) {
             float w[RT_MAXK];
             int id[RT_MAXK];
-            for (int j = 0; j < k; j++) id[j] = chosen[warp][j];
+            for (int j = 0; j < k; j++) id[j] = chosen[j];
             /* ascending expert ids */
             for (int a = 1; a < k; a++) {
                 int v = id[a], b = a - 1;
@@ -465,31 +500,27 @@ __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p)
                 p.wts[(size_t)t * k + j] = w[j];
             }
         }
-    }
-    pdl_launch_dependents();
+}
 
-    /* the last block groups the pairs by expert */
-    __threadfence();
-    __syncthreads();
-    /* one block: it is the last (no counter round trip) */
-    if (tid == 0) is_last = gridDim.x == 1 || atomicAdd(p.done, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-
-    int *cnt = (int *)rs_smem;  /* [E] (reuses the score arrays) */
+/* Groups the T*k pairs by expert (one block, after every token's
+ * selection): counts (shared atomics), scans, active list, scatter; then
+ * resets the block counter that elected this block. smem: 12 E bytes. */
+static __device__ void group_pairs(const fm_route_params &p, unsigned char *smem, int *warp_tot, unsigned *done) {
+    const int E = p.E, k = p.k, T = p.T;
+    const int tid = threadIdx.x, nth = blockDim.x;
+    int *cnt = (int *)smem;  /* [E] (reuses the score arrays) */
     int *off = cnt + E;         /* [E] */
     int *cur = off + E;         /* [E] */
     const int n = T * k;
-    for (int e = tid; e < E; e += RS_THREADS) { cnt[e] = 0; cur[e] = 0; }
+    for (int e = tid; e < E; e += nth) { cnt[e] = 0; cur[e] = 0; }
     __syncthreads();
     /* GB pairs per thread per round: their loads are issued together, so a
      * round costs one L2 latency (one block does this for the whole grid) */
-    for (int i0 = 0; i0 < n; i0 += RS_THREADS * GB) {
+    for (int i0 = 0; i0 < n; i0 += nth * GB) {
         int ev[GB];
 #pragma unroll
         for (int j = 0; j < GB; j++) {
-            int i = i0 + j * RS_THREADS + tid;
+            int i = i0 + j * nth + tid;
             ev[j] = i < n ? __ldcg(&p.ids[i]) : -1;
         }
 #pragma unroll
@@ -498,7 +529,7 @@ __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p)
     }
     __syncthreads();
     /* each thread owns a run of consecutive experts */
-    const int per = (E + RS_THREADS - 1) / RS_THREADS;
+    const int per = (E + nth - 1) / nth;
     int e0 = tid * per, e1 = min(E, e0 + per);
     int mysum = 0, myact = 0;
     for (int e = e0; e < e1; e++) { mysum += cnt[e]; myact += cnt[e] > 0; }
@@ -516,19 +547,19 @@ __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p)
         base += cnt[e];
     }
     __syncthreads();
-    for (int i0 = 0; i0 < n; i0 += RS_THREADS * GB) {
+    for (int i0 = 0; i0 < n; i0 += nth * GB) {
         int ev[GB];
         float wv[GB];
 #pragma unroll
         for (int j = 0; j < GB; j++) {
-            int i = i0 + j * RS_THREADS + tid;
+            int i = i0 + j * nth + tid;
             ev[j] = i < n ? __ldcg(&p.ids[i]) : -1;
             wv[j] = i < n ? __ldcg(&p.wts[i]) : 0.0f;
         }
 #pragma unroll
         for (int j = 0; j < GB; j++)
             if (ev[j] >= 0) {
-                int i = i0 + j * RS_THREADS + tid;
+                int i = i0 + j * nth + tid;
                 int pos = off[ev[j]] + atomicAdd(&cur[ev[j]], 1);
                 p.sorted_tok[pos] = i / k;
                 p.sorted_w[pos] = wv[j];
@@ -537,13 +568,36 @@ __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p)
     if (tid == 0) {
         *p.n_active = n_act;
         if (p.stat_active) *p.stat_active = n_act;
-        *p.done = 0;
+        *done = 0;
     }
+}
+
+__global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p) {
+    extern __shared__ __align__(16) unsigned char rs_smem[];
+    const int E = p.E, T = p.T;
+    const int tid = threadIdx.x, warp = tid >> 5;
+    const int t = blockIdx.x * RS_WARPS + warp;
+    __shared__ int chosen[RS_WARPS][RT_MAXK];
+    __shared__ int warp_tot[RT_WARPS];
+    __shared__ unsigned is_last;
+    pdl_wait();
+    if (t < T) select_token(p, t, rs_smem + (size_t)warp * sel_warp_bytes(E), chosen[warp]);
+    pdl_launch_dependents();
+
+    /* the last block groups the pairs by expert */
+    __threadfence();
+    __syncthreads();
+    /* one block: it is the last (no counter round trip) */
+    if (tid == 0) is_last = gridDim.x == 1 || atomicAdd(p.done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    group_pairs(p, rs_smem, warp_tot, p.done);
 }
 
 extern "C" size_t fm_cuda_route_smem(int H, int E) {
     (void)H;
-    size_t a = RS_WARPS * sel_warp_bytes(E);
+    size_t a = RT_WARPS * sel_warp_bytes(E); /* the fused GEMV shape selects 8 tokens per block */
     size_t b = (size_t)E * 12;
     return a > b ? a : b;
 }
@@ -563,7 +617,21 @@ extern "C" size_t fm_cuda_route_logit_floats(int T, int H, int E, int sms) {
 extern "C" fm_status fm_cuda_route_prepare(size_t smem) {
     if (smem > 48 * 1024)
         FM_CU(cudaFuncSetAttribute(fm_route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    /* the GEMV shape has 16 KB of static shared memory besides */
+    if (smem + sizeof(float) * LG_TT * LG_KC > 48 * 1024)
+        FM_CU(cudaFuncSetAttribute(fm_logits_gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     return FM_OK;
+}
+
+/* FP4MOE_CUDA_ROUTE_FUSE=0 keeps the separate selection kernel at few
+ * tokens (the v7 routing), for comparisons. */
+static int route_fuse_enabled(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *env = getenv("FP4MOE_CUDA_ROUTE_FUSE");
+        v = !(env && strcmp(env, "0") == 0);
+    }
+    return v;
 }
 
 extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int pdl, int parts, cudaStream_t s) {
@@ -589,10 +657,14 @@ extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int p
                            (unsigned)ks);
     }
     p->kslices = ks;
+    p->fuse = p->T <= LG_SMALL_T && (parts & FM_ROUTE_PART_LOGITS) && (parts & FM_ROUTE_PART_SELECT) &&
+              route_fuse_enabled();
     if (parts & FM_ROUTE_PART_LOGITS) {
         if (p->T <= LG_SMALL_T) {
+            cfg.dynamicSmemBytes = p->fuse ? smem : 0;
             FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_gemv_kernel, *p));
             FM_CU_LAUNCH("fm_logits_gemv_kernel");
+            if (p->fuse) return FM_OK;
         } else {
             FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_tile_kernel, *p, kc));
             FM_CU_LAUNCH("fm_logits_tile_kernel");
