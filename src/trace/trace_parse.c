@@ -498,6 +498,23 @@ static int jr_literal(jr *r, const char *lit) {
     return 0;
 }
 
+/* After an object key: whitespace, then the ':' (consumed). Returns 0, or
+ * -1 with the error set (eof_msg at end of input). A refill may move the
+ * buffer, so callers read the key's bytes before calling this. */
+static int jr_colon(jr *r, const char *eof_msg) {
+    int ch = jr_ws(r);
+    if (ch < 0) {
+        jr_fail(r, r->end, eof_msg);
+        return -1;
+    }
+    if (ch != ':') {
+        jr_fail(r, r->pos, "expected ':' after object key");
+        return -1;
+    }
+    r->pos++;
+    return 0;
+}
+
 /* Validates and skips one JSON value of any kind (iteratively, with a
  * depth limit). */
 static int jr_skip(jr *r) {
@@ -530,14 +547,7 @@ static int jr_skip(jr *r) {
                 }
                 const char *s;
                 size_t n;
-                if (jr_string(r, &s, &n)) return -1;
-                c = jr_ws(r);
-                if (c < 0) goto eof;
-                if (c != ':') {
-                    jr_fail(r, r->pos, "expected ':' after object key");
-                    return -1;
-                }
-                r->pos++;
+                if (jr_string(r, &s, &n) || jr_colon(r, "unexpected end of input (truncated file?)")) return -1;
             }
             continue; /* parse the first member value */
         }
@@ -581,14 +591,7 @@ static int jr_skip(jr *r) {
                     }
                     const char *s;
                     size_t n;
-                    if (jr_string(r, &s, &n)) return -1;
-                    c = jr_ws(r);
-                    if (c < 0) goto eof;
-                    if (c != ':') {
-                        jr_fail(r, r->pos, "expected ':' after object key");
-                        return -1;
-                    }
-                    r->pos++;
+                    if (jr_string(r, &s, &n) || jr_colon(r, "unexpected end of input (truncated file?)")) return -1;
                 }
                 break; /* next value */
             }
@@ -809,12 +812,7 @@ static int parse_args(pctx *c) {
         size_t kn;
         if (jr_string(r, &k, &kn)) return -1;
         int is_corr = kn == 11 && memcmp(k, "correlation", 11) == 0;
-        ch = jr_ws(r);
-        if (ch != ':') {
-            if (ch >= 0 || r->st == FM_OK) jr_fail(r, ch < 0 ? r->end : r->pos, ch < 0 ? "unexpected end of input (truncated file?)" : "expected ':' after object key");
-            return -1;
-        }
-        r->pos++;
+        if (jr_colon(r, "unexpected end of input (truncated file?)")) return -1;
         ch = jr_ws(r);
         if (ch < 0) {
             if (r->st == FM_OK) jr_fail(r, r->end, "unexpected end of input (truncated file?)");
@@ -1064,13 +1062,7 @@ static int parse_event(pctx *c, int64_t idx) {
             else if (!memcmp(k, "args", 4)) key = 8;
             break;
         }
-        ch = jr_ws(r);
-        if (ch != ':') {
-            if (ch < 0) goto eof;
-            jr_fail(r, r->pos, "expected ':' after object key");
-            return -1;
-        }
-        r->pos++;
+        if (jr_colon(r, "unexpected end of input inside an event (truncated file?)")) return -1;
         ch = jr_ws(r);
         if (ch < 0) goto eof;
         switch (key) {
@@ -1216,13 +1208,7 @@ static int parse_dist_info(pctx *c) {
         size_t kn;
         if (jr_string(r, &k, &kn)) return -1;
         int is_rank = kn == 4 && !memcmp(k, "rank", 4);
-        ch = jr_ws(r);
-        if (ch != ':') {
-            if (ch < 0 && r->st == FM_OK) jr_fail(r, r->end, "unexpected end of input (truncated file?)");
-            else if (ch >= 0) jr_fail(r, r->pos, "expected ':' after object key");
-            return -1;
-        }
-        r->pos++;
+        if (jr_colon(r, "unexpected end of input (truncated file?)")) return -1;
         ch = jr_ws(r);
         if (is_rank && ch >= '0' && ch <= '9') {
             const char *s;
@@ -1287,13 +1273,7 @@ static fm_status parse_doc(pctx *c) {
                 int key = 0;
                 if (kn == 11 && !memcmp(k, "traceEvents", 11)) key = 1;
                 else if (kn == 15 && !memcmp(k, "distributedInfo", 15)) key = 2;
-                ch = jr_ws(r);
-                if (ch != ':') {
-                    if (ch < 0) goto eof;
-                    jr_fail(r, r->pos, "expected ':' after object key");
-                    return r->st;
-                }
-                r->pos++;
+                if (jr_colon(r, "unexpected end of input (truncated file?)")) return r->st;
                 ch = jr_ws(r);
                 if (ch < 0) goto eof;
                 if (key == 1) {
