@@ -423,6 +423,15 @@ static void test_malformed(void **state) {
     /* JSON syntax */
     E("{\"traceEvents\":[{\"a\":1,}]}", "expected a string key", "byte 23");
     E("{\"traceEvents\":[{\"a\" 1}]}", "expected ':'", "byte 21");
+    /* a missing ':' after a key, in every kind of object the reader walks */
+    E("{\"traceEvents\" []}", "expected ':'", "byte 15");                             /* top level */
+    E("{\"traceEvents\":[{\"args\":{\"x\" 1}}]}", "expected ':'", "byte 29");        /* event args */
+    E("{\"distributedInfo\":{\"rank\" 0},\"traceEvents\":[]}", "expected ':'", "byte 27"); /* distributedInfo */
+    E("{\"x\":{\"y\" 1},\"traceEvents\":[]}", "expected ':'", "byte 10");             /* skipped value, first key */
+    E("{\"x\":{\"y\":1,\"z\" 2},\"traceEvents\":[]}", "expected ':'", "byte 16");      /* skipped value, later key */
+    /* the input ends right after a key */
+    E("{\"traceEvents\":[{\"ph\"", "end of input", NULL);
+    E("{\"x\":{\"y\"", "end of input", NULL);
     E("{\"traceEvents\":[{\"a\":01}]}", "expected ',' or '}'", NULL);
     E("{\"traceEvents\":[{\"a\":\"x\ty\"}]}", "control character", "byte 23");
     E("{\"traceEvents\":[{\"a\":\"\\q\"}]}", "invalid escape", NULL);
