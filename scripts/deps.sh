@@ -3,7 +3,7 @@
 # the Python test oracles (numpy, ml_dtypes, safetensors) from PyPI.
 # Not root: prints the one apt command to run instead.
 set -euo pipefail
-PKGS="cmake make gcc clang pkg-config libjansson-dev libyajl-dev libcmocka-dev zlib1g-dev python3 python3-pip chromium"
+PKGS="cmake make gcc clang libclang-rt-14-dev pkg-config libjansson-dev libyajl-dev libcmocka-dev zlib1g-dev python3 python3-pip chromium"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
