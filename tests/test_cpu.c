@@ -122,6 +122,48 @@ static void test_wide_layer_items(void **s) {
     }
 }
 
+/* Activations far outside the usual range (inputs scaled up to 300x, so
+ * gate values reach the region where e^-g overflows and the clamps of
+ * gpt-oss and DeepSeek-V4 bite) against the float64 reference, for every
+ * kernel flavour this CPU has: the vectorized activation of the AVX2
+ * kernels must follow expf's range (inf, then g / inf = -0). */
+static void test_activation_extremes(void **s) {
+    (void)s;
+    static const char *presets[] = {"tiny-qwen3", "tiny-gptoss", "tiny-deepseek-v4"};
+    static const fm_cpu_isa isas[] = {FM_CPU_SCALAR, FM_CPU_AVX2, FM_CPU_AVX512};
+    static const float gains[] = {30.0f, 300.0f};
+    enum { T = 5 };
+    for (size_t ii = 0; ii < sizeof isas / sizeof *isas; ii++) {
+        fm_cpu_engine *e = NULL;
+        if (fm_cpu_engine_new(isas[ii], 2, &e) == FM_E_UNSUPPORTED) continue;
+        assert_non_null(e);
+        for (int p = 0; p < 3; p++) {
+            tl t;
+            fm_model_desc d;
+            assert_int_equal(fm_preset_desc(presets[p], FM_QF_NVFP4, &d), FM_OK);
+            tl_make(&t, presets[p], FM_QF_NVFP4, d.n_layers - 1);
+            const int64_t H = t.d.hidden;
+            int32_t tok[T];
+            for (int i = 0; i < T; i++) tok[i] = 3 * i + 1;
+            float *x = cpu_check_input(T, H, FM_DT_F32, 21), *o = malloc(sizeof(float) * T * H),
+                  *oref = malloc(sizeof(float) * T * H);
+            for (size_t gi = 0; gi < sizeof gains / sizeof *gains; gi++) {
+                for (int64_t i = 0; i < T * H; i++) x[i] *= gi ? gains[gi] / gains[gi - 1] : gains[0];
+                fm_moe_out mo = {o, NULL, NULL}, mr = {oref, NULL, NULL};
+                assert_int_equal(fm_cpu_forward(e, &t.d, t.l, x, FM_DT_F32, T, tok, &mo), FM_OK);
+                assert_int_equal(fm_moe_forward_ref(&t.d, t.l, x, FM_DT_F32, T, tok, &mr), FM_OK);
+                double rel = cpu_check_rel(o, oref, T, H);
+                printf("%s %s x%g: relative error %.3g\n", fm_cpu_isa_name(isas[ii]), presets[p],
+                       (double)gains[gi], rel);
+                assert_true(rel <= CPU_CHECK_TOL);
+            }
+            fm_moe_layer_free(t.l);
+            free(x); free(o); free(oref);
+        }
+        fm_cpu_engine_free(e);
+    }
+}
+
 static void test_bad_inputs(void **s) {
     (void)s;
     tl t;
@@ -251,6 +293,7 @@ int main(void) {
         cmocka_unit_test(test_avx512_vs_ref),
         cmocka_unit_test(test_batch_permutation_threads),
         cmocka_unit_test(test_wide_layer_items),
+        cmocka_unit_test(test_activation_extremes),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_phase_times),
         cmocka_unit_test(test_bench_accounting),

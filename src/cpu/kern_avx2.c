@@ -28,6 +28,7 @@
  * of the batch.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "cpu/kern.h"
@@ -175,64 +176,167 @@ INL const float *lut_of(const int FMT) {
     return FMT == FM_QF_NVFP4 ? fm_cpu_lut_e4m3 : fm_cpu_lut_e8m0;
 }
 
-#define MAXR 1
 #define MAXT 4
 
-/* dot[i][j] = row (r+i) of m . x_j (without the per-tensor factor). */
-INL void rows_dot(const int FMT, const int R, const int NT, const fm_qmatrix *m, int64_t r, const float *const *x,
-                  float dot[MAXR][MAXT]) {
-    const float *lut = lut_of(FMT);
-    const int64_t nch = m->cols >> 6;
-    const uint8_t *p[MAXR], *s[MAXR];
-    __m256 acc[MAXR][MAXT];
-    for (int i = 0; i < R; i++) {
-        p[i] = m->packed + (r + i) * m->row_stride;
-        s[i] = FMT == FM_QF_BF16 ? NULL : m->scales + (r + i) * m->scale_stride;
-        for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
+/* Everything a row loop needs that does not change from row to row. */
+typedef struct {
+    const fm_qmatrix *m;
+    const float *lut;
+    int64_t nch;  /* full 64-element chunks per row */
+    int tail;     /* cols % 64 != 0                 */
+} mat;
+
+INL mat mat_of(const int FMT, const fm_qmatrix *m) {
+    return (mat){m, lut_of(FMT), m->cols >> 6, (m->cols & 63) != 0};
+}
+
+/* dot[j] = row r of m . x_j (without the per-tensor factor). */
+INL void row_dot(const int FMT, const int NT, const mat *a, int64_t r, const float *const *x, float *dot) {
+    const uint8_t *p = a->m->packed + r * a->m->row_stride;
+    const uint8_t *s = FMT == FM_QF_BF16 ? NULL : a->m->scales + r * a->m->scale_stride;
+    __m256 acc[MAXT];
+    for (int j = 0; j < NT; j++) acc[j] = _mm256_setzero_ps();
+    for (int64_t ch = 0; ch < a->nch; ch++) {
+        nib n;
+        if (FMT != FM_QF_BF16) decode_nib(p, ch, &n);
+        for (int hf = 0; hf < 2; hf++) {
+            half h;
+            decode_half(FMT, p, s, a->lut, ch, &n, hf, &h);
+            for (int j = 0; j < NT; j++) acc[j] = half_dot(FMT, &h, x[j] + 64 * ch, hf, acc[j]);
+        }
     }
-    for (int64_t ch = 0; ch < nch; ch++)
-        for (int i = 0; i < R; i++) {
+    for (int j = 0; j < NT; j++) dot[j] = hsum(acc[j]) + (a->tail ? tail_dot(a->m, p, s, a->lut, x[j]) : 0.0f);
+}
+
+/* dot[i] = one row of a (i = 0) or a2 (i = 1), rows r and r + dr, . x (one
+ * token), the rows' chunks interleaved in one loop. Each row follows the
+ * same operations as in row_dot (so results do not depend on which path
+ * ran), but the loop's exit and restart, which cost about two chunks' time
+ * per row on rows of 12 chunks (down at I = 768), happen half as often. */
+INL void rows_dot1(const int FMT, const int NR, const mat *a, const mat *a2, int64_t r, int dr, const float *x,
+                  float *dot) {
+    const uint8_t *p[2], *s[2];
+    __m256 acc[2];
+    for (int i = 0; i < NR; i++) {
+        const fm_qmatrix *m = i ? a2->m : a->m;
+        p[i] = m->packed + (r + i * dr) * m->row_stride;
+        s[i] = FMT == FM_QF_BF16 ? NULL : m->scales + (r + i * dr) * m->scale_stride;
+        acc[i] = _mm256_setzero_ps();
+    }
+    for (int64_t ch = 0; ch < a->nch; ch++)
+        for (int i = 0; i < NR; i++) {
             nib n;
             if (FMT != FM_QF_BF16) decode_nib(p[i], ch, &n);
             for (int hf = 0; hf < 2; hf++) {
                 half h;
-                decode_half(FMT, p[i], s[i], lut, ch, &n, hf, &h);
-                for (int j = 0; j < NT; j++) acc[i][j] = half_dot(FMT, &h, x[j] + 64 * ch, hf, acc[i][j]);
+                decode_half(FMT, p[i], s[i], a->lut, ch, &n, hf, &h);
+                acc[i] = half_dot(FMT, &h, x + 64 * ch, hf, acc[i]);
             }
         }
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < NT; j++)
-            dot[i][j] = hsum(acc[i][j]) + ((m->cols & 63) ? tail_dot(m, p[i], s[i], lut, x[j]) : 0.0f);
+    for (int i = 0; i < NR; i++)
+        dot[i] = hsum(acc[i]) + (a->tail ? tail_dot(i ? a2->m : a->m, p[i], s[i], a->lut, x) : 0.0f);
+}
+
+/* ---- activation, eight rows at a time
+ *
+ * A libm expf call per (row, token) cost 7 % of the gate/up time at
+ * H = 2048 (the call also spills the decode constants), so the activation
+ * runs on vectors of eight rows. Lanes are independent: a row's value does
+ * not depend on which rows share its vector. */
+
+/* e^x, Cephes' single-precision polynomial (about 1 ulp) with the range of
+ * expf: +inf above 88.7228, and below -87.34 the clamped e^-87.34 or 0,
+ * either of which vanishes next to the 1 it is added to below. NaN passes
+ * through (min and max return their second operand when either is NaN). */
+INL __m256 exp8(__m256 x0) {
+    __m256 x = _mm256_min_ps(_mm256_set1_ps(88.72283905206835f), _mm256_max_ps(_mm256_set1_ps(-87.3365447504f), x0));
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    /* n is in [-126, 128]: y * 2^(n-1) * 2, 2^(n-1) built in the exponent
+     * field (n = -126 gives 0) */
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(126)), 23);
+    y = _mm256_mul_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), _mm256_set1_ps(2.0f));
+    const __m256 over = _mm256_cmp_ps(x0, _mm256_set1_ps(88.72283905206835f), _CMP_GT_OQ);
+    return _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), over);
+}
+
+/* fm_cpu_act on eight lanes, the same formulas in the same order. */
+INL __m256 act8(fm_act_kind act, __m256 g, __m256 u, float alpha, float limit) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    if (act == FM_ACT_GPTOSS || limit > 0.0f) {
+        const __m256 lim = _mm256_set1_ps(limit);
+        g = _mm256_min_ps(lim, g);
+        u = _mm256_max_ps(_mm256_set1_ps(-limit), _mm256_min_ps(lim, u));
+    }
+    if (act == FM_ACT_GPTOSS) {
+        __m256 e = exp8(_mm256_mul_ps(_mm256_set1_ps(-alpha), g));
+        return _mm256_mul_ps(_mm256_mul_ps(g, _mm256_div_ps(one, _mm256_add_ps(one, e))), _mm256_add_ps(u, one));
+    }
+    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u);
 }
 
 /* ---- gate + up + activation */
 
-INL void gu_store(const fm_gu_task *t, int64_t r, int i0, int NT, const float *g, const float *u) {
-    const float sg = fm_cpu_row_scale(t->gate), su = fm_cpu_row_scale(t->up);
-    const float bg = t->gate->bias ? t->gate->bias[r] : 0.0f;
-    const float bu = t->up->bias ? t->up->bias[r] : 0.0f;
-    const int64_t pos = pos_avx2(t->h_fmt, t->ldh, r);
-    for (int j = 0; j < NT; j++)
-        t->h[(i0 + j) * t->ldh + pos] = fm_cpu_act(t->act, g[j] * sg + bg, u[j] * su + bu, t->alpha, t->limit);
+/* Rows in groups of eight (the activation's vector), each row decoded once
+ * per group of up to four tokens; the group's 16 rows of gate and up stay
+ * in L1 while the token groups pass over them. */
+INL void gu_rows8(const fm_gu_task *t, const int FMT, const int NT, const mat *g, const mat *u, int64_t r0, int nr,
+                  int i0) {
+    float dg[MAXT][8], du[MAXT][8];
+    memset(dg, 0, sizeof dg);
+    memset(du, 0, sizeof du);
+    for (int i = 0; i < nr; i++) {
+        float a[MAXT], b[MAXT];
+        if (NT == 1) { /* gate and up rows in one loop (rows_dot1) */
+            float y[2];
+            rows_dot1(FMT, 2, g, u, r0 + i, 0, t->x[i0], y);
+            a[0] = y[0];
+            b[0] = y[1];
+        } else {
+            row_dot(FMT, NT, g, r0 + i, t->x + i0, a);
+            row_dot(FMT, NT, u, r0 + i, t->x + i0, b);
+        }
+        for (int j = 0; j < NT; j++) {
+            dg[j][i] = a[j];
+            du[j][i] = b[j];
+        }
+    }
+    float bg[8] = {0}, bu[8] = {0};
+    for (int i = 0; i < nr; i++) {
+        if (t->gate->bias) bg[i] = t->gate->bias[r0 + i];
+        if (t->up->bias) bu[i] = t->up->bias[r0 + i];
+    }
+    const __m256 sg = _mm256_set1_ps(fm_cpu_row_scale(t->gate)), su = _mm256_set1_ps(fm_cpu_row_scale(t->up));
+    for (int j = 0; j < NT; j++) {
+        __m256 gv = _mm256_fmadd_ps(_mm256_loadu_ps(dg[j]), sg, _mm256_loadu_ps(bg));
+        __m256 uv = _mm256_fmadd_ps(_mm256_loadu_ps(du[j]), su, _mm256_loadu_ps(bu));
+        float hv[8];
+        _mm256_storeu_ps(hv, act8(t->act, gv, uv, t->alpha, t->limit));
+        float *h = t->h + (i0 + j) * t->ldh;
+        for (int i = 0; i < nr; i++) h[pos_avx2(t->h_fmt, t->ldh, r0 + i)] = hv[i];
+    }
 }
 
-INL void gu_group(const fm_gu_task *t, const int FMT, const int R, const int NT, int64_t r, int i0) {
-    float g[MAXR][MAXT], u[MAXR][MAXT];
-    rows_dot(FMT, R, NT, t->gate, r, t->x + i0, g);
-    rows_dot(FMT, R, NT, t->up, r, t->x + i0, u);
-    for (int i = 0; i < R; i++) gu_store(t, r + i, i0, NT, g[i], u[i]);
-}
-
-/* Rows one at a time (more rows at once spill registers and measured
- * slower), tokens in groups of up to four per decode of the row. */
 INL void gu_fmt(const fm_gu_task *t, const int FMT) {
-    for (int64_t r = t->r0; r < t->r1; r++)
+    const mat g = mat_of(FMT, t->gate), u = mat_of(FMT, t->up);
+    for (int64_t r = t->r0; r < t->r1; r += 8) {
+        const int nr = t->r1 - r < 8 ? (int)(t->r1 - r) : 8;
         for (int i0 = 0; i0 < t->n; i0 += MAXT) switch (t->n - i0 < MAXT ? t->n - i0 : MAXT) {
-            case 4: gu_group(t, FMT, 1, 4, r, i0); break;
-            case 3: gu_group(t, FMT, 1, 3, r, i0); break;
-            case 2: gu_group(t, FMT, 1, 2, r, i0); break;
-            default: gu_group(t, FMT, 1, 1, r, i0); break;
+            case 4: gu_rows8(t, FMT, 4, &g, &u, r, nr, i0); break;
+            case 3: gu_rows8(t, FMT, 3, &g, &u, r, nr, i0); break;
+            case 2: gu_rows8(t, FMT, 2, &g, &u, r, nr, i0); break;
+            default: gu_rows8(t, FMT, 1, &g, &u, r, nr, i0); break;
             }
+    }
 }
 
 static void gate_up(const fm_gu_task *t) {
@@ -246,27 +350,36 @@ static void gate_up(const fm_gu_task *t) {
 
 /* ---- down, weighted, accumulated into the output rows */
 
-INL void down_store(const fm_down_task *t, int64_t r, int i0, int NT, const float *y) {
-    const float sd = fm_cpu_row_scale(t->down);
+INL void down_store(const fm_down_task *t, int64_t r, int i0, int NT, const float *y, float sd) {
     const float b = t->down->bias ? t->down->bias[r] : 0.0f;
     for (int j = 0; j < NT; j++) t->out[i0 + j][r] += (t->w ? t->w[i0 + j] : 1.0f) * (y[j] * sd + b);
 }
 
-INL void down_group(const fm_down_task *t, const int FMT, const int R, const int NT, int64_t r, int i0) {
+INL void down_group(const fm_down_task *t, const int FMT, const int NT, const mat *d, int64_t r, int i0, float sd) {
     const float *x[MAXT];
     for (int j = 0; j < NT; j++) x[j] = t->h + (i0 + j) * t->ldh;
-    float y[MAXR][MAXT];
-    rows_dot(FMT, R, NT, t->down, r, x, y);
-    for (int i = 0; i < R; i++) down_store(t, r + i, i0, NT, y[i]);
+    float y[MAXT];
+    row_dot(FMT, NT, d, r, x, y);
+    down_store(t, r, i0, NT, y, sd);
 }
 
 INL void down_fmt(const fm_down_task *t, const int FMT) {
-    for (int64_t r = t->r0; r < t->r1; r++)
+    const mat d = mat_of(FMT, t->down);
+    const float sd = fm_cpu_row_scale(t->down);
+    int64_t r = t->r0;
+    if (t->n == 1) /* one token: rows in pairs (rows_dot1) */
+        for (; r + 1 < t->r1; r += 2) {
+            float y[2];
+            rows_dot1(FMT, 2, &d, &d, r, 1, t->h, y);
+            down_store(t, r, 0, 1, &y[0], sd);
+            down_store(t, r + 1, 0, 1, &y[1], sd);
+        }
+    for (; r < t->r1; r++)
         for (int i0 = 0; i0 < t->n; i0 += MAXT) switch (t->n - i0 < MAXT ? t->n - i0 : MAXT) {
-            case 4: down_group(t, FMT, 1, 4, r, i0); break;
-            case 3: down_group(t, FMT, 1, 3, r, i0); break;
-            case 2: down_group(t, FMT, 1, 2, r, i0); break;
-            default: down_group(t, FMT, 1, 1, r, i0); break;
+            case 4: down_group(t, FMT, 4, &d, r, i0, sd); break;
+            case 3: down_group(t, FMT, 3, &d, r, i0, sd); break;
+            case 2: down_group(t, FMT, 2, &d, r, i0, sd); break;
+            default: down_group(t, FMT, 1, &d, r, i0, sd); break;
             }
 }
 
