@@ -130,6 +130,10 @@ typedef struct {
     int fuse;               /* selection fused into the GEMV logits (set at
                              * launch)                                       */
     int *stat_active;       /* where to record n_active (bench) or NULL      */
+    int warp_group;         /* one-block selections with T * k <= 32 group
+                             * the pairs in one warp's registers            */
+    int early_trigger;      /* selection lets the expert kernels launch at
+                             * its start (they prefetch the shared expert) */
 } fm_route_params;
 
 /* Expert kernels' parameters. */
@@ -147,6 +151,9 @@ typedef struct {
      * the launch: tokens per chunk (one pass of the kernel's tile), chunks
      * per row block, and the number of shared items. */
     int sh_chunk, sh_chunks, sh_blocks;
+    /* 1: the shared expert's blocks ask L2 for their weights before waiting
+     * on routing (the shared expert needs no routing result) */
+    int sh_prefetch;
     const int *n_active, *act_e, *act_off, *act_cnt, *sorted_tok;
     const float *sorted_w;
     const uint16_t *x_prep;       /* [T][Hp]                                 */
@@ -160,8 +167,16 @@ typedef struct {
     int warps;   /* warps per block                                          */
     int ksplit;  /* warps splitting K                                        */
     int pdl;     /* programmatic dependent launch (sm_90)                    */
-    int cp_async;/* stream weights through a cp.async shared-memory ring     */
+    int pipe;    /* weight pipeline, FM_PIPE_*                               */
 } fm_launch_cfg;
+/* Weight pipelines of the expert kernels (config "stages": 1 -> REGS2,
+ * 2..8 -> CP_ASYNC):
+ *   REGS2     registers, the next segment's loads in flight (depth 2);
+ *   CP_ASYNC  a cp.async shared-memory ring of FM_CP_STAGES stages.
+ * Deeper pipelines (registers x4, a cp.async ring of 6) measured 13-52 %
+ * slower at B = 1..64 on the H200 (docs/perf.md, v10) and were dropped. */
+#define FM_PIPE_REGS2 0
+#define FM_PIPE_CP_ASYNC 1
 /* Stages of the cp.async ring (FM_CP_STAGES - 1 segments in flight per warp). */
 #define FM_CP_STAGES 3
 

@@ -27,6 +27,7 @@ struct fm_cuda_engine {
     fm_phase_times *pt;
     int shared_enabled;
     int pdl;
+    int sh_prefetch; /* shared expert prefetched into L2 during routing */
     int fp4_enc;  /* weights of new layers stored for the v6 decode        */
     /* workspace, sized for the largest call so far */
     int ws_T, ws_H, ws_Hp, ws_E, ws_k, ws_hstride;
@@ -110,6 +111,10 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
     if (env && *env) e->pdl = atoi(env) != 0 && prop.major >= 9;
     /* FP4MOE_CUDA_FP4_DECODE=v5: checkpoint nibble order and the v5 decode
      * (kept to measure the two against each other) */
+    /* FP4MOE_CUDA_SH_PREFETCH=1: the shared expert's weights are prefetched
+     * into L2 while routing runs (needs PDL) */
+    env = getenv("FP4MOE_CUDA_SH_PREFETCH");
+    e->sh_prefetch = env && !strcmp(env, "1");
     e->fp4_enc = 1;
     env = getenv("FP4MOE_CUDA_FP4_DECODE");
     if (env && !strcmp(env, "v5")) e->fp4_enc = 0;
@@ -211,9 +216,20 @@ static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kern
     lc->warps = w;
     lc->ksplit = ks;
     lc->pdl = e->pdl;
+    /* FP4MOE_CUDA_STAGES=N overrides the config's stages (A/B runs). */
+    const char *env = getenv("FP4MOE_CUDA_STAGES");
+    if (env && *env) {
+        char *end = NULL;
+        long v = strtol(env, &end, 10);
+        if (!*end && v >= 1 && v <= 8) {
+            cfg->stages = (int)v;
+            size_t n = strlen(src);
+            snprintf(src + n, cap > n ? cap - n : 0, " (stages %ld from FP4MOE_CUDA_STAGES)", v);
+        }
+    }
     /* stages: 1 = register double buffer, >= 2 = cp.async ring */
-    lc->cp_async = cfg->stages >= 2;
-    cfg->stages = lc->cp_async ? FM_CP_STAGES : 1;
+    lc->pipe = cfg->stages >= 2 ? FM_PIPE_CP_ASYNC : FM_PIPE_REGS2;
+    cfg->stages = lc->pipe == FM_PIPE_CP_ASYNC ? FM_CP_STAGES : 1;
 }
 
 /* ------------------------------------------------------------- layers */
@@ -680,6 +696,8 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
     }
     fm_expert_params ep;
     fill_expert_params(e, l, T, &ep);
+    ep.sh_prefetch = e->sh_prefetch && lc->pdl && ep.sgate.n > 0 && !ev;
+    rp.early_trigger = ep.sh_prefetch;
     fm_status s;
     if (ev) FM_CU(cudaEventRecord(ev[0], e->stream));
     if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, parts, e->stream))) return s;

@@ -47,6 +47,17 @@ static __device__ __forceinline__ void pdl_launch_dependents(void) {
 #endif
 }
 
+/* Bulk prefetch of [p, p + bytes) into L2 (sm_90; p and bytes multiples
+ * of 16). */
+static __device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
 /* Streamed once: bypass L1, ask L2 for whole 256-byte pieces. */
 static __device__ __forceinline__ uint4 ld_stream(const void *p) {
     uint4 r;
@@ -200,6 +211,21 @@ __global__ void __launch_bounds__(256, (NT == 1 || ST > 0) ? 2 : 1) fm_expert_ke
 
     const int nrb = ((NMAT == 2 ? p.gate.rows_p : p.down.rows_p) + rpb - 1) / rpb;
 
+    /* The shared expert needs no routing result: the first chunk's block of
+     * each row block asks L2 for its rows (weights and scales) before the
+     * wait, so they arrive while routing runs. */
+    if (p.sh_prefetch && blockIdx.x < p.sh_blocks && threadIdx.x == 0 && blockIdx.x % p.sh_chunks == 0) {
+        const int r0b = (blockIdx.x / p.sh_chunks) * rpb;
+#pragma unroll
+        for (int m = 0; m < NMAT; m++) {
+            const fm_dmat &d = NMAT == 2 ? (m == 0 ? p.sgate : p.sup) : p.sdown;
+            const int nrg = min(rgroups, (d.rows_p - r0b) / 16), ns = d.kp / FM_KSEG, spr_ = MX ? 4 : 8;
+            if (nrg > 0) {
+                prefetch_l2(d.packed + (int64_t)(r0b / 16) * ns * 1024, (uint32_t)nrg * ns * 1024);
+                prefetch_l2(d.scales + (int64_t)(r0b / 16) * ns * 16 * spr_, (uint32_t)nrg * ns * 16 * spr_);
+            }
+        }
+    }
     pdl_wait();
     pdl_launch_dependents();
 
@@ -439,11 +465,12 @@ typedef void (*fm_kfn)(fm_expert_params, int, int);
     {fm_expert_kernel<1, NMAT, MX, ST, ENC>, fm_expert_kernel<2, NMAT, MX, ST, ENC>,             \
      fm_expert_kernel<4, NMAT, MX, ST, ENC>}
 #define FM_K8(NMAT, MX, ENC) {FM_K4(NMAT, MX, 0, ENC), FM_K4(NMAT, MX, FM_CP_STAGES, ENC)}
-static fm_kfn pick(int nmat, int nt, int mx, int st, int enc) {
+/* pipe: FM_PIPE_REGS2 or FM_PIPE_CP_ASYNC */
+static fm_kfn pick(int nmat, int nt, int mx, int pipe, int enc) {
     static const fm_kfn k[2][2][2][2][3] = {
         {{FM_K8(1, false, false), FM_K8(1, true, false)}, {FM_K8(2, false, false), FM_K8(2, true, false)}},
         {{FM_K8(1, false, true), FM_K8(1, true, true)}, {FM_K8(2, false, true), FM_K8(2, true, true)}}};
-    return k[enc ? 1 : 0][nmat == 2][mx ? 1 : 0][st ? 1 : 0][nt_index(nt)];
+    return k[enc ? 1 : 0][nmat == 2][mx ? 1 : 0][pipe == FM_PIPE_CP_ASYNC][nt_index(nt)];
 }
 static size_t ring_bytes(int nmat, int nt) {
     return (size_t)FM_CP_STAGES * (nmat * 1024 + nmat * 128 + nt * 2048);
@@ -471,8 +498,8 @@ static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int n
     if (blocks > 0x7fffffff) return fm_error(FM_E_RANGE, "CUDA grid of %lld blocks is too large", (long long)blocks);
     q.sh_blocks = (int)sh_blocks;
     size_t smem = c->ksplit > 1 ? (size_t)c->warps * nmat * c->nt * 4 * 32 * sizeof(float) : 0;
-    if (c->cp_async) smem += (size_t)c->warps * ring_bytes(nmat, c->nt);
-    fm_kfn fn = pick(nmat, c->nt, p->mx, c->cp_async, m->enc);
+    if (c->pipe == FM_PIPE_CP_ASYNC) smem += (size_t)c->warps * ring_bytes(nmat, c->nt);
+    fm_kfn fn = pick(nmat, c->nt, p->mx, c->pipe, m->enc);
     if (smem > 48 * 1024) {
         int dev = 0, maxs = 0;
         FM_CU(cudaGetDevice(&dev));
@@ -513,7 +540,9 @@ extern "C" fm_status fm_cuda_launch_down(const fm_expert_params *p, const fm_lau
 
 extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char *buf, size_t cap) {
     snprintf(buf, cap, "fm_expert_kernel<nt%d,%s,%s> gate_up+down (mma.m16n8k16 bf16, %d warps, k_split %d)", c->nt,
-             mx ? "mxfp4" : "nvfp4", c->cp_async ? "cp.async x3" : "regs x2", c->warps, c->ksplit);
+             mx ? "mxfp4" : "nvfp4",
+             c->pipe == FM_PIPE_CP_ASYNC ? "cp.async x3" : "regs x2", c->warps,
+             c->ksplit);
     return buf;
 }
 

@@ -35,6 +35,9 @@ static __device__ __forceinline__ void pdl_wait(void) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+static __device__ __forceinline__ void prefetch_l2_line(const void *q) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(q));
+}
 static __device__ __forceinline__ void pdl_launch_dependents(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -155,7 +158,8 @@ static __device__ __forceinline__ uint4 prep8(const float *xv, const int *perm) 
 #define LG_KSTEP 16        /* K per shared-memory stage (SGEMM)              */
 
 static __host__ __device__ size_t sel_warp_bytes(int E);
-static __device__ void select_token(const fm_route_params &p, int t, unsigned char *ws, int *chosen);
+static __device__ void select_token(const fm_route_params &p, int t, unsigned char *ws, int *chosen,
+                                    float *chosen_w = NULL);
 static __device__ void group_pairs(const fm_route_params &p, unsigned char *smem, int *warp_tot, unsigned *done);
 
 /* Block counters of the fused GEMV shape (p.fuse): done[1 + z] counts the
@@ -363,8 +367,10 @@ static __host__ __device__ size_t sel_warp_bytes(int E) { return ((size_t)E * 13
  * expert: counts (shared atomics), scans, active list, scatter.
  */
 /* Selection of token t by one warp (lane 0 writes its ids and weights);
- * ws: the warp's sel_warp_bytes(E) of shared memory, chosen: [RT_MAXK]. */
-static __device__ void select_token(const fm_route_params &p, int t, unsigned char *ws, int *chosen) {
+ * ws: the warp's sel_warp_bytes(E) of shared memory, chosen: [RT_MAXK].
+ * chosen_w (or NULL): [RT_MAXK]; then chosen and chosen_w end up holding the
+ * token's ids (ascending) and weights as written to ids / wts. */
+static __device__ void select_token(const fm_route_params &p, int t, unsigned char *ws, int *chosen, float *chosen_w) {
     const int E = p.E, k = p.k;
     const int lane = threadIdx.x & 31;
     const int T = p.T;
@@ -498,6 +504,10 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
             for (int j = 0; j < k; j++) {
                 p.ids[(size_t)t * k + j] = id[j];
                 p.wts[(size_t)t * k + j] = w[j];
+                if (chosen_w) {
+                    chosen[j] = id[j];
+                    chosen_w[j] = w[j];
+                }
             }
         }
 }
@@ -572,17 +582,80 @@ static __device__ void group_pairs(const fm_route_params &p, unsigned char *smem
     }
 }
 
+/*
+ * Grouping when one block selected every token and T * k <= 32 (decode at
+ * batch <= 4): one warp, a pair per lane, in registers. A pair's place in
+ * the expert-major order is the number of pairs with a smaller (expert,
+ * token) key; no global round trip, no block-wide scan. Same outputs as
+ * group_pairs, with the tokens of an expert in ascending order.
+ */
+static __device__ void group_pairs_warp(const fm_route_params &p, int chosen[][RT_MAXK], float chosen_w[][RT_MAXK]) {
+    const int k = p.k, n = p.T * p.k, lane = threadIdx.x & 31;
+    const bool have = lane < n;
+    const int tok = have ? lane / k : 0;
+    const int id = have ? chosen[tok][lane % k] : 0x7fffffff;
+    const float w = have ? chosen_w[tok][lane % k] : 0.0f;
+    const long long key = (long long)id * 64 + tok;
+    int rank = 0, cnt = 0, before_in_e = 0;
+    for (int j = 0; j < 32; j++) {
+        long long kj = __shfl_sync(0xffffffffu, key, j);
+        int idj = __shfl_sync(0xffffffffu, id, j);
+        if (j < n) {
+            rank += kj < key;
+            cnt += idj == id;
+            before_in_e += idj == id && kj < key;
+        }
+    }
+    const bool first = have && before_in_e == 0;
+    const unsigned firsts = __ballot_sync(0xffffffffu, first);
+    /* active index: distinct experts below mine = firsts with a smaller id */
+    int aidx = 0;
+    for (int j = 0; j < 32; j++) {
+        int idj = __shfl_sync(0xffffffffu, id, j);
+        aidx += ((firsts >> j) & 1u) && idj < id;
+    }
+    if (have) {
+        p.sorted_tok[rank] = tok;
+        p.sorted_w[rank] = w;
+        if (first) {
+            p.act_e[aidx] = id;
+            p.act_off[aidx] = rank;
+            p.act_cnt[aidx] = cnt;
+        }
+    }
+    if (lane == 0) {
+        *p.n_active = __popc(firsts);
+        if (p.stat_active) *p.stat_active = __popc(firsts);
+    }
+}
+
 __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p) {
     extern __shared__ __align__(16) unsigned char rs_smem[];
     const int E = p.E, T = p.T;
     const int tid = threadIdx.x, warp = tid >> 5;
     const int t = blockIdx.x * RS_WARPS + warp;
     __shared__ int chosen[RS_WARPS][RT_MAXK];
+    __shared__ float chosen_w[RS_WARPS][RT_MAXK];
     __shared__ int warp_tot[RT_WARPS];
     __shared__ unsigned is_last;
+    /* the biases are written by no kernel: ask L2 for them before waiting */
+    for (int e = tid * 32; e < E; e += RS_THREADS * 32) {
+        if (p.score_bias) prefetch_l2_line(p.score_bias + e);
+        if (p.router_bias) prefetch_l2_line(p.router_bias + e);
+    }
+    /* the expert kernels may start now: they only prefetch weights before
+     * their own wait on this grid */
+    if (p.early_trigger) pdl_launch_dependents();
     pdl_wait();
-    if (t < T) select_token(p, t, rs_smem + (size_t)warp * sel_warp_bytes(E), chosen[warp]);
+    const bool small = p.warp_group && gridDim.x == 1 && T * p.k <= 32;
+    if (t < T)
+        select_token(p, t, rs_smem + (size_t)warp * sel_warp_bytes(E), chosen[warp], small ? chosen_w[warp] : NULL);
     pdl_launch_dependents();
+    if (small) {
+        __syncthreads();
+        if (warp == 0) group_pairs_warp(p, chosen, chosen_w);
+        return;
+    }
 
     /* the last block groups the pairs by expert */
     __threadfence();
@@ -623,6 +696,17 @@ extern "C" fm_status fm_cuda_route_prepare(size_t smem) {
     return FM_OK;
 }
 
+/* FP4MOE_CUDA_ROUTE_WARPGROUP=0 keeps the block-wide grouping at T * k <=
+ * 32 (for comparisons). */
+static int route_warp_group_enabled(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *env = getenv("FP4MOE_CUDA_ROUTE_WARPGROUP");
+        v = !(env && strcmp(env, "0") == 0);
+    }
+    return v;
+}
+
 /* FP4MOE_CUDA_ROUTE_FUSE=0 keeps the separate selection kernel at few
  * tokens (the v7 routing), for comparisons. */
 static int route_fuse_enabled(void) {
@@ -660,6 +744,7 @@ extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int p
                            (unsigned)ks);
     }
     p->kslices = ks;
+    p->warp_group = route_warp_group_enabled();
     p->fuse = p->T <= LG_SMALL_T && (parts & FM_ROUTE_PART_LOGITS) && (parts & FM_ROUTE_PART_SELECT) &&
               route_fuse_enabled();
     if (parts & FM_ROUTE_PART_LOGITS) {

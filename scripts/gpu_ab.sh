@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# A/B of engine variants selected by environment variables, in one call on
+# the GPU machine, interleaved so that drift between calls does not decide:
+#   AB_VARIANTS="base: st6:FP4MOE_CUDA_STAGES=6 pf:FP4MOE_CUDA_SH_PREFETCH=1"
+#   AB_BATCH=1,2,4,8,16 AB_ROUNDS=2 bash scripts/gpu_ab.sh
+# Each variant runs `fp4moe bench --device cuda` (DeepSeek-V4-Flash, full
+# layer, the shipped configs) AB_ROUNDS times; the table printed last holds
+# the best µs per layer of each (variant, batch) and its ratio to the first
+# variant. AB_TEST=1 also runs test_cuda under each variant first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=$PWD/.devbuild/lib:${LD_LIBRARY_PATH:-}
+export FP4MOE_SHIPPED_CONFIGS=${FP4MOE_SHIPPED_CONFIGS:-$PWD/configs}
+BIN=$PWD/.devbuild/bin
+VARIANTS=${AB_VARIANTS:-"base:"}
+BATCH=${AB_BATCH:-1,2,4,8,16,32,64}
+ROUNDS=${AB_ROUNDS:-2}
+PRESET=${AB_PRESET:-deepseek-v4-flash}
+vars_of() { local v=${1#*:}; echo "${v//,/ }"; }
+if [[ "${AB_TEST:-0}" == 1 ]]; then
+    for spec in $VARIANTS; do
+        name=${spec%%:*}
+        (cd "$OUT" && env $(vars_of "$spec") timeout 200 "$BIN/test_cuda") > "$OUT/ab_test_$name.log" 2>&1
+        echo "test_cuda [$name] exit $? $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/ab_test_$name.log" | tr '\n' ' ')"
+    done
+fi
+for r in $(seq 1 "$ROUNDS"); do
+    for spec in $VARIANTS; do
+        name=${spec%%:*}
+        env $(vars_of "$spec") timeout 200 "$BIN/fp4moe" bench --device cuda --preset "$PRESET" --batch "$BATCH" \
+            --layers 8 > "$OUT/ab_${name}_$r.txt" 2>&1
+        echo "round $r [$name] exit $?"
+    done
+done
+python3 - "$OUT" "$ROUNDS" $VARIANTS <<'PY'
+import sys, re
+out, rounds, specs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+names = [s.split(":")[0] for s in specs]
+best, bw = {}, {}
+for n in names:
+    for r in range(1, rounds + 1):
+        try:
+            txt = open(f"{out}/ab_{n}_{r}.txt").read()
+        except OSError:
+            continue
+        m = re.search(r"bandwidth[^0-9]*([0-9.]+) (GB|TB)/s", txt)
+        if m: bw.setdefault(n, []).append(m.group(1) + m.group(2))
+        for line in txt.splitlines():
+            f = line.split()
+            if len(f) > 3 and f[0].isdigit() and re.match(r"^[0-9.]+$", f[1]):
+                b, us = int(f[0]), float(f[1])
+                best[(n, b)] = min(us, best.get((n, b), 1e30))
+bs = sorted({b for (_, b) in best})
+print("A/B, best µs per layer of", rounds, "rounds; ratio to", names[0])
+print("bandwidth probes:", {n: bw.get(n) for n in names})
+print("     B " + "".join(f"{n:>16}" for n in names))
+for b in bs:
+    base = best.get((names[0], b))
+    row = f"{b:6d} "
+    for n in names:
+        v = best.get((n, b))
+        row += f"{'-':>16}" if v is None else f"{v:9.1f} ({v / base:4.2f})" if base else f"{v:16.1f}"
+    print(row)
+PY
+# only a few files come back from the GPU machine: pack the logs
+(cd "$OUT" && tar czf ab_logs.tgz ab_*.txt ab_*.log 2>/dev/null && rm -f ab_*.txt ab_*.log)
