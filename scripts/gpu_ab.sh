@@ -3,6 +3,7 @@
 # the GPU machine, interleaved so that drift between calls does not decide:
 #   AB_VARIANTS="base: st6:FP4MOE_CUDA_STAGES=6 pf:FP4MOE_CUDA_SH_PREFETCH=1"
 #   AB_BATCH=1,2,4,8,16 AB_ROUNDS=2 bash scripts/gpu_ab.sh
+# A variant "old:FM_AB_BIN=DIR" runs the binaries of DIR instead.
 # Each variant runs `fp4moe bench --device cuda` (DeepSeek-V4-Flash, full
 # layer, the shipped configs) AB_ROUNDS times; the table printed last holds
 # the best µs per layer of each (variant, batch) and its ratio to the first
@@ -19,17 +20,20 @@ BATCH=${AB_BATCH:-1,2,4,8,16,32,64}
 ROUNDS=${AB_ROUNDS:-2}
 PRESET=${AB_PRESET:-deepseek-v4-flash}
 vars_of() { local v=${1#*:}; echo "${v//,/ }"; }
+# a variant may name another build: "old:FM_AB_BIN=/path/to/bin" runs that
+# directory's binaries (carried as a second pack)
+bin_of() { local v; for v in $(vars_of "$1"); do [[ $v == FM_AB_BIN=* ]] && { echo "${v#FM_AB_BIN=}"; return; }; done; echo "$BIN"; }
 if [[ "${AB_TEST:-0}" == 1 ]]; then
     for spec in $VARIANTS; do
         name=${spec%%:*}
-        (cd "$OUT" && env $(vars_of "$spec") timeout 200 "$BIN/test_cuda") > "$OUT/ab_test_$name.log" 2>&1
+        (cd "$OUT" && env $(vars_of "$spec") timeout 200 "$(bin_of "$spec")/test_cuda") > "$OUT/ab_test_$name.log" 2>&1
         echo "test_cuda [$name] exit $? $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/ab_test_$name.log" | tr '\n' ' ')"
     done
 fi
 for r in $(seq 1 "$ROUNDS"); do
     for spec in $VARIANTS; do
         name=${spec%%:*}
-        env $(vars_of "$spec") timeout 200 "$BIN/fp4moe" bench --device cuda --preset "$PRESET" --batch "$BATCH" \
+        env $(vars_of "$spec") timeout 200 "$(bin_of "$spec")/fp4moe" bench --device cuda --preset "$PRESET" --batch "$BATCH" \
             --layers 8 > "$OUT/ab_${name}_$r.txt" 2>&1
         echo "round $r [$name] exit $?"
     done

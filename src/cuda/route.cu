@@ -158,8 +158,10 @@ static __device__ __forceinline__ uint4 prep8(const float *xv, const int *perm) 
 #define LG_KSTEP 16        /* K per shared-memory stage (SGEMM)              */
 
 static __host__ __device__ size_t sel_warp_bytes(int E);
+template <int RK>
 static __device__ void select_token(const fm_route_params &p, int t, unsigned char *ws, int *chosen,
                                     float *chosen_w = NULL);
+static __device__ void select_token_rt(const fm_route_params &p, int t, unsigned char *ws, int *chosen);
 static __device__ void group_pairs(const fm_route_params &p, unsigned char *smem, int *warp_tot, unsigned *done);
 
 /* Block counters of the fused GEMV shape (p.fuse): done[1 + z] counts the
@@ -242,7 +244,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_gemv_kernel(fm_route_par
     __syncthreads();
     if (!is_last) return;
     __threadfence();
-    if (t0 + warp < T) select_token(p, t0 + warp, rs_smem + (size_t)warp * sel_warp_bytes(E), chosen[warp]);
+    if (t0 + warp < T) select_token_rt(p, t0 + warp, rs_smem + (size_t)warp * sel_warp_bytes(E), chosen[warp]);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -369,7 +371,11 @@ static __host__ __device__ size_t sel_warp_bytes(int E) { return ((size_t)E * 13
 /* Selection of token t by one warp (lane 0 writes its ids and weights);
  * ws: the warp's sel_warp_bytes(E) of shared memory, chosen: [RT_MAXK].
  * chosen_w (or NULL): [RT_MAXK]; then chosen and chosen_w end up holding the
- * token's ids (ascending) and weights as written to ids / wts. */
+ * token's ids (ascending) and weights as written to ids / wts.
+ * RK: the routing family (fm_route_kind), a template parameter so that each
+ * kernel holds only its family's code: the selection runs on one warp, and
+ * at decode sizes its time is mostly instruction fetch and load latency. */
+template <int RK>
 static __device__ void select_token(const fm_route_params &p, int t, unsigned char *ws, int *chosen, float *chosen_w) {
     const int E = p.E, k = p.k;
     const int lane = threadIdx.x & 31;
@@ -402,7 +408,7 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
         __syncwarp();
 
         /* family scores */
-        if (p.route == FM_ROUTE_SOFTMAX) {
+        if (RK == FM_ROUTE_SOFTMAX) {
             float m = -INFINITY;
             for (int e = lane; e < E; e += 32) m = fmaxf(m, lg[e]);
             for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -410,7 +416,7 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
             for (int e = lane; e < E; e += 32) { float v = expf(lg[e] - m); wsc[e] = v; s += v; }
             for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
             for (int e = lane; e < E; e += 32) { wsc[e] = wsc[e] / s; sel[e] = wsc[e]; }
-        } else if (p.route == FM_ROUTE_GPTOSS) {
+        } else if (RK == FM_ROUTE_GPTOSS) {
             for (int e = lane; e < E; e += 32) {
                 float v = lg[e];
                 sel[e] = v; wsc[e] = v;
@@ -418,7 +424,7 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
         } else {
             for (int e = lane; e < E; e += 32) {
                 float l = lg[e], s;
-                if (p.route == FM_ROUTE_DSV4) {
+                if (RK == FM_ROUTE_DSV4) {
                     float sp = l > 20.0f ? l : log1pf(expf(l));
                     s = sqrtf(sp);
                 } else {
@@ -433,7 +439,7 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
 
         /* group limit (DeepSeek-V3 family): keep the topk_group groups with
          * the largest sum of their two best biased scores */
-        if ((p.route == FM_ROUTE_NOAUX_TC || p.route == FM_ROUTE_DSV4) && p.n_group > 1 && p.topk_group > 0 &&
+        if ((RK == FM_ROUTE_NOAUX_TC || RK == FM_ROUTE_DSV4) && p.n_group > 1 && p.topk_group > 0 &&
             p.topk_group < p.n_group) {
             int gs = E / p.n_group;
             float *gscore = lg; /* logits are no longer needed */
@@ -469,47 +475,57 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
             }
         }
         __syncwarp();
-        if (lane == 0) {
-            float w[RT_MAXK];
-            int id[RT_MAXK];
-            for (int j = 0; j < k; j++) id[j] = chosen[j];
-            /* ascending expert ids */
-            for (int a = 1; a < k; a++) {
-                int v = id[a], b = a - 1;
-                while (b >= 0 && id[b] > v) { id[b + 1] = id[b]; b--; }
-                id[b + 1] = v;
-            }
-            if (p.route == FM_ROUTE_GPTOSS) {
-                float m = -INFINITY, s = 0.0f;
-                for (int j = 0; j < k; j++) m = fmaxf(m, wsc[id[j]]);
-                for (int j = 0; j < k; j++) { w[j] = expf(wsc[id[j]] - m); s += w[j]; }
-                for (int j = 0; j < k; j++) w[j] /= s;
+        /* lane j < k holds the j-th choice; its place among the ids
+         * ascending (ties, possible only with hash routing, by choice
+         * order), then the family's weights as fm_route computes them */
+        const bool mine = lane < k;
+        const int myid = mine ? chosen[lane] : 0x7fffffff;
+        int rank = 0;
+#pragma unroll 1
+        for (int j = 0; j < k; j++) {
+            int o = __shfl_sync(0xffffffffu, myid, j);
+            rank += o < myid || (o == myid && j < lane);
+        }
+        float v = mine ? wsc[myid] : 0.0f, w;
+        if (RK == FM_ROUTE_GPTOSS) {
+            float m = mine ? v : -INFINITY;
+            for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            float ex = mine ? expf(v - m) : 0.0f, sum = ex;
+            for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            w = ex / sum;
+        } else {
+            /* as fm_route: softmax renormalizes when norm_topk_prob;
+             * noaux_tc when norm_topk_prob and DeepSeek-V4 always, with
+             * 1e-20 added to the sum, then the scaling factor */
+            float sum = v;
+            for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            w = v;
+            if (RK == FM_ROUTE_SOFTMAX) {
+                if (p.norm_topk) w = v / sum;
             } else {
-                /* as fm_route: softmax renormalizes when norm_topk_prob;
-                 * noaux_tc when norm_topk_prob and DeepSeek-V4 always, with
-                 * 1e-20 added to the sum, then the scaling factor */
-                float s = 0.0f;
-                for (int j = 0; j < k; j++) { w[j] = wsc[id[j]]; s += w[j]; }
-                if (p.route == FM_ROUTE_SOFTMAX) {
-                    if (p.norm_topk)
-                        for (int j = 0; j < k; j++) w[j] /= s;
-                } else {
-                    if (p.norm_topk || p.route == FM_ROUTE_DSV4) {
-                        s += 1e-20f;
-                        for (int j = 0; j < k; j++) w[j] /= s;
-                    }
-                    for (int j = 0; j < k; j++) w[j] *= p.scaling;
-                }
-            }
-            for (int j = 0; j < k; j++) {
-                p.ids[(size_t)t * k + j] = id[j];
-                p.wts[(size_t)t * k + j] = w[j];
-                if (chosen_w) {
-                    chosen[j] = id[j];
-                    chosen_w[j] = w[j];
-                }
+                if (p.norm_topk || RK == FM_ROUTE_DSV4) w = v / (sum + 1e-20f);
+                w *= p.scaling;
             }
         }
+        __syncwarp();
+        if (mine) {
+            p.ids[(size_t)t * k + rank] = myid;
+            p.wts[(size_t)t * k + rank] = w;
+            if (chosen_w) {
+                chosen[rank] = myid;
+                chosen_w[rank] = w;
+            }
+        }
+        __syncwarp();
+}
+
+static __device__ void select_token_rt(const fm_route_params &p, int t, unsigned char *ws, int *chosen) {
+    switch (p.route) {
+    case FM_ROUTE_SOFTMAX: select_token<FM_ROUTE_SOFTMAX>(p, t, ws, chosen); break;
+    case FM_ROUTE_GPTOSS: select_token<FM_ROUTE_GPTOSS>(p, t, ws, chosen); break;
+    case FM_ROUTE_DSV4: select_token<FM_ROUTE_DSV4>(p, t, ws, chosen); break;
+    default: select_token<FM_ROUTE_NOAUX_TC>(p, t, ws, chosen); break;
+    }
 }
 
 /* Groups the T*k pairs by expert (one block, after every token's
@@ -597,20 +613,20 @@ static __device__ void group_pairs_warp(const fm_route_params &p, int chosen[][R
     const float w = have ? chosen_w[tok][lane % k] : 0.0f;
     const long long key = (long long)id * 64 + tok;
     int rank = 0, cnt = 0, before_in_e = 0;
-    for (int j = 0; j < 32; j++) {
+#pragma unroll 1
+    for (int j = 0; j < n; j++) {
         long long kj = __shfl_sync(0xffffffffu, key, j);
         int idj = __shfl_sync(0xffffffffu, id, j);
-        if (j < n) {
-            rank += kj < key;
-            cnt += idj == id;
-            before_in_e += idj == id && kj < key;
-        }
+        rank += kj < key;
+        cnt += idj == id;
+        before_in_e += idj == id && kj < key;
     }
     const bool first = have && before_in_e == 0;
     const unsigned firsts = __ballot_sync(0xffffffffu, first);
     /* active index: distinct experts below mine = firsts with a smaller id */
     int aidx = 0;
-    for (int j = 0; j < 32; j++) {
+#pragma unroll 1
+    for (int j = 0; j < n; j++) {
         int idj = __shfl_sync(0xffffffffu, id, j);
         aidx += ((firsts >> j) & 1u) && idj < id;
     }
@@ -629,6 +645,7 @@ static __device__ void group_pairs_warp(const fm_route_params &p, int chosen[][R
     }
 }
 
+template <int RK>
 __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p) {
     extern __shared__ __align__(16) unsigned char rs_smem[];
     const int E = p.E, T = p.T;
@@ -649,7 +666,7 @@ __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p)
     pdl_wait();
     const bool small = p.warp_group && gridDim.x == 1 && T * p.k <= 32;
     if (t < T)
-        select_token(p, t, rs_smem + (size_t)warp * sel_warp_bytes(E), chosen[warp], small ? chosen_w[warp] : NULL);
+        select_token<RK>(p, t, rs_smem + (size_t)warp * sel_warp_bytes(E), chosen[warp], small ? chosen_w[warp] : NULL);
     pdl_launch_dependents();
     if (small) {
         __syncthreads();
@@ -666,6 +683,16 @@ __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p)
     if (!is_last) return;
     __threadfence();
     group_pairs(p, rs_smem, warp_tot, p.done);
+}
+
+typedef void (*fm_route_kfn)(fm_route_params);
+static fm_route_kfn route_kernel_for(int route) {
+    switch (route) {
+    case FM_ROUTE_SOFTMAX: return fm_route_kernel<FM_ROUTE_SOFTMAX>;
+    case FM_ROUTE_GPTOSS: return fm_route_kernel<FM_ROUTE_GPTOSS>;
+    case FM_ROUTE_DSV4: return fm_route_kernel<FM_ROUTE_DSV4>;
+    default: return fm_route_kernel<FM_ROUTE_NOAUX_TC>;
+    }
 }
 
 extern "C" size_t fm_cuda_route_smem(int H, int E) {
@@ -689,7 +716,8 @@ extern "C" size_t fm_cuda_route_logit_floats(int T, int H, int E, int sms) {
 
 extern "C" fm_status fm_cuda_route_prepare(size_t smem) {
     if (smem > 48 * 1024)
-        FM_CU(cudaFuncSetAttribute(fm_route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        for (int rk = FM_ROUTE_NOAUX_TC; rk <= FM_ROUTE_DSV4; rk++)
+            FM_CU(cudaFuncSetAttribute(route_kernel_for(rk), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     /* the GEMV shape has 16 KB of static shared memory besides */
     if (smem + sizeof(float) * LG_TT * LG_KC > 48 * 1024)
         FM_CU(cudaFuncSetAttribute(fm_logits_gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -762,7 +790,7 @@ extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int p
     cfg.blockDim = dim3(RS_THREADS);
     cfg.gridDim = dim3((unsigned)((p->T + RS_WARPS - 1) / RS_WARPS));
     cfg.dynamicSmemBytes = smem;
-    FM_CU(cudaLaunchKernelEx(&cfg, fm_route_kernel, *p));
+    FM_CU(cudaLaunchKernelEx(&cfg, route_kernel_for(p->route), *p));
     FM_CU_LAUNCH("fm_route_kernel");
     return FM_OK;
 }
