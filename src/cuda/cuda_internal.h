@@ -177,6 +177,10 @@ typedef struct {
  * slower at B = 1..64 on the H200 (docs/perf.md, v10) and were dropped. */
 #define FM_PIPE_REGS2 0
 #define FM_PIPE_CP_ASYNC 1
+#define FM_PIPE_REGS_XG 2
+/* the expert kernel's template ST of FM_PIPE_REGS_XG: the register pipeline
+ * with activations read per 32-wide K step (expert.cu, seg_compute_g) */
+#define FM_ST_REGS_XG 2
 /* Stages of the cp.async ring (FM_CP_STAGES - 1 segments in flight per warp). */
 #define FM_CP_STAGES 3
 

@@ -33,6 +33,7 @@
  */
 #include "cuda_internal.h"
 #include <string.h>
+#include <stdlib.h>
 #include <cuda_bf16.h>
 #include <stdio.h>
 
@@ -172,6 +173,50 @@ static __device__ __forceinline__ void seg_compute(float (&acc)[NMAT][NT][4], co
     }
 }
 
+/* The same for the register pipeline, with the activations read from
+ * global memory (L1) one 32-wide K step at a time, both matrices per step:
+ * NT x 4 registers of activations live instead of NT x 16, which is what
+ * keeps the 16-token tile within 128 registers (two 4-warp blocks per SM). */
+template <int NT, int NMAT, bool MX, bool ENC>
+static __device__ __forceinline__ void seg_compute_g(float (&acc)[NMAT][NT][4], const uint4 (&wa)[NMAT],
+                                                     const uint4 (&wb)[NMAT], const uint32_t (&ca)[NMAT],
+                                                     const uint32_t (&cb)[NMAT], const uint16_t *const (&src)[NT],
+                                                     int s) {
+    uint32_t SA[NMAT][2], SB[NMAT][2];
+#pragma unroll
+    for (int m = 0; m < NMAT; m++) {
+        if (MX) {
+            SA[m][0] = SA[m][1] = mx_scale_bits(ca[m] & 0xFF) * 0x10001u;
+            SB[m][0] = SB[m][1] = mx_scale_bits(cb[m] & 0xFF) * 0x10001u;
+        } else {
+            SA[m][0] = nv_scale_bits(ca[m] & 0xFF) * 0x10001u;
+            SA[m][1] = nv_scale_bits((ca[m] >> 8) & 0xFF) * 0x10001u;
+            SB[m][0] = nv_scale_bits(cb[m] & 0xFF) * 0x10001u;
+            SB[m][1] = nv_scale_bits((cb[m] >> 8) & 0xFF) * 0x10001u;
+        }
+    }
+#pragma unroll
+    for (int d = 0; d < 4; d++) {
+        uint4 x[NT];
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            x[n] = src[n] ? __ldg((const uint4 *)(src[n] + s * FM_KSEG) + d) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int m = 0; m < NMAT; m++) {
+            uint32_t wA = d == 0 ? wa[m].x : d == 1 ? wa[m].y : d == 2 ? wa[m].z : wa[m].w;
+            uint32_t wB = d == 0 ? wb[m].x : d == 1 ? wb[m].y : d == 2 ? wb[m].z : wb[m].w;
+            uint32_t ra[4], rbv[4];
+            decode8<ENC>(wA, SA[m][d >> 1], ra);
+            decode8<ENC>(wB, SB[m][d >> 1], rbv);
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                mma16816(acc[m][n], ra[0], rbv[0], ra[1], rbv[1], x[n].x, x[n].y);
+                mma16816(acc[m][n], ra[2], rbv[2], ra[3], rbv[3], x[n].z, x[n].w);
+            }
+        }
+    }
+}
+
 static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                  : "memory");
@@ -196,13 +241,21 @@ struct fm_stage {
     static constexpr int W = 0, S = NMAT * 1024, X = S + NMAT * 128, BYTES = X + NT * 2048;
 };
 
+/* Blocks of 256 threads per SM the compiler must fit (so registers per
+ * thread <= 65536 / (256 * it)): the register pipeline with 8-token tiles
+ * and the cp.async ring at 2 (128 registers); FM_ST_REGS_XG also at 16-token
+ * tiles, and its 8-token down at 3 (80 registers, no spills). */
+static constexpr int fm_min_blocks(int nt, int nmat, int st) {
+    return st == FM_ST_REGS_XG ? (nt == 1 && nmat == 1 ? 3 : nt <= 2 ? 2 : 1) : (nt == 1 || st > 0) ? 2 : 1;
+}
+
 /*
  * NMAT = 2: gate and up of the same rows (the activation is applied in
  * registers, h goes to global as BF16 * 2^7, K-permuted for down).
  * NMAT = 1: down; the result times the routing weight is added into out.
  */
 template <int NT, int NMAT, bool MX, int ST, bool ENC>
-__global__ void __launch_bounds__(256, (NT == 1 || ST > 0) ? 2 : 1) fm_expert_kernel(fm_expert_params p, int W, int KS) {
+__global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_kernel(fm_expert_params p, int W, int KS) {
     extern __shared__ float ex_smem[];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -304,7 +357,7 @@ __global__ void __launch_bounds__(256, (NT == 1 || ST > 0) ? 2 : 1) fm_expert_ke
             }
         }
 
-        if (ST == 0) {
+        if (ST < FM_CP_STAGES) {
         /* registers: weights and scales of the next segment are loaded
          * before the current one is decoded, so every warp keeps two
          * segments of loads in flight */
@@ -323,17 +376,22 @@ __global__ void __launch_bounds__(256, (NT == 1 || ST > 0) ? 2 : 1) fm_expert_ke
         }                                                                                                  \
     }
         if (s_begin < s_end) { FM_LOAD_SEG(s_begin, wa, wb, ca, cb) }
-#pragma unroll 2
+        constexpr int seg_unroll = ST == FM_ST_REGS_XG ? 1 : 2;
+#pragma unroll seg_unroll
         for (int s = s_begin; s < s_end; s++) {
             /* after the last segment na.. are not used */
             if (s + 1 < s_end) { FM_LOAD_SEG(s + 1, na, nb, nca, ncb) }
-            uint4 xb[NT][4];
+            if (ST == FM_ST_REGS_XG) {
+                seg_compute_g<NT, NMAT, MX, ENC>(acc, wa, wb, ca, cb, src, s);
+            } else {
+                uint4 xb[NT][4];
 #pragma unroll
-            for (int n = 0; n < NT; n++)
+                for (int n = 0; n < NT; n++)
 #pragma unroll
-                for (int d = 0; d < 4; d++)
-                    xb[n][d] = src[n] ? __ldg((const uint4 *)(src[n] + s * FM_KSEG) + d) : make_uint4(0, 0, 0, 0);
-            seg_compute<NT, NMAT, MX, ENC>(acc, wa, wb, ca, cb, xb);
+                    for (int d = 0; d < 4; d++)
+                        xb[n][d] = src[n] ? __ldg((const uint4 *)(src[n] + s * FM_KSEG) + d) : make_uint4(0, 0, 0, 0);
+                seg_compute<NT, NMAT, MX, ENC>(acc, wa, wb, ca, cb, xb);
+            }
 #pragma unroll
             for (int m = 0; m < NMAT; m++) { wa[m] = na[m]; wb[m] = nb[m]; ca[m] = nca[m]; cb[m] = ncb[m]; }
         }
@@ -464,16 +522,37 @@ typedef void (*fm_kfn)(fm_expert_params, int, int);
 #define FM_K4(NMAT, MX, ST, ENC)                                                                  \
     {fm_expert_kernel<1, NMAT, MX, ST, ENC>, fm_expert_kernel<2, NMAT, MX, ST, ENC>,             \
      fm_expert_kernel<4, NMAT, MX, ST, ENC>}
-#define FM_K8(NMAT, MX, ENC) {FM_K4(NMAT, MX, 0, ENC), FM_K4(NMAT, MX, FM_CP_STAGES, ENC)}
-/* pipe: FM_PIPE_REGS2 or FM_PIPE_CP_ASYNC */
+#define FM_K8(NMAT, MX, ENC) \
+    {FM_K4(NMAT, MX, 0, ENC), FM_K4(NMAT, MX, FM_CP_STAGES, ENC), FM_K4(NMAT, MX, FM_ST_REGS_XG, ENC)}
+/* pipe: FM_PIPE_* (the kernel's ST: 0, FM_CP_STAGES, FM_ST_REGS_XG) */
 static fm_kfn pick(int nmat, int nt, int mx, int pipe, int enc) {
-    static const fm_kfn k[2][2][2][2][3] = {
+    static const fm_kfn k[2][2][2][3][3] = {
         {{FM_K8(1, false, false), FM_K8(1, true, false)}, {FM_K8(2, false, false), FM_K8(2, true, false)}},
         {{FM_K8(1, false, true), FM_K8(1, true, true)}, {FM_K8(2, false, true), FM_K8(2, true, true)}}};
-    return k[enc ? 1 : 0][nmat == 2][mx ? 1 : 0][pipe == FM_PIPE_CP_ASYNC][nt_index(nt)];
+    return k[enc ? 1 : 0][nmat == 2][mx ? 1 : 0][pipe][nt_index(nt)];
 }
 static size_t ring_bytes(int nmat, int nt) {
     return (size_t)FM_CP_STAGES * (nmat * 1024 + nmat * 128 + nt * 2048);
+}
+
+/* Which register-pipeline launches read the activations per K step
+ * (FM_PIPE_REGS_XG): gate/up with 16-token tiles, where it brings the
+ * kernel from 180 to 128 registers (8 -> 16 warps per SM; H200, B = 512:
+ * -9 % per layer). Elsewhere it measured level or 1-5 % slower (docs/perf.md,
+ * v10). FP4MOE_CUDA_XG overrides for comparisons: 0 never, 1 down, 2 gate/up,
+ * 3 both, at every tile size. */
+static int xg_env(void) {
+    static int v = -2;
+    if (v == -2) {
+        const char *env = getenv("FP4MOE_CUDA_XG");
+        v = env && *env ? atoi(env) & 3 : -1;
+    }
+    return v;
+}
+static int use_xg(int nmat, int nt) {
+    int v = xg_env();
+    if (v >= 0) return (v & (nmat == 2 ? 2 : 1)) != 0;
+    return nmat == 2 && nt == 2;
 }
 
 static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int nmat, cudaStream_t s) {
@@ -499,7 +578,9 @@ static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int n
     q.sh_blocks = (int)sh_blocks;
     size_t smem = c->ksplit > 1 ? (size_t)c->warps * nmat * c->nt * 4 * 32 * sizeof(float) : 0;
     if (c->pipe == FM_PIPE_CP_ASYNC) smem += (size_t)c->warps * ring_bytes(nmat, c->nt);
-    fm_kfn fn = pick(nmat, c->nt, p->mx, c->pipe, m->enc);
+    int pipe = c->pipe;
+    if (pipe == FM_PIPE_REGS2 && use_xg(nmat, c->nt)) pipe = FM_PIPE_REGS_XG;
+    fm_kfn fn = pick(nmat, c->nt, p->mx, pipe, m->enc);
     if (smem > 48 * 1024) {
         int dev = 0, maxs = 0;
         FM_CU(cudaGetDevice(&dev));
@@ -538,11 +619,22 @@ extern "C" fm_status fm_cuda_launch_down(const fm_expert_params *p, const fm_lau
     return launch(p, c, 1, s);
 }
 
+static const char *pipe_name(int pipe) {
+    return pipe == FM_PIPE_CP_ASYNC ? "cp.async x3" : pipe == FM_PIPE_REGS_XG ? "regs x2, x per K step" : "regs x2";
+}
 extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char *buf, size_t cap) {
-    snprintf(buf, cap, "fm_expert_kernel<nt%d,%s,%s> gate_up+down (mma.m16n8k16 bf16, %d warps, k_split %d)", c->nt,
-             mx ? "mxfp4" : "nvfp4",
-             c->pipe == FM_PIPE_CP_ASYNC ? "cp.async x3" : "regs x2", c->warps,
-             c->ksplit);
+    int gu = c->pipe, dn = c->pipe;
+    if (c->pipe == FM_PIPE_REGS2) {
+        if (use_xg(2, c->nt)) gu = FM_PIPE_REGS_XG;
+        if (use_xg(1, c->nt)) dn = FM_PIPE_REGS_XG;
+    }
+    if (gu == dn)
+        snprintf(buf, cap, "fm_expert_kernel<nt%d,%s,%s> gate_up+down (mma.m16n8k16 bf16, %d warps, k_split %d)",
+                 c->nt, mx ? "mxfp4" : "nvfp4", pipe_name(gu), c->warps, c->ksplit);
+    else
+        snprintf(buf, cap,
+                 "fm_expert_kernel<nt%d,%s> gate_up (%s) + down (%s) (mma.m16n8k16 bf16, %d warps, k_split %d)", c->nt,
+                 mx ? "mxfp4" : "nvfp4", pipe_name(gu), pipe_name(dn), c->warps, c->ksplit);
     return buf;
 }
 
