@@ -72,8 +72,8 @@ PY
     mkdir -p "$OUT/configs"
     [ "${FM_TUNE:-1}" = 1 ] && t tune ${TUNE_TIMEOUT:-150} "$BIN/fp4moe" tune --all-presets --batch 1,4,16,64,256,512 --out "$OUT/configs" --budget-s "${TUNE_BUDGET:-6}"
     t tune_summary 30 "$BIN/fp4moe" tune --summary "$OUT/configs"
-    t cli_bench_dsv4_tuned 90 env FP4MOE_CONFIG_DIR="$OUT/configs" "$BIN/fp4moe" bench --device cuda \
-        --preset deepseek-v4-flash --batch 1,16,64,256 --layers 8
+    t cli_bench_dsv4_tuned 120 env FP4MOE_CONFIG_DIR="$OUT/configs" "$BIN/fp4moe" bench --device cuda \
+        --preset deepseek-v4-flash --batch 1,2,4,8,16,32,64,128,256,512 --layers 8
     for p in glm-5 kimi-k2 qwen3-30b-a3b; do
         t "cli_bench_$p" 60 env FP4MOE_CONFIG_DIR="$OUT/configs" "$BIN/fp4moe" bench --device cuda --preset "$p" --batch 1,16,64,256 --layers 4
     done
@@ -81,7 +81,7 @@ PY
     { echo "-- fp4moe bench (the issue's command)"; sed -n '/^ batch/,$p' "$OUT/cli_bench_dsv4.log" | head -30
       echo "-- profile (head)"; head -60 "$OUT/profile_dsv4.log"
       echo "-- tune summary"; cat "$OUT/tune_summary.log"
-      echo "-- bench with the tuned configs"; sed -n '/^ batch/,$p' "$OUT/cli_bench_dsv4_tuned.log" | head -20
+      echo "-- the issue's command with the configs tuned in this call"; sed -n '/^ batch/,$p' "$OUT/cli_bench_dsv4_tuned.log" | head -24
       for p in glm-5 kimi-k2 qwen3-30b-a3b dsv4_mxfp4; do echo "-- $p"; grep -E "bandwidth|^ +[0-9]+ " "$OUT/cli_bench_${p#dsv4_}.log" "$OUT/cli_bench_$p.log" 2>/dev/null | head -8; done
       echo "-- forward"; tail -3 "$OUT/forward_cuda.log"; echo "-- nccl"; tail -5 "$OUT/test_dist_nccl.log"; echo "-- prof_cuda"; tail -5 "$OUT/test_prof_cuda.log"
       echo "-- isa"; tail -5 "$OUT/cpu_isa_check.log"; } >> "$SUMMARY"
