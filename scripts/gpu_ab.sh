@@ -69,4 +69,4 @@ for b in bs:
     print(row)
 PY
 # only a few files come back from the GPU machine: pack the logs
-(cd "$OUT" && tar czf ab_logs.tgz ab_*.txt ab_*.log 2>/dev/null && rm -f ab_*.txt ab_*.log)
+(cd "$OUT" && shopt -s nullglob && f=(ab_*.txt ab_*.log) && ((${#f[@]})) && tar czf ab_logs.tgz "${f[@]}" && rm -f "${f[@]}")

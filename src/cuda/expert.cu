@@ -616,6 +616,16 @@ extern "C" fm_status fm_cuda_launch_gateup(const fm_expert_params *p, const fm_l
     return launch(p, c, 2, s);
 }
 extern "C" fm_status fm_cuda_launch_down(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s) {
+    /* FP4MOE_CUDA_DOWN=WARPSxKSPLIT: the down launch alone with another
+     * block shape (experiments; the config's shape applies to both). */
+    const char *env = getenv("FP4MOE_CUDA_DOWN");
+    int w = 0, ks = 0;
+    if (env && sscanf(env, "%dx%d", &w, &ks) == 2 && w >= 1 && w <= 8 && ks >= 1 && w % ks == 0) {
+        fm_launch_cfg d = *c;
+        d.warps = w;
+        d.ksplit = ks;
+        return launch(p, &d, 1, s);
+    }
     return launch(p, c, 1, s);
 }
 
