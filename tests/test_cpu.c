@@ -164,6 +164,38 @@ static void test_activation_extremes(void **s) {
     }
 }
 
+/* A NaN block scale (E4M3 0x7F) in every expert's gate rows reaches the
+ * output through the activation of every kernel flavour (the vectorized
+ * one included), and the call fails naming the output, as the reference
+ * does. */
+static void test_nan_scale(void **s) {
+    (void)s;
+    static const fm_cpu_isa isas[] = {FM_CPU_SCALAR, FM_CPU_AVX2, FM_CPU_AVX512};
+    static const char *presets[] = {"tiny-qwen3", "tiny-gptoss"};
+    for (int p = 0; p < 2; p++) {
+        tl t;
+        tl_make(&t, presets[p], FM_QF_NVFP4, 0);
+        for (int e = 0; e < t.l->n_experts; e++) {
+            fm_qmatrix *g = &t.l->gate[e];
+            for (int64_t r = 0; r < g->rows; r++) ((uint8_t *)g->scales)[r * g->scale_stride] = 0x7F;
+        }
+        const int64_t H = t.d.hidden;
+        float *x = cpu_check_input(2, H, FM_DT_F32, 4), *o = malloc(sizeof(float) * 2 * H);
+        fm_moe_out mo = {o, NULL, NULL};
+        assert_int_equal(fm_moe_forward_ref(&t.d, t.l, x, FM_DT_F32, 2, NULL, &mo), FM_E_NUMERIC);
+        for (size_t ii = 0; ii < sizeof isas / sizeof *isas; ii++) {
+            fm_cpu_engine *e = NULL;
+            if (fm_cpu_engine_new(isas[ii], 2, &e) == FM_E_UNSUPPORTED) continue;
+            assert_int_equal(fm_cpu_forward(e, &t.d, t.l, x, FM_DT_F32, 2, NULL, &mo), FM_E_NUMERIC);
+            assert_non_null(strstr(fm_last_error(), "output token"));
+            fm_cpu_engine_free(e);
+        }
+        fm_moe_layer_free(t.l);
+        free(x);
+        free(o);
+    }
+}
+
 static void test_bad_inputs(void **s) {
     (void)s;
     tl t;
@@ -294,6 +326,7 @@ int main(void) {
         cmocka_unit_test(test_batch_permutation_threads),
         cmocka_unit_test(test_wide_layer_items),
         cmocka_unit_test(test_activation_extremes),
+        cmocka_unit_test(test_nan_scale),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_phase_times),
         cmocka_unit_test(test_bench_accounting),
