@@ -25,7 +25,14 @@
  * (groups of up to four per decode of a row; more tokens decode the row
  * again from L1, which measured faster than decoding once into a buffer
  * and reading it back), so a token's result does not depend on the rest
- * of the batch.
+ * of the batch. Down at one or two tokens runs two rows per loop (the same
+ * sequence per row, half the loop restarts); the activation runs on eight
+ * rows at a time.
+ *
+ * On Zen 3 the loop is bound by the FP pipes: per 64 weights and token 10
+ * FMA/mul (FP0/FP1) next to 13 shuffles/shifts and 2 inserts (FP1/FP2);
+ * docs/perf.md (CPU round 3) has the measurements and the variants that
+ * moved work between those pipes without removing it.
  */
 #include <immintrin.h>
 #include <math.h>
