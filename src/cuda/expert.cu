@@ -78,6 +78,28 @@ static __device__ __forceinline__ uint32_t nv_scale_bits(uint32_t b) {
     uint32_t bits = (__float_as_uint(f) >> 16) | ((b & 0x80u) << 8);
     return mag == 0x7Fu ? 0x7FC0u : bits;
 }
+static __device__ __forceinline__ uint32_t bf_mul2(uint32_t a, uint32_t b) {
+    __nv_bfloat162 x = *(__nv_bfloat162 *)&a, y = *(__nv_bfloat162 *)&b;
+    __nv_bfloat162 r = __hmul2(x, y);
+    return *(uint32_t *)&r;
+}
+
+/* Both block scales of a 16-bit scale load (bytes b0, b1) as BF16x2
+ * registers (b0 * 2^119, b0 * 2^119) and (b1 * 2^119, b1 * 2^119), the
+ * pair at once: each E4M3 magnitude shifted left by 4 is a BF16 of value
+ * E4M3 * 2^-120 (E4M3 subnormals land on BF16 subnormals, exact), two
+ * exact power-of-two products make it * 2^119, and a magnitude of 0x7F
+ * (NaN) becomes a BF16 NaN first. 14 instructions for two scales instead
+ * of ~20 for nv_scale_bits twice. */
+static __device__ __forceinline__ void nv_scale_pair(uint32_t c, uint32_t &s0, uint32_t &s1) {
+    const uint32_t p = __byte_perm(c, 0u, 0x4140u); /* b0 in half 0, b1 in half 1 */
+    uint32_t bf = ((p << 4) & 0x07F007F0u) | ((p << 8) & 0x80008000u);
+    const uint32_t nan = (((p & 0x007F007Fu) + 0x00010001u) & 0x00800080u) * 0xFFu; /* 0x7F80 per NaN half */
+    bf = bf_mul2(bf_mul2(bf | nan, 0x7B807B80u), 0x7B007B00u); /* * 2^120, * 2^119 */
+    s0 = __byte_perm(bf, 0u, 0x1010u);
+    s1 = __byte_perm(bf, 0u, 0x3232u);
+}
+
 /* BF16 bits of an E8M0 scale 2^(e-127) times 2^119; the host rejects
  * exponents above 135 (they would overflow). */
 static __device__ __forceinline__ uint32_t mx_scale_bits(uint32_t e) {
@@ -152,10 +174,8 @@ static __device__ __forceinline__ void seg_compute(float (&acc)[NMAT][NT][4], co
             SA[0] = SA[1] = mx_scale_bits(ca[m] & 0xFF) * 0x10001u;
             SB[0] = SB[1] = mx_scale_bits(cb[m] & 0xFF) * 0x10001u;
         } else {
-            SA[0] = nv_scale_bits(ca[m] & 0xFF) * 0x10001u;
-            SA[1] = nv_scale_bits((ca[m] >> 8) & 0xFF) * 0x10001u;
-            SB[0] = nv_scale_bits(cb[m] & 0xFF) * 0x10001u;
-            SB[1] = nv_scale_bits((cb[m] >> 8) & 0xFF) * 0x10001u;
+            nv_scale_pair(ca[m], SA[0], SA[1]);
+            nv_scale_pair(cb[m], SB[0], SB[1]);
         }
 #pragma unroll
         for (int d = 0; d < 4; d++) {
@@ -189,10 +209,8 @@ static __device__ __forceinline__ void seg_compute_g(float (&acc)[NMAT][NT][4], 
             SA[m][0] = SA[m][1] = mx_scale_bits(ca[m] & 0xFF) * 0x10001u;
             SB[m][0] = SB[m][1] = mx_scale_bits(cb[m] & 0xFF) * 0x10001u;
         } else {
-            SA[m][0] = nv_scale_bits(ca[m] & 0xFF) * 0x10001u;
-            SA[m][1] = nv_scale_bits((ca[m] >> 8) & 0xFF) * 0x10001u;
-            SB[m][0] = nv_scale_bits(cb[m] & 0xFF) * 0x10001u;
-            SB[m][1] = nv_scale_bits((cb[m] >> 8) & 0xFF) * 0x10001u;
+            nv_scale_pair(ca[m], SA[m][0], SA[m][1]);
+            nv_scale_pair(cb[m], SB[m][0], SB[m][1]);
         }
     }
 #pragma unroll
