@@ -181,6 +181,36 @@ static void test_all_on_one_expert(void **state) {
     }
 }
 
+/* A hash-routing table (checkpoint data) that names an expert twice for a
+ * token is refused at upload with the row, as the reference refuses it at
+ * routing time; the same table with distinct rows uploads. */
+static void test_hash_duplicate_ids(void **state) {
+    (void)state;
+    NEED_GPU();
+    fm_model_desc d;
+    assert_int_equal(fm_preset_desc("tiny-deepseek-v4", FM_QF_NVFP4, &d), FM_OK);
+    int L = first_moe_layer(&d, 1), k = d.topk;
+    assert_true(L >= 0);
+    assert_true(k >= 2);
+    fm_moe_layer *hl;
+    fm_cuda_layer *cl = NULL;
+    assert_int_equal(fm_moe_layer_random(&d, FM_QF_NVFP4, 515, L, &hl), FM_OK);
+    int32_t *tab = (int32_t *)hl->tid2eid;
+    const int64_t row = hl->tid2eid_rows / 2;
+    const int32_t keep = tab[row * k + 1];
+    tab[row * k + 1] = tab[row * k];
+    assert_int_equal(fm_cuda_layer_upload(g_eng, &d, hl, &cl), FM_E_FORMAT);
+    assert_null(cl);
+    char want[64];
+    snprintf(want, sizeof want, "tid2eid[%lld] names expert %d twice", (long long)row, tab[row * k]);
+    printf("# %s\n", fm_last_error());
+    assert_non_null(strstr(fm_last_error(), want));
+    tab[row * k + 1] = keep;
+    if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+    fm_cuda_layer_free(cl);
+    fm_moe_layer_free(hl);
+}
+
 /* Every kernel shape the tuner may choose computes the same function. */
 static void test_forced_configs(void **state) {
     (void)state;
@@ -503,6 +533,7 @@ static void test_dsv4_clamp(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vs_reference),     cmocka_unit_test(test_all_on_one_expert),
+        cmocka_unit_test(test_hash_duplicate_ids),
         cmocka_unit_test(test_forced_configs),   cmocka_unit_test(test_layer_random_same),
         cmocka_unit_test(test_bad_inputs),       cmocka_unit_test(test_bench_runs),
         cmocka_unit_test(test_dsv4_flash_shape), cmocka_unit_test(test_dsv4_clamp),

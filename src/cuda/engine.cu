@@ -347,10 +347,17 @@ static fm_status upload_router(fm_cuda_layer *l, const float *w, const float *rb
     }
     l->hash = l->d.route == FM_ROUTE_DSV4 && l->layer < l->d.n_hash_layers && tid != NULL;
     if (tid) {
-        for (int64_t i = 0; i < tid_rows * l->k; i++)
+        for (int64_t i = 0; i < tid_rows * l->k; i++) {
             if (tid[i] < 0 || tid[i] >= l->E)
                 return fm_error(FM_E_FORMAT, "layer %d tid2eid[%lld][%lld] = %d is not an expert id (E = %d)",
                                 l->layer, (long long)(i / l->k), (long long)(i % l->k), tid[i], l->E);
+            /* as fm_route: a row names k distinct experts (checked here
+             * once, for every row, since the GPU reads the rows itself) */
+            for (int64_t j = i - i % l->k; j < i; j++)
+                if (tid[j] == tid[i])
+                    return fm_error(FM_E_FORMAT, "layer %d tid2eid[%lld] names expert %d twice", l->layer,
+                                    (long long)(i / l->k), tid[i]);
+        }
         size_t nb = (size_t)tid_rows * l->k * sizeof(int32_t);
         FM_CU(cudaMalloc(&l->tid2eid, nb));
         FM_CU(cudaMemcpy(l->tid2eid, tid, nb, cudaMemcpyHostToDevice));

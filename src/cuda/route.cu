@@ -612,14 +612,18 @@ static __device__ void group_pairs_warp(const fm_route_params &p, int chosen[][R
     const int id = have ? chosen[tok][lane % k] : 0x7fffffff;
     const float w = have ? chosen_w[tok][lane % k] : 0.0f;
     const long long key = (long long)id * 64 + tok;
+    /* keys can repeat (a hash-routing table may name an expert twice for a
+     * token): equal keys are ordered by lane, so every pair gets its own
+     * place */
     int rank = 0, cnt = 0, before_in_e = 0;
 #pragma unroll 1
     for (int j = 0; j < n; j++) {
         long long kj = __shfl_sync(0xffffffffu, key, j);
         int idj = __shfl_sync(0xffffffffu, id, j);
-        rank += kj < key;
+        const bool before = kj < key || (kj == key && j < lane);
+        rank += before;
         cnt += idj == id;
-        before_in_e += idj == id && kj < key;
+        before_in_e += idj == id && before;
     }
     const bool first = have && before_in_e == 0;
     const unsigned firsts = __ballot_sync(0xffffffffu, first);
