@@ -635,10 +635,15 @@ extern "C" fm_status fm_cuda_launch_gateup(const fm_expert_params *p, const fm_l
 }
 extern "C" fm_status fm_cuda_launch_down(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s) {
     /* FP4MOE_CUDA_DOWN=WARPSxKSPLIT: the down launch alone with another
-     * block shape (experiments; the config's shape applies to both). */
+     * block shape, or "nosplit": the config's rows per block without a K
+     * split (experiments; the config's shape applies to both). */
     const char *env = getenv("FP4MOE_CUDA_DOWN");
     int w = 0, ks = 0;
-    if (env && sscanf(env, "%dx%d", &w, &ks) == 2 && w >= 1 && w <= 8 && ks >= 1 && w % ks == 0) {
+    if (env && !strcmp(env, "nosplit")) { /* the config's rows per block, K not split */
+        w = c->warps / c->ksplit;
+        ks = 1;
+    }
+    if (env && (w > 0 || sscanf(env, "%dx%d", &w, &ks) == 2) && w >= 1 && w <= 8 && ks >= 1 && w % ks == 0) {
         fm_launch_cfg d = *c;
         d.warps = w;
         d.ksplit = ks;
