@@ -9,11 +9,14 @@
  *    2^7, K permuted; see expert.cu), one expert tile per K slice.
  * 2. One warp per token adds the slices, computes the family's scores, the
  *    group limit and the top-k exactly as fm_route does (ties go to the lower
- *    expert index, ids sorted ascending). The last block to
+ *    expert index, ids sorted ascending); the kernel is a template on the
+ *    routing family, so that it holds one family's code. The last block to
  *    finish (a counter in global memory) groups the T*k (token, slot) pairs
  *    by expert: counts, prefix sums, the list of active experts, the scatter.
- *    Up to 32 tokens this runs in the tail of the GEMV logits kernel instead
- *    (one launch; FP4MOE_CUDA_ROUTE_FUSE=0 keeps the second kernel).
+ *    When one block selects every token and T*k <= 32 (batch <= 4), one warp
+ *    groups the pairs in registers instead. With FP4MOE_CUDA_ROUTE_FUSE=1 the
+ *    selection of up to 32 tokens runs in the tail of the GEMV logits kernel
+ *    (one launch; measured no faster, so off by default).
  * Nothing here waits on the host, so a whole step can be one CUDA graph.
  */
 #include "cuda_internal.h"
