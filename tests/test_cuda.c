@@ -211,6 +211,52 @@ static void test_hash_duplicate_ids(void **state) {
     fm_moe_layer_free(hl);
 }
 
+/* Non-finite values: an input that is not finite is refused naming token and
+ * feature; a NaN block scale (E4M3 0x7F, E8M0 0xFF) reaches the output
+ * through the GPU's scale decode and fails the call, as the reference
+ * fails it. */
+static void test_nonfinite(void **state) {
+    (void)state;
+    NEED_GPU();
+    const fm_qformat fmts[] = {FM_QF_NVFP4, FM_QF_MXFP4};
+    for (int fi = 0; fi < 2; fi++) {
+        fm_model_desc d;
+        assert_int_equal(fm_preset_desc("tiny-deepseek", fmts[fi], &d), FM_OK);
+        int L = first_moe_layer(&d, 0), H = d.hidden, k = d.topk, T = 3;
+        fm_moe_layer *hl;
+        fm_cuda_layer *cl;
+        assert_int_equal(fm_moe_layer_random(&d, fmts[fi], 616 + fi, L, &hl), FM_OK);
+        uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+        float *xf = malloc(sizeof(float) * (size_t)T * H), *out = malloc(sizeof(float) * (size_t)T * H);
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * k);
+        float *w = malloc(sizeof(float) * (size_t)T * k);
+        assert_non_null(xb); assert_non_null(xf); assert_non_null(out); assert_non_null(ids); assert_non_null(w);
+        make_x(61, T, H, xb, xf);
+        fm_moe_out o = {out, ids, w};
+
+        if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+        const uint16_t keep = xb[2 * H + 5];
+        xb[2 * H + 5] = 0x7FC0; /* BF16 NaN */
+        assert_int_equal(fm_cuda_forward(g_eng, &d, cl, xb, FM_DT_BF16, T, NULL, &o), FM_E_NUMERIC);
+        assert_non_null(strstr(fm_last_error(), "input token 2, feature 5"));
+        xb[2 * H + 5] = keep;
+        assert_int_equal(fm_cuda_forward(g_eng, &d, cl, xb, FM_DT_BF16, T, NULL, &o), FM_OK);
+        fm_cuda_layer_free(cl);
+
+        /* the first block scale of gate row 0 of every routed expert */
+        for (int e = 0; e < d.n_experts; e++) ((uint8_t *)hl->gate[e].scales)[0] = fmts[fi] == FM_QF_NVFP4 ? 0x7F : 0xFF;
+        if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+        assert_int_equal(fm_cuda_forward(g_eng, &d, cl, xb, FM_DT_BF16, T, NULL, &o), FM_E_NUMERIC);
+        printf("# %s NaN scale: %s\n", fm_qformat_name(fmts[fi]), fm_last_error());
+        assert_non_null(strstr(fm_last_error(), "output token"));
+        fm_moe_out ro = {out, ids, w};
+        assert_int_equal(fm_moe_forward_ref(&d, hl, xb, FM_DT_BF16, T, NULL, &ro), FM_E_NUMERIC);
+        fm_cuda_layer_free(cl);
+        fm_moe_layer_free(hl);
+        free(xb); free(xf); free(out); free(ids); free(w);
+    }
+}
+
 /* Every kernel shape the tuner may choose computes the same function. */
 static void test_forced_configs(void **state) {
     (void)state;
@@ -533,7 +579,7 @@ static void test_dsv4_clamp(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vs_reference),     cmocka_unit_test(test_all_on_one_expert),
-        cmocka_unit_test(test_hash_duplicate_ids),
+        cmocka_unit_test(test_hash_duplicate_ids), cmocka_unit_test(test_nonfinite),
         cmocka_unit_test(test_forced_configs),   cmocka_unit_test(test_layer_random_same),
         cmocka_unit_test(test_bad_inputs),       cmocka_unit_test(test_bench_runs),
         cmocka_unit_test(test_dsv4_flash_shape), cmocka_unit_test(test_dsv4_clamp),
