@@ -515,6 +515,27 @@ static int jr_colon(jr *r, const char *eof_msg) {
     return 0;
 }
 
+/* After a member of an object (close '}') or an element of an array (close
+ * ']'): a ',' (returns 1, *ch = the next non-space character), the closing
+ * bracket (returns 0, consumed), or an error (returns -1): input that ends
+ * here (eof_msg, unless a read error is already recorded) or any other
+ * character (what). */
+static int jr_next(jr *r, int *ch, int close, const char *eof_msg, const char *what) {
+    int c = jr_ws(r);
+    if (c == ',') {
+        r->pos++;
+        *ch = jr_ws(r);
+        return 1;
+    }
+    if (c == close) {
+        r->pos++;
+        return 0;
+    }
+    if (c >= 0) jr_fail(r, r->pos, what);
+    else if (r->st == FM_OK) jr_fail(r, r->end, eof_msg);
+    return -1;
+}
+
 /* Validates and skips one JSON value of any kind (iteratively, with a
  * depth limit). */
 static int jr_skip(jr *r) {
@@ -828,22 +849,8 @@ static int parse_args(pctx *c) {
         } else if (jr_skip(r)) {
             return -1;
         }
-        ch = jr_ws(r);
-        if (ch == ',') {
-            r->pos++;
-            ch = jr_ws(r);
-            continue;
-        }
-        if (ch == '}') {
-            r->pos++;
-            return 0;
-        }
-        if (ch < 0) {
-            if (r->st == FM_OK) jr_fail(r, r->end, "unexpected end of input (truncated file?)");
-            return -1;
-        }
-        jr_fail(r, r->pos, "expected ',' or '}' in object");
-        return -1;
+        int nx = jr_next(r, &ch, '}', "unexpected end of input (truncated file?)", "expected ',' or '}' in object");
+        if (nx <= 0) return nx;
     }
 }
 
@@ -1125,19 +1132,10 @@ static int parse_event(pctx *c, int64_t idx) {
         default:
             if (jr_skip(r)) return -1;
         }
-        ch = jr_ws(r);
-        if (ch == ',') {
-            r->pos++;
-            ch = jr_ws(r);
-            continue;
-        }
-        if (ch == '}') {
-            r->pos++;
-            break;
-        }
-        if (ch < 0) goto eof;
-        jr_fail(r, r->pos, "expected ',' or '}' in event object");
-        return -1;
+        int nx = jr_next(r, &ch, '}', "unexpected end of input inside an event (truncated file?)",
+                         "expected ',' or '}' in event object");
+        if (nx < 0) return -1;
+        if (nx == 0) break;
     }
     fm_status s = finish_event(c, at, idx);
     if (s != FM_OK) {
@@ -1168,19 +1166,9 @@ static int parse_event_array(pctx *c) {
         }
         if (parse_event(c, c->f->n_events)) return -1;
         c->f->n_events++;
-        ch = jr_ws(r);
-        if (ch == ',') {
-            r->pos++;
-            ch = jr_ws(r);
-            continue;
-        }
-        if (ch == ']') {
-            r->pos++;
-            return 0;
-        }
-        if (ch < 0) goto eof;
-        jr_fail(r, r->pos, "expected ',' or ']' after an event in traceEvents");
-        return -1;
+        int nx = jr_next(r, &ch, ']', "unexpected end of input inside traceEvents (truncated file?)",
+                         "expected ',' or ']' after an event in traceEvents");
+        if (nx <= 0) return nx;
     }
 eof:
     if (r->st == FM_OK) jr_fail(r, r->end, "unexpected end of input inside traceEvents (truncated file?)");
@@ -1219,19 +1207,8 @@ static int parse_dist_info(pctx *c) {
         } else if (jr_skip(r)) {
             return -1;
         }
-        ch = jr_ws(r);
-        if (ch == ',') {
-            r->pos++;
-            ch = jr_ws(r);
-            continue;
-        }
-        if (ch == '}') {
-            r->pos++;
-            return 0;
-        }
-        if (ch < 0 && r->st == FM_OK) jr_fail(r, r->end, "unexpected end of input (truncated file?)");
-        else if (ch >= 0) jr_fail(r, r->pos, "expected ',' or '}' in object");
-        return -1;
+        int nx = jr_next(r, &ch, '}', "unexpected end of input (truncated file?)", "expected ',' or '}' in object");
+        if (nx <= 0) return nx;
     }
 }
 
@@ -1295,19 +1272,10 @@ static fm_status parse_doc(pctx *c) {
                 } else if (jr_skip(r)) {
                     return r->st;
                 }
-                ch = jr_ws(r);
-                if (ch == ',') {
-                    r->pos++;
-                    ch = jr_ws(r);
-                    continue;
-                }
-                if (ch == '}') {
-                    r->pos++;
-                    break;
-                }
-                if (ch < 0) goto eof;
-                jr_fail(r, r->pos, "expected ',' or '}' in the top-level object");
-                return r->st;
+                int nx = jr_next(r, &ch, '}', "unexpected end of input (truncated file?)",
+                                 "expected ',' or '}' in the top-level object");
+                if (nx < 0) return r->st;
+                if (nx == 0) break;
             }
         }
     } else {
