@@ -68,16 +68,6 @@ static __device__ __forceinline__ uint4 ld_stream(const void *p) {
     return r;
 }
 
-/* BF16 bits of an E4M3 block scale times 2^119 (exact). */
-static __device__ __forceinline__ uint32_t nv_scale_bits(uint32_t b) {
-    uint32_t mag = b & 0x7Fu;
-    /* mag << 20 is the E4M3 value times 2^-120 as an FP32 (subnormal for E4M3
-     * subnormals); two exact power-of-two products give value * 2^119. */
-    float f = __uint_as_float(mag << 20) * 0x1p120f;
-    f = f * 0x1p119f;
-    uint32_t bits = (__float_as_uint(f) >> 16) | ((b & 0x80u) << 8);
-    return mag == 0x7Fu ? 0x7FC0u : bits;
-}
 static __device__ __forceinline__ uint32_t bf_mul2(uint32_t a, uint32_t b) {
     __nv_bfloat162 x = *(__nv_bfloat162 *)&a, y = *(__nv_bfloat162 *)&b;
     __nv_bfloat162 r = __hmul2(x, y);
@@ -90,7 +80,7 @@ static __device__ __forceinline__ uint32_t bf_mul2(uint32_t a, uint32_t b) {
  * E4M3 * 2^-120 (E4M3 subnormals land on BF16 subnormals, exact), two
  * exact power-of-two products make it * 2^119, and a magnitude of 0x7F
  * (NaN) becomes a BF16 NaN first. 14 instructions for two scales instead
- * of ~20 for nv_scale_bits twice. */
+ * of ~20 for the per-scale FP32 decode it replaced (v12, docs/perf.md). */
 static __device__ __forceinline__ void nv_scale_pair(uint32_t c, uint32_t &s0, uint32_t &s1) {
     const uint32_t p = __byte_perm(c, 0u, 0x4140u); /* b0 in half 0, b1 in half 1 */
     uint32_t bf = ((p << 4) & 0x07F007F0u) | ((p << 8) & 0x80008000u);
@@ -418,9 +408,12 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
         /* cp.async ring of ST stages per warp in shared memory: ST - 1
          * segments (weights, scales, activations) in flight per warp
          * without holding registers for them */
+        /* ST itself in the ring's instantiations; a stand-in in the others,
+         * which never take this branch (keeps "% 0" out of their code) */
+        constexpr int RS = ST >= FM_CP_STAGES ? ST : FM_CP_STAGES;
         typedef fm_stage<NT, NMAT> SG;
         uint8_t *ring = (uint8_t *)ex_smem + (KS > 1 ? (size_t)W * NMAT * NT * 4 * 32 * sizeof(float) : 0) +
-                        (size_t)wi * ST * SG::BYTES;
+                        (size_t)wi * RS * SG::BYTES;
         const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
         const int ns = s_end - s_begin;
         const int sbytes = 16 * spr; /* scale bytes per tile */
@@ -432,7 +425,7 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
     do {                                                                                                   \
         if ((J) < ns) {                                                                                    \
             const int s_ = s_begin + (J);                                                                  \
-            const uint32_t st_ = ring_s + ((J) % ST) * SG::BYTES;                                          \
+            const uint32_t st_ = ring_s + ((J) % RS) * SG::BYTES;                                          \
             _Pragma("unroll") for (int m = 0; m < NMAT; m++) {                                             \
                 cp_async16(st_ + SG::W + m * 1024 + lane * 16, pa[m] + (int64_t)s_ * 1024, true);         \
                 cp_async16(st_ + SG::W + m * 1024 + 512 + lane * 16, pb[m] + (int64_t)s_ * 1024, true);   \
@@ -450,12 +443,12 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
         cp_async_commit();                                                                                 \
     } while (0)
 #pragma unroll
-        for (int j = 0; j < ST - 1; j++) FM_ISSUE(j);
+        for (int j = 0; j < RS - 1; j++) FM_ISSUE(j);
         for (int j = 0; j < ns; j++) {
-            FM_ISSUE(j + ST - 1);
-            cp_async_wait<ST - 1>();
+            FM_ISSUE(j + RS - 1);
+            cp_async_wait<RS - 1>();
             __syncwarp();
-            const uint8_t *stg = ring + (j % ST) * SG::BYTES;
+            const uint8_t *stg = ring + (j % RS) * SG::BYTES;
             uint4 wa[NMAT], wb[NMAT], xb[NT][4];
             uint32_t ca[NMAT], cb[NMAT];
 #pragma unroll
@@ -633,23 +626,29 @@ static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int n
 extern "C" fm_status fm_cuda_launch_gateup(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s) {
     return launch(p, c, 2, s);
 }
+/* FP4MOE_CUDA_DOWN=WARPSxKSPLIT gives the down launch another block shape,
+ * "nosplit" the config's rows per block without a K split (experiments; the
+ * config's shape applies to both launches). Read once. Returns 1 and the
+ * shape in *d when it applies to c. */
+static int down_override(const fm_launch_cfg *c, fm_launch_cfg *d) {
+    static int mode = -1, ew = 0, eks = 0; /* 0 none, 1 WxK, 2 nosplit */
+    if (mode < 0) {
+        const char *env = getenv("FP4MOE_CUDA_DOWN");
+        mode = 0;
+        if (env && !strcmp(env, "nosplit")) mode = 2;
+        else if (env && sscanf(env, "%dx%d", &ew, &eks) == 2) mode = 1;
+    }
+    int w = mode == 2 ? c->warps / c->ksplit : ew, ks = mode == 2 ? 1 : eks;
+    if (mode == 0 || w < 1 || w > 8 || ks < 1 || w % ks) return 0;
+    *d = *c;
+    d->warps = w;
+    d->ksplit = ks;
+    return 1;
+}
+
 extern "C" fm_status fm_cuda_launch_down(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s) {
-    /* FP4MOE_CUDA_DOWN=WARPSxKSPLIT: the down launch alone with another
-     * block shape, or "nosplit": the config's rows per block without a K
-     * split (experiments; the config's shape applies to both). */
-    const char *env = getenv("FP4MOE_CUDA_DOWN");
-    int w = 0, ks = 0;
-    if (env && !strcmp(env, "nosplit")) { /* the config's rows per block, K not split */
-        w = c->warps / c->ksplit;
-        ks = 1;
-    }
-    if (env && (w > 0 || sscanf(env, "%dx%d", &w, &ks) == 2) && w >= 1 && w <= 8 && ks >= 1 && w % ks == 0) {
-        fm_launch_cfg d = *c;
-        d.warps = w;
-        d.ksplit = ks;
-        return launch(p, &d, 1, s);
-    }
-    return launch(p, c, 1, s);
+    fm_launch_cfg d;
+    return launch(p, down_override(c, &d) ? &d : c, 1, s);
 }
 
 static const char *pipe_name(int pipe) {
@@ -668,6 +667,11 @@ extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char
         snprintf(buf, cap,
                  "fm_expert_kernel<nt%d,%s> gate_up (%s) + down (%s) (mma.m16n8k16 bf16, %d warps, k_split %d)", c->nt,
                  mx ? "mxfp4" : "nvfp4", pipe_name(gu), pipe_name(dn), c->warps, c->ksplit);
+    fm_launch_cfg d;
+    if (down_override(c, &d)) {
+        size_t n = strlen(buf);
+        snprintf(buf + n, cap > n ? cap - n : 0, "; down %d warps, k_split %d (FP4MOE_CUDA_DOWN)", d.warps, d.ksplit);
+    }
     return buf;
 }
 

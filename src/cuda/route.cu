@@ -371,7 +371,8 @@ static __host__ __device__ size_t sel_warp_bytes(int E) { return ((size_t)E * 13
  * experts' layout and zeroed its output row). The last block to finish (a counter in global memory) groups the T*k pairs by
  * expert: counts (shared atomics), scans, active list, scatter.
  */
-/* Selection of token t by one warp (lane 0 writes its ids and weights);
+/* Selection of token t by one warp (lane j < k writes the j-th id and
+ * weight in ascending id order);
  * ws: the warp's sel_warp_bytes(E) of shared memory, chosen: [RT_MAXK].
  * chosen_w (or NULL): [RT_MAXK]; then chosen and chosen_w end up holding the
  * token's ids (ascending) and weights as written to ids / wts.
