@@ -99,10 +99,32 @@ fm_status fm_cpu_load_x(const void *x, fm_dtype xdt, int T, int64_t H, float *ou
     default:
         return fm_error(FM_E_ARG, "activations must be F32, BF16 or F16, not %s", fm_dtype_name(xdt));
     }
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(out[i]))
+    return fm_check_x_finite(out, FM_DT_F32, T, H);
+}
+
+fm_status fm_check_x_finite(const void *x, fm_dtype xdt, int T, int64_t H) {
+    const uint8_t *p = x;
+    for (int64_t i = 0; i < (int64_t)T * H; i++) {
+        float v;
+        if (xdt == FM_DT_F32) {
+            memcpy(&v, p + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            v = xdt == FM_DT_BF16 ? fm_bf16_to_f32(h) : fm_f16_to_f32(h);
+        }
+        if (!isfinite(v))
             return fm_error(FM_E_NUMERIC, "input token %lld, feature %lld is %g", (long long)(i / H),
-                            (long long)(i % H), (double)out[i]);
+                            (long long)(i % H), (double)v);
+    }
+    return FM_OK;
+}
+
+fm_status fm_check_out_finite(int layer, const char *what, const float *out, int T, int64_t H) {
+    for (int64_t i = 0; i < (int64_t)T * H; i++)
+        if (!isfinite(out[i]))
+            return fm_error(FM_E_NUMERIC, "layer %d: %s token %lld, feature %lld is %g (weights or scales not finite?)",
+                            layer, what, (long long)(i / H), (long long)(i % H), (double)out[i]);
     return FM_OK;
 }
 

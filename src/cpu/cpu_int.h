@@ -4,6 +4,10 @@
 #define FM_CPU_INT_H
 #include "fp4moe.h"
 
+#ifdef __cplusplus
+extern "C" { /* the CUDA engine (C++) uses the checks below */
+#endif
+
 /* Checks a layer against its description before any kernel touches it:
  * formats, shapes, strides, pointers. Messages name layer, expert, matrix. */
 fm_status fm_cpu_check_layer(const fm_model_desc *d, const fm_moe_layer *l);
@@ -11,6 +15,13 @@ fm_status fm_cpu_check_layer(const fm_model_desc *d, const fm_moe_layer *l);
 /* Converts T x H activations (F32/BF16/F16, any alignment) to F32 and
  * rejects non-finite values, naming token and feature. */
 fm_status fm_cpu_load_x(const void *x, fm_dtype xdt, int T, int64_t H, float *out);
+/* The same check without the conversion (any alignment): FM_E_NUMERIC
+ * "input token t, feature h is v" for the first value that is not finite. */
+fm_status fm_check_x_finite(const void *x, fm_dtype xdt, int T, int64_t H);
+/* A layer's output, every engine: FM_E_NUMERIC "layer L: <what> token t,
+ * feature h is v (weights or scales not finite?)" for the first value that
+ * is not finite. */
+fm_status fm_check_out_finite(int layer, const char *what, const float *out, int T, int64_t H);
 
 /* Bytes of weights one forward call reads: the routed experts that ids
  * name (each once), the shared expert and the router. */
@@ -29,4 +40,7 @@ void fm_pool_free(fm_pool *p);
  * run on. */
 int fm_cpu_default_threads(void);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

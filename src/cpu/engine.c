@@ -396,10 +396,7 @@ fm_status fm_cpu_forward(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_
     run(e, job_down, &j, (int)((H + j.down_rows - 1) / j.down_rows));
     uint64_t t_end = fm_now_ns();
 
-    for (int64_t i = 0; i < T * H; i++)
-        if (!isfinite(o->out[i]))
-            return fm_error(FM_E_NUMERIC, "layer %d: output token %lld, feature %lld is %g (weights or scales "
-                            "not finite?)", l->layer, (long long)(i / H), (long long)(i % H), (double)o->out[i]);
+    if ((st = fm_check_out_finite(l->layer, "output", o->out, T, H))) return st;
     if (o->topk_ids) memcpy(o->topk_ids, ids, sizeof(int32_t) * (size_t)Tk);
     if (o->topk_weights) memcpy(o->topk_weights, wt, sizeof(float) * (size_t)Tk);
 

@@ -106,14 +106,8 @@ fm_status fm_moe_forward_ref(const fm_model_desc *d, const fm_moe_layer *l, cons
         st = expert_f64(d, &l->sh_gate, &l->sh_up, &l->sh_down, xd, H, toks, tw, T, acc);
     }
     if (st) goto done;
-    for (int64_t i = 0; i < TH; i++) {
-        o->out[i] = (float)acc[i];
-        if (!isfinite(o->out[i])) {
-            st = fm_error(FM_E_NUMERIC, "layer %d: reference output token %lld, feature %lld is %g", l->layer,
-                          (long long)(i / H), (long long)(i % H), (double)o->out[i]);
-            goto done;
-        }
-    }
+    for (int64_t i = 0; i < TH; i++) o->out[i] = (float)acc[i];
+    if ((st = fm_check_out_finite(l->layer, "reference output", o->out, T, H))) goto done;
     if (o->topk_ids) memcpy(o->topk_ids, ids, sizeof(int32_t) * (size_t)T * (size_t)k);
     if (o->topk_weights) memcpy(o->topk_weights, wt, sizeof(float) * (size_t)T * (size_t)k);
 done:

@@ -8,6 +8,7 @@
  */
 #include "cuda_internal.h"
 extern "C" {
+#include "cpu/cpu_int.h"
 #include "io/model_int.h"
 #include "util/util.h"
 }
@@ -729,26 +730,6 @@ static fm_status check_tokens(const fm_cuda_layer *l, int T, const int32_t *toke
     return FM_OK;
 }
 
-/* As the CPU engine (fm_cpu_load_x): activations that are not finite are
- * refused, naming token and feature. */
-static fm_status check_x_finite(const void *x, fm_dtype xdt, int T, int64_t H) {
-    const uint8_t *p = (const uint8_t *)x;
-    for (int64_t i = 0; i < (int64_t)T * H; i++) {
-        float v;
-        if (xdt == FM_DT_F32) {
-            memcpy(&v, p + 4 * i, 4);
-        } else {
-            uint16_t h;
-            memcpy(&h, p + 2 * i, 2);
-            v = xdt == FM_DT_BF16 ? fm_bf16_to_f32(h) : fm_f16_to_f32(h);
-        }
-        if (!isfinite(v))
-            return fm_error(FM_E_NUMERIC, "input token %lld, feature %lld is %g", (long long)(i / H), (long long)(i % H),
-                            (double)v);
-    }
-    return FM_OK;
-}
-
 fm_status fm_cuda_forward(fm_cuda_engine *e, const fm_model_desc *d, const fm_cuda_layer *l, const void *x,
                           fm_dtype xdt, int T, const int32_t *token_ids, fm_moe_out *o) {
     if (!e || !d || !l || !x || !o || !o->out) return fm_error(FM_E_ARG, "fm_cuda_forward: NULL argument");
@@ -758,7 +739,7 @@ fm_status fm_cuda_forward(fm_cuda_engine *e, const fm_model_desc *d, const fm_cu
     if (d->hidden != l->H || d->n_experts != l->E || d->topk != l->k)
         return fm_error(FM_E_ARG, "model description does not match the uploaded layer");
     fm_status s = check_tokens(l, T, token_ids);
-    if (!s) s = check_x_finite(x, xdt, T, l->H);
+    if (!s) s = fm_check_x_finite(x, xdt, T, l->H); /* as the CPU engine */
     if (s) return s;
     FM_CU(cudaSetDevice(e->device));
     int hstride = l->Ip > l->SIp ? l->Ip : l->SIp;
@@ -793,10 +774,7 @@ fm_status fm_cuda_forward(fm_cuda_engine *e, const fm_model_desc *d, const fm_cu
     }
     /* as the CPU engine: a non-finite output (weights or scales that are
      * not finite) fails the call instead of being handed on */
-    for (int64_t i = 0; !s && i < (int64_t)T * l->H; i++)
-        if (!isfinite(o->out[i]))
-            s = fm_error(FM_E_NUMERIC, "layer %d: output token %lld, feature %lld is %g (weights or scales not finite?)",
-                         l->layer, (long long)(i / l->H), (long long)(i % l->H), (double)o->out[i]);
+    if (!s) s = fm_check_out_finite(l->layer, "output", o->out, T, l->H);
     if (!s && e->pt) {
         float ms[3] = {0, 0, 0};
         for (int i = 0; i < 3; i++) cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]);
