@@ -197,39 +197,22 @@ INL mat mat_of(const int FMT, const fm_qmatrix *m) {
     return (mat){m, lut_of(FMT), m->cols >> 6, (m->cols & 63) != 0};
 }
 
-/* dot[j] = row r of m . x_j (without the per-tensor factor). */
-INL void row_dot(const int FMT, const int NT, const mat *a, int64_t r, const float *const *x, float *dot) {
-    const uint8_t *p = a->m->packed + r * a->m->row_stride;
-    const uint8_t *s = FMT == FM_QF_BF16 ? NULL : a->m->scales + r * a->m->scale_stride;
-    __m256 acc[MAXT];
-    for (int j = 0; j < NT; j++) acc[j] = _mm256_setzero_ps();
-    for (int64_t ch = 0; ch < a->nch; ch++) {
-        nib n;
-        if (FMT != FM_QF_BF16) decode_nib(p, ch, &n);
-        for (int hf = 0; hf < 2; hf++) {
-            half h;
-            decode_half(FMT, p, s, a->lut, ch, &n, hf, &h);
-            for (int j = 0; j < NT; j++) acc[j] = half_dot(FMT, &h, x[j] + 64 * ch, hf, acc[j]);
-        }
-    }
-    for (int j = 0; j < NT; j++) dot[j] = hsum(acc[j]) + (a->tail ? tail_dot(a->m, p, s, a->lut, x[j]) : 0.0f);
-}
-
-/* dot[i][j] = row r + i of a . x_j (i = 0, 1), the two rows' chunks
- * interleaved in one loop. Each (row, token) follows the same operations as
- * in row_dot (so results do not depend on which path ran), but the loop's
- * exit and restart, which cost about two chunks' time per row on rows of 12
- * chunks (down at I = 768), happen half as often. */
-INL void rows2_dot(const int FMT, const int NT, const mat *a, int64_t r, const float *const *x, float dot[2][MAXT]) {
+/* dot[i][j] = row r + i of a . x_j (without the per-tensor factor), for
+ * R = 1 or 2 rows in one loop. Each (row, token) follows the same operations
+ * whatever R (so results do not depend on which path ran); with R = 2 the
+ * loop's exit and restart, which cost about two chunks' time per row on rows
+ * of 12 chunks (down at I = 768), happen half as often. */
+INL void rows_dot(const int FMT, const int R, const int NT, const mat *a, int64_t r, const float *const *x,
+                  float dot[2][MAXT]) {
     const uint8_t *p[2], *s[2];
     __m256 acc[2][MAXT];
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < R; i++) {
         p[i] = a->m->packed + (r + i) * a->m->row_stride;
         s[i] = FMT == FM_QF_BF16 ? NULL : a->m->scales + (r + i) * a->m->scale_stride;
         for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
     }
     for (int64_t ch = 0; ch < a->nch; ch++)
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < R; i++) {
             nib n;
             if (FMT != FM_QF_BF16) decode_nib(p[i], ch, &n);
             for (int hf = 0; hf < 2; hf++) {
@@ -238,9 +221,16 @@ INL void rows2_dot(const int FMT, const int NT, const mat *a, int64_t r, const f
                 for (int j = 0; j < NT; j++) acc[i][j] = half_dot(FMT, &h, x[j] + 64 * ch, hf, acc[i][j]);
             }
         }
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < R; i++)
         for (int j = 0; j < NT; j++)
             dot[i][j] = hsum(acc[i][j]) + (a->tail ? tail_dot(a->m, p[i], s[i], a->lut, x[j]) : 0.0f);
+}
+
+/* One row: dot[j] = row r of a . x_j. */
+INL void row_dot(const int FMT, const int NT, const mat *a, int64_t r, const float *const *x, float *dot) {
+    float d[2][MAXT];
+    rows_dot(FMT, 1, NT, a, r, x, d);
+    for (int j = 0; j < NT; j++) dot[j] = d[0][j];
 }
 
 /* ---- activation, eight rows at a time
@@ -369,14 +359,14 @@ INL void down_fmt(const fm_down_task *t, const int FMT) {
     const mat d = mat_of(FMT, t->down);
     const float sd = fm_cpu_row_scale(t->down);
     int64_t r = t->r0;
-    if (t->n <= 2) { /* rows in pairs (rows2_dot): +12 % at 1 token from L2,
+    if (t->n <= 2) { /* rows in pairs (rows_dot with R = 2): +12 % at 1 token from L2,
                       * +4 % from memory at 1 and 2 tokens */
         const float *x[MAXT];
         for (int j = 0; j < t->n; j++) x[j] = t->h + j * t->ldh;
         for (; r + 1 < t->r1; r += 2) {
             float y[2][MAXT];
-            if (t->n == 1) rows2_dot(FMT, 1, &d, r, x, y);
-            else rows2_dot(FMT, 2, &d, r, x, y);
+            if (t->n == 1) rows_dot(FMT, 2, 1, &d, r, x, y);
+            else rows_dot(FMT, 2, 2, &d, r, x, y);
             down_store(t, r, 0, t->n, y[0], sd);
             down_store(t, r + 1, 0, t->n, y[1], sd);
         }
