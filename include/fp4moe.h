@@ -381,7 +381,11 @@ typedef struct {
 
 /* The parameters of a GPU MoE kernel variant, in one structure, so that
  * tuning, provenance lines and `explain` all speak of the same fields. */
-typedef enum { FM_PATH_SMALL = 0, FM_PATH_LARGE = 1 } fm_kernel_path;
+/* WGMMA: the large path's work with Hopper warpgroup MMAs (sm_90; elsewhere
+ * the engine runs the large path and says so in the config source). */
+typedef enum { FM_PATH_SMALL = 0, FM_PATH_LARGE = 1, FM_PATH_WGMMA = 2 } fm_kernel_path;
+/* Tokens per expert from which the built-in default takes the wgmma path. */
+#define FM_WGMMA_TPE 4.0
 typedef struct {
     fm_kernel_path path;      /* chosen path for this batch bucket        */
     int rows_per_block;       /* weight rows per thread block (small)     */

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${FM_GPU_BUILD_DIR:-.devbuild/build}
-cmake -S . -B "$B" -DFM_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="80;90" >/dev/null
+cmake -S . -B "$B" -DFM_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="80;90a" >/dev/null
 cmake --build "$B" -j"$(nproc)" --target test_cuda cuda_bench cuda_smoke
 rm -rf .devbuild/bin .devbuild/lib
 mkdir -p .devbuild/bin .devbuild/lib

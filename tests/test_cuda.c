@@ -269,13 +269,17 @@ static void test_forced_configs(void **state) {
         {FM_PATH_SMALL, 16, 8, 8, 3, 8, 1.5f},  {FM_PATH_LARGE, 64, 1, 4, 3, 8, 1.5f},
         {FM_PATH_LARGE, 64, 1, 4, 3, 16, 1.5f}, {FM_PATH_LARGE, 64, 1, 4, 3, 32, 1.5f},
         {FM_PATH_SMALL, 32, 2, 4, 3, 16, 1.5f},
+        /* the wgmma path (sm_90; elsewhere the large path runs instead):
+         * passes of 16 and 32 tokens, at T = 200 so that experts take
+         * several passes and every token count 8 .. 32 per pass occurs */
+        {FM_PATH_WGMMA, 64, 1, 4, 1, 16, 1.5f}, {FM_PATH_WGMMA, 64, 1, 4, 1, 32, 1.5f},
     };
     const char *presets[] = {"tiny-mixtral", "tiny-deepseek-v4"};
     for (int pi = 0; pi < 2; pi++)
         for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
             fm_model_desc d;
             assert_int_equal(fm_preset_desc(presets[pi], FM_QF_NONE, &d), FM_OK);
-            int L = first_moe_layer(&d, 0), T = 45, H = d.hidden;
+            int L = first_moe_layer(&d, 0), T = cfgs[c].path == FM_PATH_WGMMA ? 200 : 45, H = d.hidden;
             fm_moe_layer *hl;
             fm_cuda_layer *cl;
             assert_int_equal(fm_moe_layer_random(&d, d.expert_format, 7 + c, L, &hl), FM_OK);
@@ -288,8 +292,9 @@ static void test_forced_configs(void **state) {
             cmp_result r;
             run_compare(&d, hl, cl, T, xb, NULL, &r);
             fm_cuda_engine_set_config(g_eng, NULL);
-            printf("# %-16s cfg %zu (warps %d, k_split %d, tile_n %d, stages %d) rel %.2e\n", presets[pi], c,
-                   cfgs[c].warps, cfgs[c].k_split, cfgs[c].tile_n, cfgs[c].stages, r.rel);
+            printf("# %-16s cfg %zu (%s, warps %d, k_split %d, tile_n %d, stages %d) T=%d rel %.2e\n", presets[pi], c,
+                   fm_kernel_path_name(cfgs[c].path), cfgs[c].warps, cfgs[c].k_split, cfgs[c].tile_n, cfgs[c].stages, T,
+                   r.rel);
             assert_int_equal(r.nonfinite, 0);
             assert_int_equal(r.id_mismatch, 0);
             assert_true(r.rel <= 5e-3);
@@ -388,6 +393,20 @@ static void test_bench_runs(void **state) {
     assert_true(r.active_experts >= d.topk && r.active_experts <= d.n_experts);
     assert_true(r.bytes_per_layer > 0);
     assert_true(r.kernel[0] && r.config_source[0]);
+    /* the wgmma path runs where it can and says so where it cannot */
+    const fm_kernel_config wg = {FM_PATH_WGMMA, 64, 1, 4, 1, 32, 1.5f};
+    fm_cuda_engine_set_config(g_eng, &wg);
+    fm_status st = fm_cuda_bench(g_eng, &d, ls, 3, 40, 1, 3, &r);
+    fm_cuda_engine_set_config(g_eng, NULL);
+    if (st) fail_msg("bench (wgmma): %s", fm_last_error());
+    printf("# wgmma config: kernel %s; source %s\n", r.kernel, r.config_source);
+    if (strstr(fm_cuda_engine_describe(g_eng), "sm_90")) {
+        assert_non_null(strstr(r.kernel, "fm_expert_wg_kernel"));
+        assert_int_equal(r.cfg.path, FM_PATH_WGMMA);
+    } else {
+        assert_non_null(strstr(r.config_source, "wgmma path needs sm_90"));
+        assert_int_equal(r.cfg.path, FM_PATH_LARGE);
+    }
     for (int i = 0; i < 3; i++) fm_cuda_layer_free(ls[i]);
 }
 

@@ -35,10 +35,17 @@ static void test_consistent(void **state) {
             assert_true(c.tile_n == 8 || c.tile_n == 16 || c.tile_n == 32);
             assert_true(c.stages >= 1);
             double tpe = (double)T * ks[i] / Es[i];
-            assert_int_equal(c.path, tpe < c.switch_tpe ? FM_PATH_SMALL : FM_PATH_LARGE);
-            /* the small path splits K, the large one does not */
+            assert_int_equal(c.path, tpe < c.switch_tpe  ? FM_PATH_SMALL
+                                     : tpe < FM_WGMMA_TPE ? FM_PATH_LARGE
+                                                          : FM_PATH_WGMMA);
+            /* the small path splits K, the large one does not; the wgmma
+             * path is one warpgroup of 64 rows */
             if (c.path == FM_PATH_SMALL) assert_true(c.k_split > 1);
             else assert_int_equal(c.k_split, 1);
+            if (c.path == FM_PATH_WGMMA) {
+                assert_int_equal(c.warps, 4);
+                assert_true(c.tile_n == 16 || c.tile_n == 32);
+            }
         }
     }
 }
@@ -49,7 +56,12 @@ static void test_switch_points(void **state) {
     assert_int_equal(fm_kernel_config_default(&kk, 1).path, FM_PATH_SMALL);   /* 0.023 tokens/expert */
     assert_int_equal(fm_kernel_config_default(&kk, 64).path, FM_PATH_LARGE);  /* 1.5 */
     assert_int_equal(fm_kernel_config_default(&kk, 64).tile_n, 8);
-    assert_int_equal(fm_kernel_config_default(&kk, 512).tile_n, 16);          /* 12 */
+    assert_int_equal(fm_kernel_config_default(&kk, 128).path, FM_PATH_LARGE); /* 3 */
+    assert_int_equal(fm_kernel_config_default(&kk, 128).tile_n, 8);
+    assert_int_equal(fm_kernel_config_default(&kk, 256).path, FM_PATH_WGMMA); /* 6 */
+    assert_int_equal(fm_kernel_config_default(&kk, 256).tile_n, 16);
+    assert_int_equal(fm_kernel_config_default(&kk, 512).path, FM_PATH_WGMMA); /* 12 */
+    assert_int_equal(fm_kernel_config_default(&kk, 512).tile_n, 32);
     /* no key: one token per expert assumed, never a crash */
     fm_kernel_config c = fm_kernel_config_default(NULL, 0);
     assert_true(c.warps >= 1);
@@ -59,6 +71,7 @@ static void test_names(void **state) {
     (void)state;
     assert_string_equal(fm_kernel_path_name(FM_PATH_SMALL), "small");
     assert_string_equal(fm_kernel_path_name(FM_PATH_LARGE), "large");
+    assert_string_equal(fm_kernel_path_name(FM_PATH_WGMMA), "wgmma");
     assert_string_equal(fm_kernel_path_name((fm_kernel_path)7), "unknown");
 }
 

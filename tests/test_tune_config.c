@@ -32,6 +32,8 @@ static const char *k_good =
     "  ]\n"
     "}\n";
 
+static char *mutate(const char *from, const char *to);
+
 static void test_parse_good(void **st) {
     (void)st;
     fm_tune_file f;
@@ -67,6 +69,13 @@ static void test_parse_good(void **st) {
     assert_int_equal(f.b[0].cfg.path, FM_PATH_SMALL);
     assert_int_equal(f.b[0].replaced_default, 0);
     assert_true(f.b[0].cfg.switch_tpe == 2.0f); /* an integer where a number is expected */
+    /* the third path's token */
+    char *w = mutate("\"path\": \"large\"", "\"path\": \"wgmma\"");
+    fm_tune_file fw;
+    assert_int_equal(fm_tune_file_parse(w, strlen(w), "wgmma.json", &fw), FM_OK);
+    assert_int_equal(fw.b[1].cfg.path, FM_PATH_WGMMA);
+    assert_string_equal(fm_tune_path_token(FM_PATH_WGMMA), "wgmma");
+    free(w);
 }
 
 /* Replaces the first occurrence of `from` in k_good by `to`. */
@@ -295,14 +304,19 @@ static void test_candidates(void **st) {
         fm_kernel_config def = fm_kernel_config_default(&k, Ts[t]);
         assert_true(n >= 2);
         assert_memory_equal(&c[0], &def, sizeof def); /* the default first */
-        int paths[2] = {0, 0};
+        int paths[3] = {0, 0, 0};
         for (int i = 0; i < n; i++) {
             char why[128];
             assert_int_equal(fm_tune_config_invalid(&c[i], why, sizeof why), 0);
+            assert_true(c[i].path >= FM_PATH_SMALL && c[i].path <= FM_PATH_WGMMA);
             paths[c[i].path]++;
+            if (c[i].path == FM_PATH_WGMMA) /* one block shape */
+                assert_true(c[i].warps == 4 && c[i].k_split == 1 && c[i].rows_per_block == 64 &&
+                            (c[i].tile_n == 16 || c[i].tile_n == 32));
             for (int j = 0; j < i; j++) assert_memory_not_equal(&c[i], &c[j], sizeof c[i]);
         }
-        assert_true(paths[0] > 0 && paths[1] > 0); /* both paths are always candidates */
+        /* every path is always a candidate, the wgmma one with both pass sizes */
+        assert_true(paths[0] > 0 && paths[1] > 0 && paths[2] == 2);
         fm_kernel_config few[3];
         assert_int_equal(fm_tune_candidates(&k, Ts[t], few, 3), 3);
         assert_memory_equal(few, c, 3 * sizeof c[0]);

@@ -178,6 +178,9 @@ typedef struct {
 #define FM_PIPE_REGS2 0
 #define FM_PIPE_CP_ASYNC 1
 #define FM_PIPE_REGS_XG 2
+/* the wgmma kernels (config path "wgmma", sm_90): a warpgroup of 64 rows,
+ * nt 2 or 4 (16 or 32 tokens per pass) */
+#define FM_PIPE_WGMMA 3
 /* the expert kernel's template ST of FM_PIPE_REGS_XG: the register pipeline
  * with activations read per 32-wide K step (expert.cu, seg_compute_g) */
 #define FM_ST_REGS_XG 2
@@ -204,6 +207,10 @@ fm_status fm_cuda_route_prepare(size_t smem);
 fm_status fm_cuda_launch_gateup(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s);
 fm_status fm_cuda_launch_down(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s);
 const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char *buf, size_t cap);
+/* 1 when this build's code for the current device has the wgmma kernels
+ * (sm_90a); the first call runs a one-thread probe (engine creation, never
+ * inside a stream capture), later calls return its answer. */
+int fm_cuda_wgmma_built(void);
 /* Streaming-read kernel for the bandwidth measurement; returns seconds. */
 fm_status fm_cuda_stream_read(const void *buf, size_t bytes, cudaStream_t s, int reps, double *best_s);
 #ifdef __cplusplus

@@ -8,6 +8,7 @@ const char *fm_kernel_path_name(fm_kernel_path p) {
     switch (p) {
     case FM_PATH_SMALL: return "small";
     case FM_PATH_LARGE: return "large";
+    case FM_PATH_WGMMA: return "wgmma";
     }
     return "unknown";
 }
@@ -32,6 +33,14 @@ const char *fm_kernel_path_name(fm_kernel_path p) {
  * take several passes over the same weight rows (cache hits). stages 1 is
  * a register double buffer of the weights, stages >= 2 a cp.async ring in
  * shared memory (weights, scales and activations).
+ *
+ * - wgmma (sm_90): the large path's work split with Hopper warpgroup MMAs. A
+ *   block is one warpgroup (4 warps, 64 rows, k_split 1); each warp decodes
+ *   its 16 rows as above, and one wgmma.m64nNk16 per 16-wide K step
+ *   multiplies the block's 64 rows by up to tile_n (16 or 32) tokens whose
+ *   activations the block stages once in shared memory. It pays from about
+ *   FM_WGMMA_TPE tokens per expert (H200, DeepSeek-V4-Flash: 8 % faster at
+ *   6, 17 % at 12, 7 % slower at 3; docs/perf.md, v14).
  */
 fm_kernel_config fm_kernel_config_default(const struct fm_tune_key *key, int T) {
     /* Winners of the variant sweep on an H200 (docs/perf.md, GPU v2):
@@ -55,6 +64,10 @@ fm_kernel_config fm_kernel_config_default(const struct fm_tune_key *key, int T) 
         c.k_split = 1;
         c.rows_per_block = 64;
         if (tpe >= 8.0) c.tile_n = 16;
+        if (tpe >= FM_WGMMA_TPE) {
+            c.path = FM_PATH_WGMMA;
+            c.tile_n = tpe >= 10.0 ? 32 : 16;
+        }
     }
     return c;
 }

@@ -30,6 +30,7 @@ struct fm_cuda_engine {
     int pdl;
     int sh_prefetch; /* shared expert prefetched into L2 during routing */
     int fp4_enc;  /* weights of new layers stored for the v6 decode        */
+    int wgmma;    /* the wgmma kernels can run: sm_90 and built for sm_90a */
     /* workspace, sized for the largest call so far */
     int ws_T, ws_H, ws_Hp, ws_E, ws_k, ws_hstride;
     void *x_raw;
@@ -122,6 +123,7 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
     snprintf(e->desc, sizeof e->desc, "%s, %d SMs, sm_%d%d, CUDA %d.%d, driver %d.%d, %.0f GB", e->name, e->sm_count,
              e->cc_major, e->cc_minor, e->rt_ver / 1000, (e->rt_ver % 1000) / 10, e->drv_ver / 1000,
              (e->drv_ver % 1000) / 10, (double)prop.totalGlobalMem / 1e9);
+    e->wgmma = prop.major == 9 && fm_cuda_wgmma_built();
     cudaError_t err = cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking);
     if (err != cudaSuccess) {
         free(e);
@@ -199,6 +201,32 @@ static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kern
             *cfg = fm_kernel_config_default(&key, T);
             snprintf(src, cap, "built-in default (tuning lookup failed: %s)", fm_last_error());
         }
+    }
+    if (cfg->path == FM_PATH_WGMMA) {
+        /* one block shape; passes of 16 or 32 tokens. Needs sm_90 and the
+         * v6 word order; elsewhere the large path runs, and says so. */
+        const char *why = e->cc_major != 9 ? "needs sm_90"
+                          : !e->wgmma      ? "is not in this build (no sm_90a code)"
+                          : !l->gate.enc   ? "needs the v6 FP4 word order"
+                                           : NULL;
+        if (!why) {
+            cfg->warps = 4;
+            cfg->k_split = 1;
+            cfg->rows_per_block = 64;
+            cfg->tile_n = cfg->tile_n <= 16 ? 16 : 32;
+            cfg->stages = 1;
+            lc->nt = cfg->tile_n / 8;
+            lc->warps = 4;
+            lc->ksplit = 1;
+            lc->pdl = e->pdl;
+            lc->pipe = FM_PIPE_WGMMA;
+            return;
+        }
+        size_t n = strlen(src);
+        snprintf(src + n, cap > n ? cap - n : 0, " (wgmma path %s: large path with 4 warps used)", why);
+        cfg->path = FM_PATH_LARGE;
+        cfg->warps = 4;
+        cfg->k_split = 1;
     }
     int nt = cfg->tile_n <= 8 ? 1 : cfg->tile_n <= 16 ? 2 : 4;
     int w = cfg->warps, ks = cfg->k_split;

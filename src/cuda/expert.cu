@@ -527,6 +527,356 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
     }
 }
 
+/* ------------------------------------------------ wgmma path (sm_90a) */
+
+/*
+ * The same work split and weight stream as above, with the tensor-core work
+ * done by warpgroup MMAs: a block is one warpgroup (4 warps, 64 weight
+ * rows); each warp decodes its 16 rows exactly as the mma.sync kernel does
+ * (the register fragment of A in wgmma.m64nNk16 is, per warp, that of
+ * mma.m16n8k16), and one wgmma.m64nNk16 per 16-wide K step multiplies the
+ * block's 64 rows by all of its N = 8 .. 32 tokens at once, with the tokens'
+ * activations read by the tensor cores from shared memory. So the
+ * activations are read from global memory once per block instead of once
+ * per warp, and no token tile is decoded twice.
+ *
+ * Shared memory: a ring of FM_WG_STAGES segments (128 K each). Within a
+ * segment, K step j (16 values) is a K-major, unswizzled wgmma operand:
+ * 8-token x 8-value core matrices of 128 bytes, the two K halves 128 bytes
+ * apart (leading byte offset) and consecutive 8-token groups 256 bytes apart
+ * (stride byte offset); steps are wg_step_bytes apart (16 bytes of padding,
+ * so that the staging stores below hit 32 distinct banks). The activations
+ * in global memory are in the mma.sync order (route.cu's x_prep, the h the
+ * gate/up epilogue writes): the 8-value group d of thread t's 32-value piece
+ * holds the K pairs (2t, 2t + 1) and (2t + 8, 2t + 9) of steps 2d and 2d + 1,
+ * so each 16-byte load is stored as four 4-byte words.
+ */
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FM_HAVE_WGMMA 1
+#endif
+/* ring stages: every segment's MMAs are retired before the next segment is
+ * decoded (leaving one in flight kept more registers live than the gate/up
+ * kernel has) */
+#define FM_WG_STAGES 3
+static constexpr FM_HD int wg_step_bytes(int n8) { return n8 * 256 + 16; }
+static constexpr FM_HD int wg_stage_bytes(int n8) { return 8 * wg_step_bytes(n8); }
+
+#ifdef FM_HAVE_WGMMA
+static __device__ __forceinline__ void wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+static __device__ __forceinline__ void wg_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void wg_wait(void) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+static __device__ __forceinline__ void fence_proxy_async(void) {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+/* K-major, no swizzle: leading byte offset 128 (the second 8 K values),
+ * stride byte offset 256 (the next 8 tokens) */
+static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(256 >> 4) << 32);
+}
+template <int N8>
+struct wg_mma;
+template <>
+struct wg_mma<1> {
+    static __device__ __forceinline__ void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint64_t b) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, 1, 1, 1, 0;"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
+    }
+};
+template <>
+struct wg_mma<2> {
+    static __device__ __forceinline__ void run(float (&d)[8], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint64_t b) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, "
+                     "{%8,%9,%10,%11}, %12, 1, 1, 1, 0;"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
+    }
+};
+template <>
+struct wg_mma<3> {
+    static __device__ __forceinline__ void run(float (&d)[12], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint64_t b) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11}, "
+                     "{%12,%13,%14,%15}, %16, 1, 1, 1, 0;"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
+    }
+};
+template <>
+struct wg_mma<4> {
+    static __device__ __forceinline__ void run(float (&d)[16], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint64_t b) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, 1, 1, 1, 0;"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                       "+f"(d[15])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
+    }
+};
+#endif
+
+/* What one pass of a wgmma block needs (set up by the kernel, used by the
+ * pass body instantiated for the pass's token count). */
+struct fm_wg_pass {
+    const uint8_t *pa[2], *pb[2], *sa[2], *sb[2];
+    const uint16_t *src_base;
+    int64_t src_stride;
+    int nseg, pos0, cnt, pass0, e, rowA, rowB, rows, rows_p;
+    bool shared, wv;
+    float s2A, s2B;
+    const float *biasA_p, *biasB_p;
+};
+
+/* One pass: up to 8 * N8 tokens of the block's expert through its 64 rows,
+ * over the whole K. */
+template <int N8, int NMAT, bool MX>
+static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, const fm_wg_pass &w, uint8_t *smem) {
+#ifdef FM_HAVE_WGMMA
+    constexpr int STEP = wg_step_bytes(N8), STAGE = wg_stage_bytes(N8);
+    constexpr int NIT = N8;            /* staging items (16-byte pieces) per thread */
+    /* LA segments of activations copied ahead; the stage refilled at
+     * segment s last held segment s - 1, whose MMAs every warp retired
+     * before the barrier of segment s */
+    constexpr int LA = 2, NSTG = FM_WG_STAGES;
+    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
+
+    /* staging by cp.async, 4 bytes at a time (the reorder above): item
+     * it = (token n = it / 16, 16-byte piece u = it % 16); tokens past the
+     * pass are zero-filled */
+    const uint8_t *xsrc[NIT];
+    uint32_t xoff[NIT];
+#pragma unroll
+    for (int k = 0; k < NIT; k++) {
+        const int it = tid + k * 128, n = it >> 4, u = it & 15, ut = u >> 2, ud = u & 3;
+        const int idx = w.pass0 + n;
+        xsrc[k] = NULL;
+        xoff[k] = (uint32_t)(2 * ud * STEP + (n >> 3) * 256 + (n & 7) * 16 + 4 * ut);
+        if (idx < w.cnt) {
+            const int pos = w.pos0 + idx;
+            const int64_t row = NMAT == 2 ? (w.shared ? idx : p.sorted_tok[pos]) : pos;
+            xsrc[k] = (const uint8_t *)(w.src_base + row * w.src_stride + u * 8);
+        }
+    }
+    const uint8_t *xsafe = (const uint8_t *)w.src_base;
+#define FM_WG_XCOPY(S)                                                                                     \
+    do {                                                                                                   \
+        if ((S) < w.nseg) {                                                                                \
+            const uint32_t st_ = sbase + ((S) % NSTG) * STAGE;                                             \
+            _Pragma("unroll") for (int k = 0; k < NIT; k++) {                                              \
+                const uint8_t *q_ = xsrc[k] ? xsrc[k] + (int64_t)(S) * (FM_KSEG * 2) : xsafe;              \
+                const bool v_ = xsrc[k] != NULL;                                                           \
+                cp_async_small<4>(st_ + xoff[k], q_, v_);                                                  \
+                cp_async_small<4>(st_ + xoff[k] + 128, q_ + 4, v_);                                        \
+                cp_async_small<4>(st_ + xoff[k] + STEP, q_ + 8, v_);                                       \
+                cp_async_small<4>(st_ + xoff[k] + STEP + 128, q_ + 12, v_);                                \
+            }                                                                                              \
+        }                                                                                                  \
+        cp_async_commit();                                                                                 \
+    } while (0)
+    float acc[NMAT][4 * N8];
+#pragma unroll
+    for (int m = 0; m < NMAT; m++)
+#pragma unroll
+        for (int i = 0; i < 4 * N8; i++) acc[m][i] = 0.0f;
+
+    uint4 wa[NMAT], wb[NMAT], na[NMAT], nb[NMAT];
+    uint32_t ca[NMAT], cb[NMAT], nca[NMAT], ncb[NMAT];
+#define FM_WG_WLOAD(S, WA, WB, CA, CB)                                                                     \
+    _Pragma("unroll") for (int m = 0; m < NMAT; m++) {                                                     \
+        WA[m] = ld_stream(w.pa[m] + (int64_t)(S) * 1024);                                                  \
+        WB[m] = ld_stream(w.pb[m] + (int64_t)(S) * 1024);                                                  \
+        if (MX) {                                                                                          \
+            CA[m] = __ldg(w.sa[m] + (int64_t)(S) * 64);                                                    \
+            CB[m] = __ldg(w.sb[m] + (int64_t)(S) * 64);                                                    \
+        } else {                                                                                           \
+            CA[m] = __ldg((const unsigned short *)(w.sa[m] + (int64_t)(S) * 128));                          \
+            CB[m] = __ldg((const unsigned short *)(w.sb[m] + (int64_t)(S) * 128));                          \
+        }                                                                                                  \
+    }
+    const int nseg = w.nseg;
+    FM_WG_WLOAD(0, wa, wb, ca, cb)
+#pragma unroll
+    for (int j = 0; j < LA; j++) FM_WG_XCOPY(j);
+#pragma unroll 1
+    for (int s = 0; s < nseg; s++) {
+        const bool more = s + 1 < nseg;
+        if (more) { FM_WG_WLOAD(s + 1, na, nb, nca, ncb) }
+        /* this thread's pieces of segment s have landed; after the barrier
+         * everyone's have, and every warp is past the wait that retired the
+         * MMAs that last read the stage refilled next */
+        cp_async_wait<LA - 1>();
+        fence_proxy_async();
+        __syncthreads();
+        FM_WG_XCOPY(s + LA);
+        uint32_t SA[NMAT][2], SB[NMAT][2];
+#pragma unroll
+        for (int m = 0; m < NMAT; m++) {
+            if (MX) {
+                SA[m][0] = SA[m][1] = mx_scale_bits(ca[m] & 0xFF) * 0x10001u;
+                SB[m][0] = SB[m][1] = mx_scale_bits(cb[m] & 0xFF) * 0x10001u;
+            } else {
+                nv_scale_pair(ca[m], SA[m][0], SA[m][1]);
+                nv_scale_pair(cb[m], SB[m][0], SB[m][1]);
+            }
+        }
+        const uint32_t st_addr = sbase + (s % NSTG) * STAGE;
+#pragma unroll
+        for (int d = 0; d < 4; d++) {
+            uint32_t ra[NMAT][4], rb[NMAT][4];
+#pragma unroll
+            for (int m = 0; m < NMAT; m++) {
+                const uint32_t wA = d == 0 ? wa[m].x : d == 1 ? wa[m].y : d == 2 ? wa[m].z : wa[m].w;
+                const uint32_t wB = d == 0 ? wb[m].x : d == 1 ? wb[m].y : d == 2 ? wb[m].z : wb[m].w;
+                decode8<true>(wA, SA[m][d >> 1], ra[m]);
+                decode8<true>(wB, SB[m][d >> 1], rb[m]);
+            }
+            wg_fence();
+#pragma unroll
+            for (int m = 0; m < NMAT; m++) {
+                wg_mma<N8>::run(acc[m], ra[m][0], rb[m][0], ra[m][1], rb[m][1], wg_desc(st_addr + (2 * d) * STEP));
+                wg_mma<N8>::run(acc[m], ra[m][2], rb[m][2], ra[m][3], rb[m][3], wg_desc(st_addr + (2 * d + 1) * STEP));
+            }
+            /* a group per 32-wide K step: waiting for the previous one keeps
+             * two steps of A fragments live instead of a segment's */
+            wg_commit();
+            if (d < 3) wg_wait<1>();
+        }
+        wg_wait<0>();
+#pragma unroll
+        for (int m = 0; m < NMAT; m++) { wa[m] = na[m]; wb[m] = nb[m]; ca[m] = nca[m]; cb[m] = ncb[m]; }
+    }
+    wg_wait<0>();
+    cp_async_wait<0>();
+#undef FM_WG_XCOPY
+#undef FM_WG_WLOAD
+    if (!w.wv) return;
+#pragma unroll
+    for (int n = 0; n < N8; n++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int idx = w.pass0 + n * 8 + 2 * t + (i & 1);
+            const int row = i < 2 ? w.rowA : w.rowB;
+            if (idx >= w.cnt) continue;
+            const int pos = w.pos0 + idx;
+            const float biasA = (w.biasA_p && row < w.rows) ? w.biasA_p[(int64_t)w.e * w.rows_p + row] : 0.0f;
+            const float y = acc[0][n * 4 + i] * w.s2A + biasA;
+            if (NMAT == 2) {
+                const float biasB = (w.biasB_p && row < w.rows) ? w.biasB_p[(int64_t)w.e * w.rows_p + row] : 0.0f;
+                const float u = acc[NMAT - 1][n * 4 + i] * w.s2B + biasB;
+                const float hv = row < w.rows ? act_fn(p.act, y, u, p.alpha, p.limit) : 0.0f;
+                __nv_bfloat16 hb = __float2bfloat16_rn(hv * 128.0f);
+                p.h[(int64_t)pos * p.hstride + kperm_pos(row)] = *(uint16_t *)&hb;
+            } else if (row < w.rows) {
+                const int tok = w.shared ? idx : p.sorted_tok[pos];
+                const float wgt = w.shared ? 1.0f : p.sorted_w[pos];
+                atomicAdd(&p.out[(int64_t)tok * p.H + row], y * wgt);
+            }
+        }
+    }
+    (void)g;
+#else
+    (void)p;
+    (void)w;
+    (void)smem;
+#endif
+}
+
+/* Block = one warpgroup, 64 rows; work items as in fm_expert_kernel (the
+ * launch sizes the grid with 32-token passes). Needs sm_90a: elsewhere the
+ * body is empty and the host never launches it (fm_cuda_wgmma_ok). */
+/* NMAX: most 8-token groups per pass (2 or 4); gate/up with 4 needs 168
+ * registers (3 blocks per SM), everything else fits 4 blocks per SM */
+static constexpr int fm_wg_min_blocks(int nmat, int nmax) { return nmat == 2 && nmax > 2 ? 3 : 4; }
+template <int NMAT, bool MX, int NMAX>
+__global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT, NMAX)) fm_expert_wg_kernel(fm_expert_params p, int W, int KS) {
+#ifdef FM_HAVE_WGMMA
+    extern __shared__ __align__(128) uint8_t wg_smem[];
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    (void)W;
+    (void)KS;
+    const int nrb = ((NMAT == 2 ? p.gate.rows_p : p.down.rows_p) + 63) / 64;
+    pdl_wait();
+    pdl_launch_dependents();
+
+    int b = blockIdx.x, e, pos0, cnt, rb, pbeg = 0, pend;
+    bool shared;
+    if (b < p.sh_blocks) {
+        rb = b / p.sh_chunks;
+        pbeg = (b % p.sh_chunks) * p.sh_chunk;
+        e = 0;
+        pos0 = p.T * p.k;
+        cnt = p.T;
+        pend = min(cnt, pbeg + p.sh_chunk);
+        shared = true;
+    } else {
+        b -= p.sh_blocks;
+        const int a = b / nrb;
+        rb = b % nrb;
+        if (a >= *p.n_active) return;
+        e = p.act_e[a];
+        pos0 = p.act_off[a];
+        cnt = p.act_cnt[a];
+        pend = cnt;
+        shared = false;
+    }
+    const fm_dmat &dA = NMAT == 2 ? (shared ? p.sgate : p.gate) : (shared ? p.sdown : p.down);
+    const fm_dmat &dB = NMAT == 2 ? (shared ? p.sup : p.up) : dA;
+    fm_wg_pass w;
+    w.rows = dA.rows;
+    w.rows_p = dA.rows_p;
+    w.biasA_p = dA.bias;
+    w.biasB_p = dB.bias;
+    w.s2A = dA.scale2[e];
+    w.s2B = NMAT == 2 ? dB.scale2[e] : 0.0f;
+    w.e = e;
+    w.shared = shared;
+    w.pos0 = pos0;
+    w.cnt = cnt;
+    const int r0 = rb * 64 + wi * 16;
+    w.rowA = r0 + g;
+    w.rowB = r0 + g + 8;
+    w.nseg = dA.kp / FM_KSEG;
+    /* every warp of the warpgroup takes part in every wgmma: a warp whose 16
+     * rows lie past the padded rows streams row group 0 and writes nothing */
+    w.wv = r0 < w.rows_p;
+    const int spr = MX ? 4 : 8;
+    const int64_t tile0 = (int64_t)((w.wv ? r0 : 0) / 16) * w.nseg;
+#pragma unroll
+    for (int m = 0; m < NMAT; m++) {
+        const uint8_t *base = (m == 0 ? dA.packed : dB.packed) + (int64_t)e * (m == 0 ? dA.pstride : dB.pstride);
+        const uint8_t *sbase = (m == 0 ? dA.scales : dB.scales) + (int64_t)e * (m == 0 ? dA.sstride : dB.sstride);
+        w.pa[m] = base + tile0 * 1024 + lane * 16;
+        w.pb[m] = w.pa[m] + 512;
+        w.sa[m] = sbase + tile0 * 16 * spr + g * spr + (MX ? t : 2 * t);
+        w.sb[m] = w.sa[m] + 8 * spr;
+    }
+    w.src_base = NMAT == 2 ? p.x_prep : p.h;
+    w.src_stride = NMAT == 2 ? p.Hp : p.hstride;
+    for (int pass0 = pbeg; pass0 < pend; pass0 += 8 * NMAX) {
+        w.pass0 = pass0;
+        const int n8 = (min(8 * NMAX, pend - pass0) + 7) >> 3;
+        if (n8 == 1) wg_pass_body<1, NMAT, MX>(p, w, wg_smem);
+        else if (n8 == 2 || NMAX == 2) wg_pass_body<2, NMAT, MX>(p, w, wg_smem);
+        else if (n8 == 3) wg_pass_body<NMAX == 2 ? 2 : 3, NMAT, MX>(p, w, wg_smem);
+        else wg_pass_body<NMAX == 2 ? 2 : 4, NMAT, MX>(p, w, wg_smem);
+        __syncthreads(); /* the next pass restages the ring */
+    }
+#else
+    (void)p;
+    (void)W;
+    (void)KS;
+#endif
+}
+
 static int nt_index(int nt) { return nt == 1 ? 0 : nt == 2 ? 1 : 2; }
 
 typedef void (*fm_kfn)(fm_expert_params, int, int);
@@ -566,7 +916,78 @@ static int use_xg(int nmat, int nt) {
     return nmat == 2 && nt == 2;
 }
 
+/* The wgmma kernels: FP4MOE_CUDA_WG = 1 down, 2 gate/up, 3 both (an
+ * experiment switch while the path is measured; sm_90 with the v6 word
+ * order only, see wg_applies); FP4MOE_CUDA_WG_TOKENS = 16 makes a pass 16
+ * tokens instead of 32. Read once. */
+static int wg_env(int *nmax) {
+    static int v = -1, nm = 4;
+    if (v < 0) {
+        const char *env = getenv("FP4MOE_CUDA_WG");
+        v = env && *env ? atoi(env) & 3 : 0;
+        env = getenv("FP4MOE_CUDA_WG_TOKENS");
+        nm = env && *env && atoi(env) <= 16 ? 2 : 4;
+    }
+    if (nmax) *nmax = nm;
+    return v;
+}
+static int device_is_sm90(void) {
+    static int v = -1;
+    if (v < 0) {
+        int dev = 0, major = 0;
+        v = cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major == 9 &&
+            fm_cuda_wgmma_built();
+    }
+    return v;
+}
+static int wg_applies(int nmat, int enc) { return (wg_env(NULL) & (nmat == 2 ? 2 : 1)) && enc && device_is_sm90(); }
+
+typedef void (*fm_wgfn)(fm_expert_params, int, int);
+static fm_wgfn pick_wg(int nmat, int mx, int nmax) {
+    static const fm_wgfn k[2][2][2] = {
+        {{fm_expert_wg_kernel<1, false, 2>, fm_expert_wg_kernel<1, false, 4>},
+         {fm_expert_wg_kernel<1, true, 2>, fm_expert_wg_kernel<1, true, 4>}},
+        {{fm_expert_wg_kernel<2, false, 2>, fm_expert_wg_kernel<2, false, 4>},
+         {fm_expert_wg_kernel<2, true, 2>, fm_expert_wg_kernel<2, true, 4>}}};
+    return k[nmat == 2][mx ? 1 : 0][nmax > 2 ? 1 : 0];
+}
+
+static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nmax, cudaStream_t s) {
+    const fm_dmat *m = nmat == 2 ? &p->gate : &p->down;
+    const fm_dmat *sm = nmat == 2 ? &p->sgate : &p->sdown;
+    const int nrb = (m->rows_p + 63) / 64;
+    const int nrb_s = sm->n ? (sm->rows_p + 63) / 64 : 0;
+    fm_expert_params q = *p;
+    q.sh_chunk = 8 * nmax;
+    q.sh_chunks = nrb_s > 0 ? (p->T + q.sh_chunk - 1) / q.sh_chunk : 0;
+    int64_t sh_blocks = (int64_t)nrb_s * q.sh_chunks;
+    int64_t blocks = (int64_t)p->max_active * nrb + sh_blocks;
+    if (blocks <= 0) return FM_OK;
+    if (blocks > 0x7fffffff) return fm_error(FM_E_RANGE, "CUDA grid of %lld blocks is too large", (long long)blocks);
+    q.sh_blocks = (int)sh_blocks;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = dim3((unsigned)blocks);
+    cfg.blockDim = dim3(128);
+    cfg.dynamicSmemBytes = (size_t)FM_WG_STAGES * wg_stage_bytes(nmax);
+    cfg.stream = s;
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    FM_CU(cudaLaunchKernelEx(&cfg, pick_wg(nmat, p->mx, nmax), q, 4, 1));
+    FM_CU_LAUNCH(nmat == 2 ? "fm_expert_wg_kernel (gate/up)" : "fm_expert_wg_kernel (down)");
+    return FM_OK;
+}
+
 static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int nmat, cudaStream_t s) {
+    if (c->pipe == FM_PIPE_WGMMA) return launch_wg(p, nmat, c->pdl, c->nt > 2 ? 4 : 2, s);
+    if (wg_applies(nmat, (nmat == 2 ? &p->gate : &p->down)->enc)) {
+        int nmax = 4;
+        wg_env(&nmax);
+        return launch_wg(p, nmat, c->pdl, nmax, s);
+    }
     if ((c->nt != 1 && c->nt != 2 && c->nt != 4) || c->warps < 1 || c->warps > 8 || c->ksplit < 1 ||
         c->warps % c->ksplit)
         return fm_error(FM_E_ARG, "invalid CUDA kernel config: tile_n %d, warps %d, k_split %d", c->nt * 8, c->warps,
@@ -655,6 +1076,13 @@ static const char *pipe_name(int pipe) {
     return pipe == FM_PIPE_CP_ASYNC ? "cp.async x3" : pipe == FM_PIPE_REGS_XG ? "regs x2, x per K step" : "regs x2";
 }
 extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char *buf, size_t cap) {
+    if (c->pipe == FM_PIPE_WGMMA) {
+        snprintf(buf, cap,
+                 "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16 from registers x shared memory, "
+                 "a warpgroup of 64 rows, up to %d tokens per pass)",
+                 mx ? "mxfp4" : "nvfp4", c->nt > 2 ? 32 : 16);
+        return buf;
+    }
     int gu = c->pipe, dn = c->pipe;
     if (c->pipe == FM_PIPE_REGS2) {
         if (use_xg(2, c->nt)) gu = FM_PIPE_REGS_XG;
@@ -667,12 +1095,43 @@ extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char
         snprintf(buf, cap,
                  "fm_expert_kernel<nt%d,%s> gate_up (%s) + down (%s) (mma.m16n8k16 bf16, %d warps, k_split %d)", c->nt,
                  mx ? "mxfp4" : "nvfp4", pipe_name(gu), pipe_name(dn), c->warps, c->ksplit);
+    if (wg_env(NULL) && device_is_sm90()) {
+        int nmax = 4, v = wg_env(&nmax);
+        size_t n = strlen(buf);
+        snprintf(buf + n, cap > n ? cap - n : 0, "; %s%s%s: fm_expert_wg_kernel (wgmma.m64nNk16 bf16, 64 rows, 8-%d "
+                 "tokens per pass; FP4MOE_CUDA_WG, v6 word order only)",
+                 v & 2 ? "gate_up" : "", v == 3 ? "+" : "", v & 1 ? "down" : "", 8 * nmax);
+    }
     fm_launch_cfg d;
     if (down_override(c, &d)) {
         size_t n = strlen(buf);
         snprintf(buf + n, cap > n ? cap - n : 0, "; down %d warps, k_split %d (FP4MOE_CUDA_DOWN)", d.warps, d.ksplit);
     }
     return buf;
+}
+
+__global__ void fm_wg_probe_kernel(int *out) {
+#ifdef FM_HAVE_WGMMA
+    *out = 1;
+#else
+    *out = 0;
+#endif
+}
+/* Cached after the first call (made when an engine is created, outside any
+ * capture): one build, one kind of device per process. */
+extern "C" int fm_cuda_wgmma_built(void) {
+    static int v = -1;
+    if (v >= 0) return v;
+    int *d = NULL, h = 0;
+    if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) {
+        cudaGetLastError();
+        return v = 0;
+    }
+    fm_wg_probe_kernel<<<1, 1>>>(d);
+    if (cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess) h = 0;
+    cudaFree(d);
+    cudaGetLastError();
+    return v = h;
 }
 
 /* ------------------------------------------------ bandwidth measurement */

@@ -525,7 +525,7 @@ static fm_status run_cuda(run_ctx *c) {
         fm_tune_provenance_line(&key, o->batches[bi], &ch, line, sizeof line);
         int wr = snprintf(p->provenance + plen, sizeof p->provenance - plen, "%s%s", plen ? "\n" : "", line);
         if (wr > 0 && (size_t)wr < sizeof p->provenance - plen) plen += (size_t)wr;
-        if (ch.cfg.path == FM_PATH_LARGE) tiles[bi] = ch.cfg.tile_n;
+        if (ch.cfg.path != FM_PATH_SMALL) tiles[bi] = ch.cfg.tile_n;
     }
     p->tile_n = o->tile_n; /* --tile-n models every batch with one tile size */
     if (o->progress && p->provenance[0]) fprintf(o->progress, "%s\n", p->provenance);

@@ -31,12 +31,15 @@ void fm_tune_now_iso(char *buf, size_t cap) {
     strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
-const char *fm_tune_path_token(fm_kernel_path p) { return p == FM_PATH_LARGE ? "large" : "small"; }
+const char *fm_tune_path_token(fm_kernel_path p) {
+    return p == FM_PATH_WGMMA ? "wgmma" : p == FM_PATH_LARGE ? "large" : "small";
+}
 
 int fm_tune_path_from_token(const char *s) {
     if (!s) return -1;
     if (!strcmp(s, "small")) return FM_PATH_SMALL;
     if (!strcmp(s, "large")) return FM_PATH_LARGE;
+    if (!strcmp(s, "wgmma")) return FM_PATH_WGMMA;
     return -1;
 }
 
@@ -50,7 +53,7 @@ int fm_tune_config_invalid(const fm_kernel_config *c, char *why, size_t cap) {
         {"stages", c->stages, 1, 8},
         {"tile_n", c->tile_n, 1, 256},
     };
-    if (c->path != FM_PATH_SMALL && c->path != FM_PATH_LARGE) {
+    if (c->path != FM_PATH_SMALL && c->path != FM_PATH_LARGE && c->path != FM_PATH_WGMMA) {
         snprintf(why, cap, "path: unknown value %d", (int)c->path);
         return 1;
     }
@@ -133,7 +136,7 @@ static fm_status parse_params(pctx *p, json_t *obj, const char *field, fm_kernel
     memset(c, 0, sizeof *c);
     if ((st = get_str(p, o, "path", path, sizeof path))) goto out;
     int pv = fm_tune_path_from_token(path);
-    if (pv < 0) { st = bad(p, "path", "unknown path '%s' (expected \"small\" or \"large\")", path); goto out; }
+    if (pv < 0) { st = bad(p, "path", "unknown path '%s' (expected \"small\", \"large\" or \"wgmma\")", path); goto out; }
     c->path = (fm_kernel_path)pv;
     if ((st = get_int(p, o, "rows_per_block", 1, 256, &c->rows_per_block))) goto out;
     if ((st = get_int(p, o, "k_split", 1, 64, &c->k_split))) goto out;
