@@ -384,8 +384,9 @@ typedef struct {
 /* WGMMA: the large path's work with Hopper warpgroup MMAs (sm_90; elsewhere
  * the engine runs the large path and says so in the config source). */
 typedef enum { FM_PATH_SMALL = 0, FM_PATH_LARGE = 1, FM_PATH_WGMMA = 2 } fm_kernel_path;
-/* Tokens per expert from which the built-in default takes the wgmma path. */
-#define FM_WGMMA_TPE 4.0
+/* Tokens per expert (B * k / E) from which the built-in default takes the
+ * wgmma path. */
+#define FM_WGMMA_TPE 0.04
 typedef struct {
     fm_kernel_path path;      /* chosen path for this batch bucket        */
     int rows_per_block;       /* weight rows per thread block (small)     */
@@ -542,6 +543,9 @@ double fm_cuda_measure_bandwidth(fm_cuda_engine *e, size_t bytes);
 /* The built-in default config for a shape and batch (owned by src/cuda,
  * compiled without CUDA too, so `explain` works anywhere). */
 fm_kernel_config fm_kernel_config_default(const struct fm_tune_key *key, int T);
+/* The same without the wgmma path (the mma.sync small / large switch): what
+ * runs where the wgmma path cannot. */
+fm_kernel_config fm_kernel_config_default_mma(const struct fm_tune_key *key, int T);
 const char *fm_kernel_path_name(fm_kernel_path p);
 /* @section cuda end */
 

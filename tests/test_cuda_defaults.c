@@ -28,16 +28,20 @@ static void test_consistent(void **state) {
     for (int i = 0; i < 4; i++) {
         fm_tune_key kk = key(Es[i], ks[i]);
         for (int T = 1; T <= 4096; T *= 2) {
-            fm_kernel_config c = fm_kernel_config_default(&kk, T);
+            fm_kernel_config c = fm_kernel_config_default(&kk, T), m = fm_kernel_config_default_mma(&kk, T);
             assert_true(c.warps >= 1 && c.warps <= 8);
             assert_true(c.k_split >= 1 && c.warps % c.k_split == 0);
             assert_int_equal(c.rows_per_block, 16 * (c.warps / c.k_split));
             assert_true(c.tile_n == 8 || c.tile_n == 16 || c.tile_n == 32);
             assert_true(c.stages >= 1);
             double tpe = (double)T * ks[i] / Es[i];
-            assert_int_equal(c.path, tpe < c.switch_tpe  ? FM_PATH_SMALL
-                                     : tpe < FM_WGMMA_TPE ? FM_PATH_LARGE
-                                                          : FM_PATH_WGMMA);
+            /* the mma.sync default switches on switch_tpe; the default is
+             * that below FM_WGMMA_TPE and the wgmma path from there */
+            assert_int_equal(m.path, tpe < m.switch_tpe ? FM_PATH_SMALL : FM_PATH_LARGE);
+            if (tpe < FM_WGMMA_TPE) assert_memory_equal(&c, &m, sizeof c);
+            else assert_int_equal(c.path, FM_PATH_WGMMA);
+            if (m.path == FM_PATH_SMALL) assert_true(m.k_split > 1);
+            else assert_int_equal(m.k_split, 1);
             /* the small path splits K, the large one does not; the wgmma
              * path is one warpgroup of 64 rows */
             if (c.path == FM_PATH_SMALL) assert_true(c.k_split > 1);
@@ -54,10 +58,13 @@ static void test_switch_points(void **state) {
     (void)state;
     fm_tune_key kk = key(256, 6); /* DeepSeek-V4-Flash */
     assert_int_equal(fm_kernel_config_default(&kk, 1).path, FM_PATH_SMALL);   /* 0.023 tokens/expert */
-    assert_int_equal(fm_kernel_config_default(&kk, 64).path, FM_PATH_LARGE);  /* 1.5 */
-    assert_int_equal(fm_kernel_config_default(&kk, 64).tile_n, 8);
-    assert_int_equal(fm_kernel_config_default(&kk, 128).path, FM_PATH_LARGE); /* 3 */
-    assert_int_equal(fm_kernel_config_default(&kk, 128).tile_n, 8);
+    assert_int_equal(fm_kernel_config_default(&kk, 2).path, FM_PATH_WGMMA);   /* 0.047 */
+    assert_int_equal(fm_kernel_config_default(&kk, 2).tile_n, 16);
+    assert_int_equal(fm_kernel_config_default_mma(&kk, 2).path, FM_PATH_SMALL);
+    assert_int_equal(fm_kernel_config_default_mma(&kk, 64).path, FM_PATH_LARGE); /* 1.5 */
+    assert_int_equal(fm_kernel_config_default_mma(&kk, 64).tile_n, 8);
+    assert_int_equal(fm_kernel_config_default_mma(&kk, 512).tile_n, 16);
+    assert_int_equal(fm_kernel_config_default(&kk, 64).path, FM_PATH_WGMMA);
     assert_int_equal(fm_kernel_config_default(&kk, 256).path, FM_PATH_WGMMA); /* 6 */
     assert_int_equal(fm_kernel_config_default(&kk, 256).tile_n, 16);
     assert_int_equal(fm_kernel_config_default(&kk, 512).path, FM_PATH_WGMMA); /* 12 */

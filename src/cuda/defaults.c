@@ -38,11 +38,14 @@ const char *fm_kernel_path_name(fm_kernel_path p) {
  *   block is one warpgroup (4 warps, 64 rows, k_split 1); each warp decodes
  *   its 16 rows as above, and one wgmma.m64nNk16 per 16-wide K step
  *   multiplies the block's 64 rows by up to tile_n (16 or 32) tokens whose
- *   activations the block stages once in shared memory. It pays from about
- *   FM_WGMMA_TPE tokens per expert (H200, DeepSeek-V4-Flash: 8 % faster at
- *   6, 17 % at 12, 7 % slower at 3; docs/perf.md, v14).
+ *   activations the block stages once in shared memory, the weights three
+ *   segments ahead through a shared-memory ring. It pays from FM_WGMMA_TPE
+ *   tokens per expert (H200, DeepSeek-V4-Flash, B * k / E: 0.047 at B = 2,
+ *   6 % faster than the mma.sync paths; 9 - 11 % at B = 4 - 16; 1.5 to 12
+ *   tokens 7 - 22 %; 11 % slower at B = 1, where its 64-row blocks without
+ *   a K split leave the GPU half empty; docs/perf.md, v14 - v15).
  */
-fm_kernel_config fm_kernel_config_default(const struct fm_tune_key *key, int T) {
+fm_kernel_config fm_kernel_config_default_mma(const struct fm_tune_key *key, int T) {
     /* Winners of the variant sweep on an H200 (docs/perf.md, GPU v2):
      * splitting K pays only while almost every expert holds one token;
      * 4-warp blocks beat 8-warp ones; the register double buffer beat the
@@ -64,10 +67,20 @@ fm_kernel_config fm_kernel_config_default(const struct fm_tune_key *key, int T) 
         c.k_split = 1;
         c.rows_per_block = 64;
         if (tpe >= 8.0) c.tile_n = 16;
-        if (tpe >= FM_WGMMA_TPE) {
-            c.path = FM_PATH_WGMMA;
-            c.tile_n = tpe >= 10.0 ? 32 : 16;
-        }
+    }
+    return c;
+}
+
+fm_kernel_config fm_kernel_config_default(const struct fm_tune_key *key, int T) {
+    fm_kernel_config c = fm_kernel_config_default_mma(key, T);
+    double tpe = 1.0;
+    if (key && key->E > 0 && key->k > 0 && T > 0) tpe = (double)T * key->k / key->E;
+    if (tpe >= FM_WGMMA_TPE) {
+        c.path = FM_PATH_WGMMA;
+        c.warps = 4;
+        c.k_split = 1;
+        c.rows_per_block = 64;
+        c.tile_n = tpe >= 10.0 ? 32 : 16;
     }
     return c;
 }

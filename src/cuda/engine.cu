@@ -223,10 +223,8 @@ static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kern
             return;
         }
         size_t n = strlen(src);
-        snprintf(src + n, cap > n ? cap - n : 0, " (wgmma path %s: large path with 4 warps used)", why);
-        cfg->path = FM_PATH_LARGE;
-        cfg->warps = 4;
-        cfg->k_split = 1;
+        snprintf(src + n, cap > n ? cap - n : 0, " (wgmma path %s: the built-in mma.sync default used)", why);
+        *cfg = fm_kernel_config_default_mma(&key, T);
     }
     int nt = cfg->tile_n <= 8 ? 1 : cfg->tile_n <= 16 ? 2 : 4;
     int w = cfg->warps, ks = cfg->k_split;

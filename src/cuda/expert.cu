@@ -540,7 +540,10 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
  * activations are read from global memory once per block instead of once
  * per warp, and no token tile is decoded twice.
  *
- * Shared memory: a ring of FM_WG_STAGES segments (128 K each). Within a
+ * Shared memory: a ring of segments (128 K each) of activations and, per
+ * warp, of its weight tiles and scales (cp.async, three segments ahead:
+ * the bytes in flight per warp that the register double buffer could not
+ * hold; FP4MOE_CUDA_WG_WRING=0 keeps that buffer for A/B). Within a
  * segment, K step j (16 values) is a K-major, unswizzled wgmma operand:
  * 8-token x 8-value core matrices of 128 bytes, the two K halves 128 bytes
  * apart (leading byte offset) and consecutive 8-token groups 256 bytes apart
@@ -554,12 +557,17 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FM_HAVE_WGMMA 1
 #endif
-/* ring stages: every segment's MMAs are retired before the next segment is
- * decoded (leaving one in flight kept more registers live than the gate/up
- * kernel has) */
-#define FM_WG_STAGES 3
 static constexpr FM_HD int wg_step_bytes(int n8) { return n8 * 256 + 16; }
 static constexpr FM_HD int wg_stage_bytes(int n8) { return 8 * wg_step_bytes(n8); }
+/* Segments copied ahead: 2 with the weights in registers (the register
+ * double buffer), 3 with the weights in the shared-memory ring (WR). */
+static constexpr FM_HD int wg_lookahead(bool wr) { return wr ? 3 : 2; }
+/* One segment of one warp's weight ring: per matrix 1024 bytes of weights
+ * and 128 of scales (64 used by MXFP4). */
+static constexpr FM_HD int wg_wstage_bytes(int nmat) { return nmat * 1152; }
+static constexpr FM_HD int wg_smem_bytes(int nmat, int nmax, bool wr) {
+    return (wg_lookahead(wr) + 1) * (wg_stage_bytes(nmax) + (wr ? 4 * wg_wstage_bytes(nmat) : 0));
+}
 
 #ifdef FM_HAVE_WGMMA
 static __device__ __forceinline__ void wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -626,6 +634,8 @@ struct wg_mma<4> {
  * pass body instantiated for the pass's token count). */
 struct fm_wg_pass {
     const uint8_t *pa[2], *pb[2], *sa[2], *sb[2];
+    const uint8_t *st[2];  /* the scale tile of the warp's rows at segment 0 */
+    uint32_t wring_off;    /* byte offset of the weight rings (WR)           */
     const uint16_t *src_base;
     int64_t src_stride;
     int nseg, pos0, cnt, pass0, e, rowA, rowB, rows, rows_p;
@@ -636,17 +646,21 @@ struct fm_wg_pass {
 
 /* One pass: up to 8 * N8 tokens of the block's expert through its 64 rows,
  * over the whole K. */
-template <int N8, int NMAT, bool MX>
+template <int N8, int NMAT, bool MX, bool WR>
 static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, const fm_wg_pass &w, uint8_t *smem) {
 #ifdef FM_HAVE_WGMMA
     constexpr int STEP = wg_step_bytes(N8), STAGE = wg_stage_bytes(N8);
     constexpr int NIT = N8;            /* staging items (16-byte pieces) per thread */
-    /* LA segments of activations copied ahead; the stage refilled at
-     * segment s last held segment s - 1, whose MMAs every warp retired
-     * before the barrier of segment s */
-    constexpr int LA = 2, NSTG = FM_WG_STAGES;
-    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    /* LA segments copied ahead (activations, and with WR the weights and
+     * scales too); the stage refilled at segment s last held segment s - 1,
+     * whose MMAs every warp retired before the barrier of segment s */
+    constexpr int LA = wg_lookahead(WR), NSTG = LA + 1, WST = wg_wstage_bytes(NMAT);
+    constexpr int SPR = MX ? 4 : 8;
+    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3, wi = tid >> 5;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
+    /* WR: this warp's ring of weight tiles (1024 bytes) and their scales */
+    const uint32_t wr_s = sbase + w.wring_off + wi * (NSTG * WST);
+    const uint8_t *wr_g = smem + w.wring_off + wi * (NSTG * WST);
 
     /* staging by cp.async, 4 bytes at a time (the reorder above): item
      * it = (token n = it / 16, 16-byte piece u = it % 16); tokens past the
@@ -678,6 +692,14 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
                 cp_async_small<4>(st_ + xoff[k] + STEP, q_ + 8, v_);                                       \
                 cp_async_small<4>(st_ + xoff[k] + STEP + 128, q_ + 12, v_);                                \
             }                                                                                              \
+            if (WR) {                                                                                      \
+                _Pragma("unroll") for (int m = 0; m < NMAT; m++) {                                         \
+                    const uint32_t d_ = wr_s + ((S) % NSTG) * WST + m * 1152;                              \
+                    cp_async16(d_ + lane * 16, w.pa[m] + (int64_t)(S) * 1024, true);                       \
+                    cp_async16(d_ + 512 + lane * 16, w.pb[m] + (int64_t)(S) * 1024, true);                 \
+                    if (lane < SPR) cp_async16(d_ + 1024 + lane * 16, w.st[m] + (int64_t)(S) * (16 * SPR) + lane * 16, true); \
+                }                                                                                          \
+            }                                                                                              \
         }                                                                                                  \
         cp_async_commit();                                                                                 \
     } while (0)
@@ -702,13 +724,13 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
         }                                                                                                  \
     }
     const int nseg = w.nseg;
-    FM_WG_WLOAD(0, wa, wb, ca, cb)
+    if (!WR) { FM_WG_WLOAD(0, wa, wb, ca, cb) }
 #pragma unroll
     for (int j = 0; j < LA; j++) FM_WG_XCOPY(j);
 #pragma unroll 1
     for (int s = 0; s < nseg; s++) {
         const bool more = s + 1 < nseg;
-        if (more) { FM_WG_WLOAD(s + 1, na, nb, nca, ncb) }
+        if (!WR && more) { FM_WG_WLOAD(s + 1, na, nb, nca, ncb) }
         /* this thread's pieces of segment s have landed; after the barrier
          * everyone's have, and every warp is past the wait that retired the
          * MMAs that last read the stage refilled next */
@@ -716,6 +738,21 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
         fence_proxy_async();
         __syncthreads();
         FM_WG_XCOPY(s + LA);
+        if (WR) {
+            const uint8_t *wp = wr_g + (s % NSTG) * WST;
+#pragma unroll
+            for (int m = 0; m < NMAT; m++) {
+                wa[m] = *(const uint4 *)(wp + m * 1152 + lane * 16);
+                wb[m] = *(const uint4 *)(wp + m * 1152 + 512 + lane * 16);
+                if (MX) {
+                    ca[m] = wp[m * 1152 + 1024 + g * 4 + t];
+                    cb[m] = wp[m * 1152 + 1024 + (g + 8) * 4 + t];
+                } else {
+                    ca[m] = *(const uint16_t *)(wp + m * 1152 + 1024 + g * 8 + 2 * t);
+                    cb[m] = *(const uint16_t *)(wp + m * 1152 + 1024 + (g + 8) * 8 + 2 * t);
+                }
+            }
+        }
         uint32_t SA[NMAT][2], SB[NMAT][2];
 #pragma unroll
         for (int m = 0; m < NMAT; m++) {
@@ -750,8 +787,10 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
             if (d < 3) wg_wait<1>();
         }
         wg_wait<0>();
+        if (!WR) {
 #pragma unroll
-        for (int m = 0; m < NMAT; m++) { wa[m] = na[m]; wb[m] = nb[m]; ca[m] = nca[m]; cb[m] = ncb[m]; }
+            for (int m = 0; m < NMAT; m++) { wa[m] = na[m]; wb[m] = nb[m]; ca[m] = nca[m]; cb[m] = ncb[m]; }
+        }
     }
     wg_wait<0>();
     cp_async_wait<0>();
@@ -791,11 +830,12 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
 
 /* Block = one warpgroup, 64 rows; work items as in fm_expert_kernel (the
  * launch sizes the grid with 32-token passes). Needs sm_90a: elsewhere the
- * body is empty and the host never launches it (fm_cuda_wgmma_ok). */
-/* NMAX: most 8-token groups per pass (2 or 4); gate/up with 4 needs 168
- * registers (3 blocks per SM), everything else fits 4 blocks per SM */
-static constexpr int fm_wg_min_blocks(int nmat, int nmax) { return nmat == 2 && nmax > 2 ? 3 : 4; }
-template <int NMAT, bool MX, int NMAX>
+ * body is empty and the host never launches it (fm_cuda_wgmma_built). */
+/* NMAX: most 8-token groups per pass (2 or 4); WR: weights through the
+ * shared-memory ring. Gate/up with NMAX 4 needs 160-168 registers (3 blocks
+ * per SM), with 2 128; down fits 100 (5 blocks, when shared memory allows). */
+static constexpr int fm_wg_min_blocks(int nmat, int nmax) { return nmat == 2 ? (nmax > 2 ? 3 : 4) : 5; }
+template <int NMAT, bool MX, int NMAX, bool WR>
 __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT, NMAX)) fm_expert_wg_kernel(fm_expert_params p, int W, int KS) {
 #ifdef FM_HAVE_WGMMA
     extern __shared__ __align__(128) uint8_t wg_smem[];
@@ -856,18 +896,20 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT, NMAX)) fm_expert_w
         const uint8_t *sbase = (m == 0 ? dA.scales : dB.scales) + (int64_t)e * (m == 0 ? dA.sstride : dB.sstride);
         w.pa[m] = base + tile0 * 1024 + lane * 16;
         w.pb[m] = w.pa[m] + 512;
-        w.sa[m] = sbase + tile0 * 16 * spr + g * spr + (MX ? t : 2 * t);
+        w.st[m] = sbase + tile0 * 16 * spr;
+        w.sa[m] = w.st[m] + g * spr + (MX ? t : 2 * t);
         w.sb[m] = w.sa[m] + 8 * spr;
     }
+    w.wring_off = (uint32_t)((wg_lookahead(WR) + 1) * wg_stage_bytes(NMAX));
     w.src_base = NMAT == 2 ? p.x_prep : p.h;
     w.src_stride = NMAT == 2 ? p.Hp : p.hstride;
     for (int pass0 = pbeg; pass0 < pend; pass0 += 8 * NMAX) {
         w.pass0 = pass0;
         const int n8 = (min(8 * NMAX, pend - pass0) + 7) >> 3;
-        if (n8 == 1) wg_pass_body<1, NMAT, MX>(p, w, wg_smem);
-        else if (n8 == 2 || NMAX == 2) wg_pass_body<2, NMAT, MX>(p, w, wg_smem);
-        else if (n8 == 3) wg_pass_body<NMAX == 2 ? 2 : 3, NMAT, MX>(p, w, wg_smem);
-        else wg_pass_body<NMAX == 2 ? 2 : 4, NMAT, MX>(p, w, wg_smem);
+        if (n8 == 1) wg_pass_body<1, NMAT, MX, WR>(p, w, wg_smem);
+        else if (n8 == 2 || NMAX == 2) wg_pass_body<2, NMAT, MX, WR>(p, w, wg_smem);
+        else if (n8 == 3) wg_pass_body<NMAX == 2 ? 2 : 3, NMAT, MX, WR>(p, w, wg_smem);
+        else wg_pass_body<NMAX == 2 ? 2 : 4, NMAT, MX, WR>(p, w, wg_smem);
         __syncthreads(); /* the next pass restages the ring */
     }
 #else
@@ -944,13 +986,23 @@ static int device_is_sm90(void) {
 static int wg_applies(int nmat, int enc) { return (wg_env(NULL) & (nmat == 2 ? 2 : 1)) && enc && device_is_sm90(); }
 
 typedef void (*fm_wgfn)(fm_expert_params, int, int);
-static fm_wgfn pick_wg(int nmat, int mx, int nmax) {
-    static const fm_wgfn k[2][2][2] = {
-        {{fm_expert_wg_kernel<1, false, 2>, fm_expert_wg_kernel<1, false, 4>},
-         {fm_expert_wg_kernel<1, true, 2>, fm_expert_wg_kernel<1, true, 4>}},
-        {{fm_expert_wg_kernel<2, false, 2>, fm_expert_wg_kernel<2, false, 4>},
-         {fm_expert_wg_kernel<2, true, 2>, fm_expert_wg_kernel<2, true, 4>}}};
-    return k[nmat == 2][mx ? 1 : 0][nmax > 2 ? 1 : 0];
+#define FM_WGK(NMAT, MX, WR) {fm_expert_wg_kernel<NMAT, MX, 2, WR>, fm_expert_wg_kernel<NMAT, MX, 4, WR>}
+static fm_wgfn pick_wg(int nmat, int mx, int nmax, int wr) {
+    static const fm_wgfn k[2][2][2][2] = {
+        {{FM_WGK(1, false, false), FM_WGK(1, false, true)}, {FM_WGK(1, true, false), FM_WGK(1, true, true)}},
+        {{FM_WGK(2, false, false), FM_WGK(2, false, true)}, {FM_WGK(2, true, false), FM_WGK(2, true, true)}}};
+    return k[nmat == 2][mx ? 1 : 0][wr ? 1 : 0][nmax > 2 ? 1 : 0];
+}
+#undef FM_WGK
+/* FP4MOE_CUDA_WG_WRING=0: weights through the register double buffer
+ * instead of the shared-memory ring (A/B). Read once. */
+static int wg_wring(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *env = getenv("FP4MOE_CUDA_WG_WRING");
+        v = env && *env ? atoi(env) != 0 : 1;
+    }
+    return v;
 }
 
 static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nmax, cudaStream_t s) {
@@ -970,13 +1022,24 @@ static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nma
     cudaLaunchAttribute attr[1];
     cfg.gridDim = dim3((unsigned)blocks);
     cfg.blockDim = dim3(128);
-    cfg.dynamicSmemBytes = (size_t)FM_WG_STAGES * wg_stage_bytes(nmax);
+    const int wr = wg_wring();
+    const size_t smem = (size_t)wg_smem_bytes(nmat, nmax, wr != 0);
+    fm_wgfn fn = pick_wg(nmat, p->mx, nmax, wr);
+    if (smem > 48 * 1024) {
+        cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (err != cudaSuccess) {
+            cudaGetLastError();
+            return fm_error(FM_E_CUDA, "cudaFuncSetAttribute(%zu bytes of shared memory, wgmma kernel): %s", smem,
+                            cudaGetErrorString(err));
+        }
+    }
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
-    FM_CU(cudaLaunchKernelEx(&cfg, pick_wg(nmat, p->mx, nmax), q, 4, 1));
+    FM_CU(cudaLaunchKernelEx(&cfg, fn, q, 4, 1));
     FM_CU_LAUNCH(nmat == 2 ? "fm_expert_wg_kernel (gate/up)" : "fm_expert_wg_kernel (down)");
     return FM_OK;
 }

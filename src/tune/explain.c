@@ -220,7 +220,7 @@ fm_status fm_explain(const fm_explain_opts *o, char **out) {
                                                   fm_kernel_path_name(FM_PATH_LARGE), "when", "many tokens per expert (switch_tpe and above)"));
             json_array_append_new(cons, json_pack("{s:s, s:s, s:s}", "path", "wgmma", "kernel",
                                                   fm_kernel_path_name(FM_PATH_WGMMA), "when",
-                                                  "sm_90, about 4 or more tokens per expert"));
+                                                  "sm_90, from B*k/E = 0.04 tokens per expert"));
             json_object_set_new(e, "considered", cons);
             json_object_set_new(e, "switch_tpe", json_real(def.switch_tpe));
             json_object_set_new(e, "mean_tokens_per_expert", json_real(mean_tpe));
@@ -252,7 +252,7 @@ fm_status fm_explain(const fm_explain_opts *o, char **out) {
                       "                   large path%s%s%s: tensor-core tiles of tile_n tokens per expert;\n"
                       "                     for many tokens per expert (switch_tpe and above)\n"
                       "                   wgmma path%s%s%s: the large path's work with Hopper warpgroup MMAs,\n"
-                      "                     64 rows x up to tile_n tokens per instruction; sm_90, about 4+ tokens per expert\n",
+                      "                     64 rows x up to tile_n tokens per instruction; sm_90, from B*k/E = 0.04\n",
                   PATH_KERNEL(FM_PATH_SMALL), PATH_KERNEL(FM_PATH_LARGE), PATH_KERNEL(FM_PATH_WGMMA));
         sb_printf(&b, "  default          built-in: %s path (switch_tpe %g; mean tokens per expert B*k/E = %.2f)\n"
                       "                   %s\n",
