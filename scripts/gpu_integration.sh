@@ -70,7 +70,7 @@ PY
     t test_dist_nccl 60 "$BIN/test_dist_nccl"
     t cpu_isa_check 60 "$BIN/cpu_isa_check"
     mkdir -p "$OUT/configs"
-    [ "${FM_TUNE:-1}" = 1 ] && t tune ${TUNE_TIMEOUT:-150} "$BIN/fp4moe" tune --all-presets --batch 1,4,16,64,256,512 --out "$OUT/configs" --budget-s "${TUNE_BUDGET:-6}"
+    [ "${FM_TUNE:-1}" = 1 ] && t tune ${TUNE_TIMEOUT:-150} "$BIN/fp4moe" tune --all-presets --batch ${TUNE_BATCH:-1,2,4,8,16,32,64,128,256,512} --out "$OUT/configs" --budget-s "${TUNE_BUDGET:-6}"
     t tune_summary 30 "$BIN/fp4moe" tune --summary "$OUT/configs"
     t cli_bench_dsv4_tuned 120 env FP4MOE_CONFIG_DIR="$OUT/configs" "$BIN/fp4moe" bench --device cuda \
         --preset deepseek-v4-flash --batch 1,2,4,8,16,32,64,128,256,512 --layers 8

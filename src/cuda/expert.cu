@@ -542,8 +542,8 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
  *
  * Shared memory: a ring of segments (128 K each) of activations and, per
  * warp, of its weight tiles and scales (cp.async, three segments ahead:
- * the bytes in flight per warp that the register double buffer could not
- * hold; FP4MOE_CUDA_WG_WRING=0 keeps that buffer for A/B). Within a
+ * more bytes in flight per warp than the register double buffer of the
+ * mma.sync kernel holds, and no registers spent on them). Within a
  * segment, K step j (16 values) is a K-major, unswizzled wgmma operand:
  * 8-token x 8-value core matrices of 128 bytes, the two K halves 128 bytes
  * apart (leading byte offset) and consecutive 8-token groups 256 bytes apart
@@ -559,14 +559,14 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
 #endif
 static constexpr FM_HD int wg_step_bytes(int n8) { return n8 * 256 + 16; }
 static constexpr FM_HD int wg_stage_bytes(int n8) { return 8 * wg_step_bytes(n8); }
-/* Segments copied ahead: 2 with the weights in registers (the register
- * double buffer), 3 with the weights in the shared-memory ring (WR). */
-static constexpr FM_HD int wg_lookahead(bool wr) { return wr ? 3 : 2; }
+/* Segments copied ahead: 3, or 2 in the OCC variant (more blocks per SM,
+ * fewer bytes in flight per warp). */
+static constexpr FM_HD int wg_lookahead(bool occ) { return occ ? 2 : 3; }
 /* One segment of one warp's weight ring: per matrix 1024 bytes of weights
  * and 128 of scales (64 used by MXFP4). */
 static constexpr FM_HD int wg_wstage_bytes(int nmat) { return nmat * 1152; }
-static constexpr FM_HD int wg_smem_bytes(int nmat, int nmax, bool wr) {
-    return (wg_lookahead(wr) + 1) * (wg_stage_bytes(nmax) + (wr ? 4 * wg_wstage_bytes(nmat) : 0));
+static constexpr FM_HD int wg_smem_bytes(int nmat, int nmax, bool occ) {
+    return (wg_lookahead(occ) + 1) * (wg_stage_bytes(nmax) + 4 * wg_wstage_bytes(nmat));
 }
 
 #ifdef FM_HAVE_WGMMA
@@ -646,19 +646,19 @@ struct fm_wg_pass {
 
 /* One pass: up to 8 * N8 tokens of the block's expert through its 64 rows,
  * over the whole K. */
-template <int N8, int NMAT, bool MX, bool WR>
+template <int N8, int NMAT, bool MX, bool OCC>
 static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, const fm_wg_pass &w, uint8_t *smem) {
 #ifdef FM_HAVE_WGMMA
     constexpr int STEP = wg_step_bytes(N8), STAGE = wg_stage_bytes(N8);
     constexpr int NIT = N8;            /* staging items (16-byte pieces) per thread */
-    /* LA segments copied ahead (activations, and with WR the weights and
-     * scales too); the stage refilled at segment s last held segment s - 1,
-     * whose MMAs every warp retired before the barrier of segment s */
-    constexpr int LA = wg_lookahead(WR), NSTG = LA + 1, WST = wg_wstage_bytes(NMAT);
+    /* LA segments copied ahead (activations, weights, scales); the stage
+     * refilled at segment s last held segment s - 1, whose MMAs every warp
+     * retired before the barrier of segment s */
+    constexpr int LA = wg_lookahead(OCC), NSTG = LA + 1, WST = wg_wstage_bytes(NMAT);
     constexpr int SPR = MX ? 4 : 8;
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3, wi = tid >> 5;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
-    /* WR: this warp's ring of weight tiles (1024 bytes) and their scales */
+    /* this warp's ring of weight tiles (1024 bytes) and their scales */
     const uint32_t wr_s = sbase + w.wring_off + wi * (NSTG * WST);
     const uint8_t *wr_g = smem + w.wring_off + wi * (NSTG * WST);
 
@@ -692,13 +692,11 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
                 cp_async_small<4>(st_ + xoff[k] + STEP, q_ + 8, v_);                                       \
                 cp_async_small<4>(st_ + xoff[k] + STEP + 128, q_ + 12, v_);                                \
             }                                                                                              \
-            if (WR) {                                                                                      \
-                _Pragma("unroll") for (int m = 0; m < NMAT; m++) {                                         \
-                    const uint32_t d_ = wr_s + ((S) % NSTG) * WST + m * 1152;                              \
-                    cp_async16(d_ + lane * 16, w.pa[m] + (int64_t)(S) * 1024, true);                       \
-                    cp_async16(d_ + 512 + lane * 16, w.pb[m] + (int64_t)(S) * 1024, true);                 \
-                    if (lane < SPR) cp_async16(d_ + 1024 + lane * 16, w.st[m] + (int64_t)(S) * (16 * SPR) + lane * 16, true); \
-                }                                                                                          \
+            _Pragma("unroll") for (int m = 0; m < NMAT; m++) {                                             \
+                const uint32_t d_ = wr_s + ((S) % NSTG) * WST + m * 1152;                                  \
+                cp_async16(d_ + lane * 16, w.pa[m] + (int64_t)(S) * 1024, true);                           \
+                cp_async16(d_ + 512 + lane * 16, w.pb[m] + (int64_t)(S) * 1024, true);                     \
+                if (lane < SPR) cp_async16(d_ + 1024 + lane * 16, w.st[m] + (int64_t)(S) * (16 * SPR) + lane * 16, true); \
             }                                                                                              \
         }                                                                                                  \
         cp_async_commit();                                                                                 \
@@ -709,28 +707,13 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
 #pragma unroll
         for (int i = 0; i < 4 * N8; i++) acc[m][i] = 0.0f;
 
-    uint4 wa[NMAT], wb[NMAT], na[NMAT], nb[NMAT];
-    uint32_t ca[NMAT], cb[NMAT], nca[NMAT], ncb[NMAT];
-#define FM_WG_WLOAD(S, WA, WB, CA, CB)                                                                     \
-    _Pragma("unroll") for (int m = 0; m < NMAT; m++) {                                                     \
-        WA[m] = ld_stream(w.pa[m] + (int64_t)(S) * 1024);                                                  \
-        WB[m] = ld_stream(w.pb[m] + (int64_t)(S) * 1024);                                                  \
-        if (MX) {                                                                                          \
-            CA[m] = __ldg(w.sa[m] + (int64_t)(S) * 64);                                                    \
-            CB[m] = __ldg(w.sb[m] + (int64_t)(S) * 64);                                                    \
-        } else {                                                                                           \
-            CA[m] = __ldg((const unsigned short *)(w.sa[m] + (int64_t)(S) * 128));                          \
-            CB[m] = __ldg((const unsigned short *)(w.sb[m] + (int64_t)(S) * 128));                          \
-        }                                                                                                  \
-    }
+    uint4 wa[NMAT], wb[NMAT];
+    uint32_t ca[NMAT], cb[NMAT];
     const int nseg = w.nseg;
-    if (!WR) { FM_WG_WLOAD(0, wa, wb, ca, cb) }
 #pragma unroll
     for (int j = 0; j < LA; j++) FM_WG_XCOPY(j);
 #pragma unroll 1
     for (int s = 0; s < nseg; s++) {
-        const bool more = s + 1 < nseg;
-        if (!WR && more) { FM_WG_WLOAD(s + 1, na, nb, nca, ncb) }
         /* this thread's pieces of segment s have landed; after the barrier
          * everyone's have, and every warp is past the wait that retired the
          * MMAs that last read the stage refilled next */
@@ -738,7 +721,7 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
         fence_proxy_async();
         __syncthreads();
         FM_WG_XCOPY(s + LA);
-        if (WR) {
+        {
             const uint8_t *wp = wr_g + (s % NSTG) * WST;
 #pragma unroll
             for (int m = 0; m < NMAT; m++) {
@@ -782,20 +765,19 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
                 wg_mma<N8>::run(acc[m], ra[m][2], rb[m][2], ra[m][3], rb[m][3], wg_desc(st_addr + (2 * d + 1) * STEP));
             }
             /* a group per 32-wide K step: waiting for the previous one keeps
-             * two steps of A fragments live instead of a segment's */
+             * two steps of A fragments live instead of a segment's (OCC: one,
+             * for the registers of a fourth / sixth block per SM) */
             wg_commit();
-            if (d < 3) wg_wait<1>();
+            if (d < 3) {
+                if (OCC) wg_wait<0>();
+                else wg_wait<1>();
+            }
         }
         wg_wait<0>();
-        if (!WR) {
-#pragma unroll
-            for (int m = 0; m < NMAT; m++) { wa[m] = na[m]; wb[m] = nb[m]; ca[m] = nca[m]; cb[m] = ncb[m]; }
-        }
     }
     wg_wait<0>();
     cp_async_wait<0>();
 #undef FM_WG_XCOPY
-#undef FM_WG_WLOAD
     if (!w.wv) return;
 #pragma unroll
     for (int n = 0; n < N8; n++) {
@@ -831,12 +813,15 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
 /* Block = one warpgroup, 64 rows; work items as in fm_expert_kernel (the
  * launch sizes the grid with 32-token passes). Needs sm_90a: elsewhere the
  * body is empty and the host never launches it (fm_cuda_wgmma_built). */
-/* NMAX: most 8-token groups per pass (2 or 4); WR: weights through the
- * shared-memory ring. Gate/up with NMAX 4 needs 160-168 registers (3 blocks
- * per SM), with 2 128; down fits 100 (5 blocks, when shared memory allows). */
-static constexpr int fm_wg_min_blocks(int nmat, int nmax) { return nmat == 2 ? (nmax > 2 ? 3 : 4) : 5; }
-template <int NMAT, bool MX, int NMAX, bool WR>
-__global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT, NMAX)) fm_expert_wg_kernel(fm_expert_params p, int W, int KS) {
+/* NMAX: most 8-token groups per pass (2 or 4). Gate/up with NMAX 4 needs
+ * 160 registers (3 blocks per SM), with 2 128; down 100. OCC: one K step of
+ * MMAs in flight and two segments copied ahead, for 4 gate/up and 6 down
+ * blocks per SM where shared memory allows. */
+static constexpr int fm_wg_min_blocks(int nmat, int nmax, bool occ) {
+    return occ ? (nmat == 2 ? 4 : 6) : nmat == 2 ? (nmax > 2 ? 3 : 4) : 5;
+}
+template <int NMAT, bool MX, int NMAX, bool OCC>
+__global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT, NMAX, OCC)) fm_expert_wg_kernel(fm_expert_params p, int W, int KS) {
 #ifdef FM_HAVE_WGMMA
     extern __shared__ __align__(128) uint8_t wg_smem[];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
@@ -900,16 +885,16 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT, NMAX)) fm_expert_w
         w.sa[m] = w.st[m] + g * spr + (MX ? t : 2 * t);
         w.sb[m] = w.sa[m] + 8 * spr;
     }
-    w.wring_off = (uint32_t)((wg_lookahead(WR) + 1) * wg_stage_bytes(NMAX));
+    w.wring_off = (uint32_t)((wg_lookahead(OCC) + 1) * wg_stage_bytes(NMAX));
     w.src_base = NMAT == 2 ? p.x_prep : p.h;
     w.src_stride = NMAT == 2 ? p.Hp : p.hstride;
     for (int pass0 = pbeg; pass0 < pend; pass0 += 8 * NMAX) {
         w.pass0 = pass0;
         const int n8 = (min(8 * NMAX, pend - pass0) + 7) >> 3;
-        if (n8 == 1) wg_pass_body<1, NMAT, MX, WR>(p, w, wg_smem);
-        else if (n8 == 2 || NMAX == 2) wg_pass_body<2, NMAT, MX, WR>(p, w, wg_smem);
-        else if (n8 == 3) wg_pass_body<NMAX == 2 ? 2 : 3, NMAT, MX, WR>(p, w, wg_smem);
-        else wg_pass_body<NMAX == 2 ? 2 : 4, NMAT, MX, WR>(p, w, wg_smem);
+        if (n8 == 1) wg_pass_body<1, NMAT, MX, OCC>(p, w, wg_smem);
+        else if (n8 == 2 || NMAX == 2) wg_pass_body<2, NMAT, MX, OCC>(p, w, wg_smem);
+        else if (n8 == 3) wg_pass_body<NMAX == 2 ? 2 : 3, NMAT, MX, OCC>(p, w, wg_smem);
+        else wg_pass_body<NMAX == 2 ? 2 : 4, NMAT, MX, OCC>(p, w, wg_smem);
         __syncthreads(); /* the next pass restages the ring */
     }
 #else
@@ -986,20 +971,21 @@ static int device_is_sm90(void) {
 static int wg_applies(int nmat, int enc) { return (wg_env(NULL) & (nmat == 2 ? 2 : 1)) && enc && device_is_sm90(); }
 
 typedef void (*fm_wgfn)(fm_expert_params, int, int);
-#define FM_WGK(NMAT, MX, WR) {fm_expert_wg_kernel<NMAT, MX, 2, WR>, fm_expert_wg_kernel<NMAT, MX, 4, WR>}
-static fm_wgfn pick_wg(int nmat, int mx, int nmax, int wr) {
+#define FM_WGK(NMAT, MX, OCC) {fm_expert_wg_kernel<NMAT, MX, 2, OCC>, fm_expert_wg_kernel<NMAT, MX, 4, OCC>}
+static fm_wgfn pick_wg(int nmat, int mx, int nmax, int occ) {
     static const fm_wgfn k[2][2][2][2] = {
         {{FM_WGK(1, false, false), FM_WGK(1, false, true)}, {FM_WGK(1, true, false), FM_WGK(1, true, true)}},
         {{FM_WGK(2, false, false), FM_WGK(2, false, true)}, {FM_WGK(2, true, false), FM_WGK(2, true, true)}}};
-    return k[nmat == 2][mx ? 1 : 0][wr ? 1 : 0][nmax > 2 ? 1 : 0];
+    return k[nmat == 2][mx ? 1 : 0][occ ? 1 : 0][nmax > 2 ? 1 : 0];
 }
 #undef FM_WGK
-/* FP4MOE_CUDA_WG_WRING=0: weights through the register double buffer
- * instead of the shared-memory ring (A/B). Read once. */
-static int wg_wring(void) {
+/* The OCC variant by default (H200, DeepSeek-V4-Flash: level at B = 2 - 256,
+ * 3 % faster at 512; docs/perf.md, v16); FP4MOE_CUDA_WG_OCC=0 the other
+ * (A/B). Read once. */
+static int wg_occ(void) {
     static int v = -1;
     if (v < 0) {
-        const char *env = getenv("FP4MOE_CUDA_WG_WRING");
+        const char *env = getenv("FP4MOE_CUDA_WG_OCC");
         v = env && *env ? atoi(env) != 0 : 1;
     }
     return v;
@@ -1022,9 +1008,9 @@ static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nma
     cudaLaunchAttribute attr[1];
     cfg.gridDim = dim3((unsigned)blocks);
     cfg.blockDim = dim3(128);
-    const int wr = wg_wring();
-    const size_t smem = (size_t)wg_smem_bytes(nmat, nmax, wr != 0);
-    fm_wgfn fn = pick_wg(nmat, p->mx, nmax, wr);
+    const int occ = wg_occ();
+    const size_t smem = (size_t)wg_smem_bytes(nmat, nmax, occ != 0);
+    fm_wgfn fn = pick_wg(nmat, p->mx, nmax, occ);
     if (smem > 48 * 1024) {
         cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (err != cudaSuccess) {
