@@ -151,6 +151,90 @@ static __device__ __forceinline__ float act_fn(int act, float g, float u, float 
 }
 
 
+/* One work item of an expert kernel's grid: the shared expert's (row
+ * block, token chunk) items come first, then (active expert, row block);
+ * false for a block reserved for an expert that turned out inactive. */
+struct fm_item {
+    int e, pos0, cnt, rb, pbeg, pend;
+    bool shared;
+};
+static __device__ __forceinline__ bool fm_get_item(const fm_expert_params &p, int nrb, fm_item &it) {
+    int b = blockIdx.x;
+    if (b < p.sh_blocks) {
+        /* shared expert: every token, split into chunks so that its rows
+         * are spread over many blocks instead of one long serial loop */
+        it.rb = b / p.sh_chunks;
+        it.pbeg = (b % p.sh_chunks) * p.sh_chunk;
+        it.e = 0;
+        it.pos0 = p.T * p.k;
+        it.cnt = p.T;
+        it.pend = min(it.cnt, it.pbeg + p.sh_chunk);
+        it.shared = true;
+        return true;
+    }
+    b -= p.sh_blocks;
+    const int a = b / nrb;
+    it.rb = b % nrb;
+    if (a >= *p.n_active) return false;
+    it.e = p.act_e[a];
+    it.pos0 = p.act_off[a];
+    it.cnt = p.act_cnt[a];
+    it.pbeg = 0;
+    it.pend = it.cnt;
+    it.shared = false;
+    return true;
+}
+
+/* A warp's pointers into its 16-row tiles at segment 0: weights of rows g
+ * and g + 8 (pa, pb), their scales (sa, sb), and the scale tile (st). */
+template <int NMAT, bool MX>
+static __device__ __forceinline__ void fm_tile_ptrs(const fm_dmat &dA, const fm_dmat &dB, int e, int64_t tile0, int lane,
+                                                    const uint8_t **pa, const uint8_t **pb, const uint8_t **sa,
+                                                    const uint8_t **sb, const uint8_t **st) {
+    const int g = lane >> 2, t = lane & 3, spr = MX ? 4 : 8;
+#pragma unroll
+    for (int m = 0; m < NMAT; m++) {
+        const uint8_t *base = (m == 0 ? dA.packed : dB.packed) + (int64_t)e * (m == 0 ? dA.pstride : dB.pstride);
+        const uint8_t *sbase = (m == 0 ? dA.scales : dB.scales) + (int64_t)e * (m == 0 ? dA.sstride : dB.sstride);
+        pa[m] = base + tile0 * 1024 + lane * 16;
+        pb[m] = pa[m] + 512;
+        st[m] = sbase + tile0 * 16 * spr;
+        sa[m] = st[m] + g * spr + (MX ? t : 2 * t);
+        sb[m] = sa[m] + 8 * spr;
+    }
+}
+
+/* What the epilogue needs of a work item and its matrices. */
+struct fm_epi {
+    const float *biasA, *biasB;
+    float s2A, s2B;
+    int rows, rows_p, e, pos0, cnt;
+    bool shared;
+};
+/* One output of a warp: row `row` for the item's token idx, from the FP32
+ * sums a (gate or down) and b (up). Gate/up applies the activation and
+ * writes h as BF16 * 2^7 in down's K order; down adds the routing-weighted
+ * result into the output (the k-way combine and the shared expert). */
+template <int NMAT>
+static __device__ __forceinline__ void fm_emit(const fm_expert_params &p, const fm_epi &o, int row, int idx, float a,
+                                               float b) {
+    if (idx >= o.cnt) return;
+    const int pos = o.pos0 + idx;
+    const float biasA = (o.biasA && row < o.rows) ? o.biasA[(int64_t)o.e * o.rows_p + row] : 0.0f;
+    const float y = a * o.s2A + biasA;
+    if (NMAT == 2) {
+        const float biasB = (o.biasB && row < o.rows) ? o.biasB[(int64_t)o.e * o.rows_p + row] : 0.0f;
+        const float u = b * o.s2B + biasB;
+        const float hv = row < o.rows ? act_fn(p.act, y, u, p.alpha, p.limit) : 0.0f;
+        __nv_bfloat16 hb = __float2bfloat16_rn(hv * 128.0f);
+        p.h[(int64_t)pos * p.hstride + kperm_pos(row)] = *(uint16_t *)&hb;
+    } else if (row < o.rows) {
+        const int tok = o.shared ? idx : p.sorted_tok[pos];
+        const float wgt = o.shared ? 1.0f : p.sorted_w[pos];
+        atomicAdd(&p.out[(int64_t)tok * p.H + row], y * wgt);
+    }
+}
+
 /* One 128-wide K segment: decode the thread's weights of rows g and g + 8
  * (both matrices) and run the MMAs against every token tile. */
 template <int NT, int NMAT, bool MX, bool ENC>
@@ -290,37 +374,15 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
     pdl_wait();
     pdl_launch_dependents();
 
-    int b = blockIdx.x, e, pos0, cnt, rb, pbeg = 0, pend;
-    bool shared;
-    if (b < p.sh_blocks) {
-        /* shared expert: every token, split into chunks so that its rows
-         * are spread over many blocks instead of one long serial loop */
-        rb = b / p.sh_chunks;
-        pbeg = (b % p.sh_chunks) * p.sh_chunk;
-        e = 0;
-        pos0 = p.T * p.k;
-        cnt = p.T;
-        pend = min(cnt, pbeg + p.sh_chunk);
-        shared = true;
-    } else {
-        b -= p.sh_blocks;
-        int a = b / nrb;
-        rb = b % nrb;
-        if (a >= *p.n_active) return;
-        e = p.act_e[a];
-        pos0 = p.act_off[a];
-        cnt = p.act_cnt[a];
-        pend = cnt;
-        shared = false;
-    }
+    fm_item it;
+    if (!fm_get_item(p, nrb, it)) return;
+    const int e = it.e, pos0 = it.pos0, cnt = it.cnt, pbeg = it.pbeg, pend = it.pend;
+    const bool shared = it.shared;
     /* field by field, so that the parameter structs stay in constant space */
     const fm_dmat &dA = NMAT == 2 ? (shared ? p.sgate : p.gate) : (shared ? p.sdown : p.down);
     const fm_dmat &dB = NMAT == 2 ? (shared ? p.sup : p.up) : dA;
-    const int rows = dA.rows, rows_p = dA.rows_p, kp = dA.kp;
-    const float *biasA_p = dA.bias, *biasB_p = dB.bias;
-    const float s2A = dA.scale2[e];
-    const float s2B = NMAT == 2 ? dB.scale2[e] : 0.0f;
-    const int r0 = (rb * rgroups + rg) * 16;
+    const int rows_p = dA.rows_p, kp = dA.kp;
+    const int r0 = (it.rb * rgroups + rg) * 16;
     const int rowA = r0 + g, rowB = r0 + g + 8;
     const int nseg = kp / FM_KSEG;
     /* Rows rows .. rows_p - 1 are zero in memory (weights and scales), so the
@@ -331,16 +393,8 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
     const int spr = MX ? 4 : 8;          /* scale bytes per row and tile */
     const int64_t tile0 = (int64_t)(r0 / 16) * nseg;
 
-    const uint8_t *pa[NMAT], *pb[NMAT], *sa[NMAT], *sb[NMAT];
-#pragma unroll
-    for (int m = 0; m < NMAT; m++) {
-        const uint8_t *base = (m == 0 ? dA.packed : dB.packed) + (int64_t)e * (m == 0 ? dA.pstride : dB.pstride);
-        const uint8_t *sbase = (m == 0 ? dA.scales : dB.scales) + (int64_t)e * (m == 0 ? dA.sstride : dB.sstride);
-        pa[m] = base + tile0 * 1024 + lane * 16;
-        pb[m] = pa[m] + 512;
-        sa[m] = sbase + tile0 * 16 * spr + g * spr + (MX ? t : 2 * t);
-        sb[m] = sa[m] + 8 * spr;
-    }
+    const uint8_t *pa[NMAT], *pb[NMAT], *sa[NMAT], *sb[NMAT], *st[NMAT];
+    fm_tile_ptrs<NMAT, MX>(dA, dB, e, tile0, lane, pa, pb, sa, sb, st);
     const uint16_t *src_base = NMAT == 2 ? p.x_prep : p.h;
     const int64_t src_stride = NMAT == 2 ? p.Hp : p.hstride;
 
@@ -500,29 +554,16 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
         }
 
         if (ks == 0 && r0 < rows_p) {
+            /* made here, not before the loop, so that none of it holds a
+             * register through the K loop */
+            const fm_epi o = {dA.bias, dB.bias, dA.scale2[e], NMAT == 2 ? dB.scale2[e] : 0.0f, dA.rows, rows_p, e, pos0,
+                              cnt, shared};
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
+            for (int n = 0; n < NT; n++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    int idx = pass0 + n * 8 + 2 * t + (i & 1);
-                    int row = i < 2 ? rowA : rowB;
-                    if (idx >= cnt) continue;
-                    int pos = pos0 + idx;
-                    float biasA = (biasA_p && row < rows) ? biasA_p[(int64_t)e * rows_p + row] : 0.0f;
-                    float y = acc[0][n][i] * s2A + biasA;
-                    if (NMAT == 2) {
-                        float biasB = (biasB_p && row < rows) ? biasB_p[(int64_t)e * rows_p + row] : 0.0f;
-                        float u = acc[NMAT - 1][n][i] * s2B + biasB;
-                        float hv = row < rows ? act_fn(p.act, y, u, p.alpha, p.limit) : 0.0f;
-                        __nv_bfloat16 hb = __float2bfloat16_rn(hv * 128.0f);
-                        p.h[(int64_t)pos * p.hstride + kperm_pos(row)] = *(uint16_t *)&hb;
-                    } else if (row < rows) {
-                        int tok = shared ? idx : p.sorted_tok[pos];
-                        float wgt = shared ? 1.0f : p.sorted_w[pos];
-                        atomicAdd(&p.out[(int64_t)tok * p.H + row], y * wgt);
-                    }
-                }
-            }
+                for (int i = 0; i < 4; i++)
+                    fm_emit<NMAT>(p, o, i < 2 ? rowA : rowB, pass0 + n * 8 + 2 * t + (i & 1), acc[0][n][i],
+                                  acc[NMAT - 1][n][i]);
         }
     }
 }
@@ -635,13 +676,12 @@ struct wg_mma<4> {
 struct fm_wg_pass {
     const uint8_t *pa[2], *pb[2], *sa[2], *sb[2];
     const uint8_t *st[2];  /* the scale tile of the warp's rows at segment 0 */
-    uint32_t wring_off;    /* byte offset of the weight rings (WR)           */
+    uint32_t wring_off;    /* byte offset of the weight rings                */
     const uint16_t *src_base;
     int64_t src_stride;
-    int nseg, pos0, cnt, pass0, e, rowA, rowB, rows, rows_p;
-    bool shared, wv;
-    float s2A, s2B;
-    const float *biasA_p, *biasB_p;
+    int nseg, pass0, rowA, rowB;
+    bool wv;
+    fm_epi o;
 };
 
 /* One pass: up to 8 * N8 tokens of the block's expert through its 64 rows,
@@ -673,9 +713,9 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
         const int idx = w.pass0 + n;
         xsrc[k] = NULL;
         xoff[k] = (uint32_t)(2 * ud * STEP + (n >> 3) * 256 + (n & 7) * 16 + 4 * ut);
-        if (idx < w.cnt) {
-            const int pos = w.pos0 + idx;
-            const int64_t row = NMAT == 2 ? (w.shared ? idx : p.sorted_tok[pos]) : pos;
+        if (idx < w.o.cnt) {
+            const int pos = w.o.pos0 + idx;
+            const int64_t row = NMAT == 2 ? (w.o.shared ? idx : p.sorted_tok[pos]) : pos;
             xsrc[k] = (const uint8_t *)(w.src_base + row * w.src_stride + u * 8);
         }
     }
@@ -780,28 +820,11 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
 #undef FM_WG_XCOPY
     if (!w.wv) return;
 #pragma unroll
-    for (int n = 0; n < N8; n++) {
+    for (int n = 0; n < N8; n++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int idx = w.pass0 + n * 8 + 2 * t + (i & 1);
-            const int row = i < 2 ? w.rowA : w.rowB;
-            if (idx >= w.cnt) continue;
-            const int pos = w.pos0 + idx;
-            const float biasA = (w.biasA_p && row < w.rows) ? w.biasA_p[(int64_t)w.e * w.rows_p + row] : 0.0f;
-            const float y = acc[0][n * 4 + i] * w.s2A + biasA;
-            if (NMAT == 2) {
-                const float biasB = (w.biasB_p && row < w.rows) ? w.biasB_p[(int64_t)w.e * w.rows_p + row] : 0.0f;
-                const float u = acc[NMAT - 1][n * 4 + i] * w.s2B + biasB;
-                const float hv = row < w.rows ? act_fn(p.act, y, u, p.alpha, p.limit) : 0.0f;
-                __nv_bfloat16 hb = __float2bfloat16_rn(hv * 128.0f);
-                p.h[(int64_t)pos * p.hstride + kperm_pos(row)] = *(uint16_t *)&hb;
-            } else if (row < w.rows) {
-                const int tok = w.shared ? idx : p.sorted_tok[pos];
-                const float wgt = w.shared ? 1.0f : p.sorted_w[pos];
-                atomicAdd(&p.out[(int64_t)tok * p.H + row], y * wgt);
-            }
-        }
-    }
+        for (int i = 0; i < 4; i++)
+            fm_emit<NMAT>(p, w.o, i < 2 ? w.rowA : w.rowB, w.pass0 + n * 8 + 2 * t + (i & 1), acc[0][n * 4 + i],
+                          acc[NMAT - 1][n * 4 + i]);
     (void)g;
 #else
     (void)p;
@@ -824,73 +847,36 @@ template <int NMAT, bool MX, int NMAX, bool OCC>
 __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT, NMAX, OCC)) fm_expert_wg_kernel(fm_expert_params p, int W, int KS) {
 #ifdef FM_HAVE_WGMMA
     extern __shared__ __align__(128) uint8_t wg_smem[];
-    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, g = lane >> 2;
     (void)W;
     (void)KS;
     const int nrb = ((NMAT == 2 ? p.gate.rows_p : p.down.rows_p) + 63) / 64;
     pdl_wait();
     pdl_launch_dependents();
 
-    int b = blockIdx.x, e, pos0, cnt, rb, pbeg = 0, pend;
-    bool shared;
-    if (b < p.sh_blocks) {
-        rb = b / p.sh_chunks;
-        pbeg = (b % p.sh_chunks) * p.sh_chunk;
-        e = 0;
-        pos0 = p.T * p.k;
-        cnt = p.T;
-        pend = min(cnt, pbeg + p.sh_chunk);
-        shared = true;
-    } else {
-        b -= p.sh_blocks;
-        const int a = b / nrb;
-        rb = b % nrb;
-        if (a >= *p.n_active) return;
-        e = p.act_e[a];
-        pos0 = p.act_off[a];
-        cnt = p.act_cnt[a];
-        pend = cnt;
-        shared = false;
-    }
-    const fm_dmat &dA = NMAT == 2 ? (shared ? p.sgate : p.gate) : (shared ? p.sdown : p.down);
-    const fm_dmat &dB = NMAT == 2 ? (shared ? p.sup : p.up) : dA;
+    fm_item it;
+    if (!fm_get_item(p, nrb, it)) return;
+    const int e = it.e;
+    const fm_dmat &dA = NMAT == 2 ? (it.shared ? p.sgate : p.gate) : (it.shared ? p.sdown : p.down);
+    const fm_dmat &dB = NMAT == 2 ? (it.shared ? p.sup : p.up) : dA;
     fm_wg_pass w;
-    w.rows = dA.rows;
-    w.rows_p = dA.rows_p;
-    w.biasA_p = dA.bias;
-    w.biasB_p = dB.bias;
-    w.s2A = dA.scale2[e];
-    w.s2B = NMAT == 2 ? dB.scale2[e] : 0.0f;
-    w.e = e;
-    w.shared = shared;
-    w.pos0 = pos0;
-    w.cnt = cnt;
-    const int r0 = rb * 64 + wi * 16;
+    w.o = {dA.bias, dB.bias, dA.scale2[e], NMAT == 2 ? dB.scale2[e] : 0.0f, dA.rows, dA.rows_p, e, it.pos0, it.cnt,
+           it.shared};
+    const int r0 = it.rb * 64 + wi * 16;
     w.rowA = r0 + g;
     w.rowB = r0 + g + 8;
     w.nseg = dA.kp / FM_KSEG;
     /* every warp of the warpgroup takes part in every wgmma: a warp whose 16
      * rows lie past the padded rows streams row group 0 and writes nothing */
-    w.wv = r0 < w.rows_p;
-    const int spr = MX ? 4 : 8;
+    w.wv = r0 < dA.rows_p;
     const int64_t tile0 = (int64_t)((w.wv ? r0 : 0) / 16) * w.nseg;
-#pragma unroll
-    for (int m = 0; m < NMAT; m++) {
-        const uint8_t *base = (m == 0 ? dA.packed : dB.packed) + (int64_t)e * (m == 0 ? dA.pstride : dB.pstride);
-        const uint8_t *sbase = (m == 0 ? dA.scales : dB.scales) + (int64_t)e * (m == 0 ? dA.sstride : dB.sstride);
-        w.pa[m] = base + tile0 * 1024 + lane * 16;
-        w.pb[m] = w.pa[m] + 512;
-        w.st[m] = sbase + tile0 * 16 * spr;
-        w.sa[m] = w.st[m] + g * spr + (MX ? t : 2 * t);
-        w.sb[m] = w.sa[m] + 8 * spr;
-    }
+    fm_tile_ptrs<NMAT, MX>(dA, dB, e, tile0, lane, w.pa, w.pb, w.sa, w.sb, w.st);
     w.wring_off = (uint32_t)((wg_lookahead(OCC) + 1) * wg_stage_bytes(NMAX));
     w.src_base = NMAT == 2 ? p.x_prep : p.h;
     w.src_stride = NMAT == 2 ? p.Hp : p.hstride;
-    for (int pass0 = pbeg; pass0 < pend; pass0 += 8 * NMAX) {
+    for (int pass0 = it.pbeg; pass0 < it.pend; pass0 += 8 * NMAX) {
         w.pass0 = pass0;
-        const int n8 = (min(8 * NMAX, pend - pass0) + 7) >> 3;
+        const int n8 = (min(8 * NMAX, it.pend - pass0) + 7) >> 3;
         if (n8 == 1) wg_pass_body<1, NMAT, MX, OCC>(p, w, wg_smem);
         else if (n8 == 2 || NMAX == 2) wg_pass_body<2, NMAT, MX, OCC>(p, w, wg_smem);
         else if (n8 == 3) wg_pass_body<NMAX == 2 ? 2 : 3, NMAT, MX, OCC>(p, w, wg_smem);
