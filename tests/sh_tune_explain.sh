@@ -39,6 +39,11 @@ has "$T/none.out" "= 80.8 of 256" "active experts at B=16"
 has "$T/none.out" "16*6/80.8 = 1.19" "tokens per expert at B=16"
 # bytes: 80.838 x 14,155,776 + the shared expert's 14,155,776 = 1158.5 MB
 has "$T/none.out" "80.8 experts x 14.16 MB + shared 14.16 MB = 1158.5 MB" "bytes at B=16"
+# three paths considered; from 0.04 tokens per expert (B*k/E) the default is wgmma
+has "$T/none.out" "wgmma path: the large path's work with Hopper warpgroup MMAs" "paths considered"
+has "$T/none.out" "default          built-in: wgmma path" "default path at B=16"
+run none1 explain --preset deepseek-v4-flash --batch 1 --gpu "NVIDIA H200"
+has "$T/none1.out" "default          built-in: small path" "default path at B=1"
 
 # 2. A shipped file: used, with its bucket, figures and path.
 cp "$DATA/$NAME" "$T/shipped/$NAME"
