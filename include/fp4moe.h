@@ -546,6 +546,10 @@ fm_kernel_config fm_kernel_config_default(const struct fm_tune_key *key, int T);
 /* The same without the wgmma path (the mma.sync small / large switch): what
  * runs where the wgmma path cannot. */
 fm_kernel_config fm_kernel_config_default_mma(const struct fm_tune_key *key, int T);
+/* Checks the FP4MOE_CUDA_* experiment switches in the environment: an
+ * unknown name or a value the switch does not take is an error naming it
+ * (fm_cuda_engine_new fails with it). */
+fm_status fm_cuda_env_check(void);
 const char *fm_kernel_path_name(fm_kernel_path p);
 /* @section cuda end */
 

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
 
@@ -74,6 +75,34 @@ static void test_switch_points(void **state) {
     assert_true(c.warps >= 1);
 }
 
+/* The FP4MOE_CUDA_* switches: unset, empty and accepted values pass; an
+ * unknown name or a value the switch does not take is an error naming it. */
+static void test_env_check(void **state) {
+    (void)state;
+    assert_int_equal(fm_cuda_env_check(), FM_OK);
+    const char *good[][2] = {{"FP4MOE_CUDA_WG", "3"},   {"FP4MOE_CUDA_WG_TOKENS", "16"}, {"FP4MOE_CUDA_DOWN", "4x2"},
+                             {"FP4MOE_CUDA_DOWN", "nosplit"}, {"FP4MOE_CUDA_FP4_DECODE", "v5"}, {"FP4MOE_CUDA_PDL", ""}};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        setenv(good[i][0], good[i][1], 1);
+        if (fm_cuda_env_check() != FM_OK) fail_msg("%s=%s refused: %s", good[i][0], good[i][1], fm_last_error());
+        unsetenv(good[i][0]);
+    }
+    const char *bad[][3] = {{"FP4MOE_CUDA_WG", "abc", "FP4MOE_CUDA_WG='abc': expected 0|1|2|3"},
+                            {"FP4MOE_CUDA_WG", "4", "expected 0|1|2|3"},
+                            {"FP4MOE_CUDA_WG_TOKENS", "24", "FP4MOE_CUDA_WG_TOKENS='24'"},
+                            {"FP4MOE_CUDA_DOWN", "4x3", "FP4MOE_CUDA_DOWN='4x3': expected nosplit|WxK"},
+                            {"FP4MOE_CUDA_DOWN", "4x2x", "FP4MOE_CUDA_DOWN='4x2x'"},
+                            {"FP4MOE_CUDA_STAGES", "9", "FP4MOE_CUDA_STAGES='9'"},
+                            {"FP4MOE_CUDA_WGG", "1", "unknown environment variable FP4MOE_CUDA_WGG"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv(bad[i][0], bad[i][1], 1);
+        assert_int_equal(fm_cuda_env_check(), FM_E_ARG);
+        if (!strstr(fm_last_error(), bad[i][2])) fail_msg("%s=%s: message '%s'", bad[i][0], bad[i][1], fm_last_error());
+        unsetenv(bad[i][0]);
+    }
+    assert_int_equal(fm_cuda_env_check(), FM_OK);
+}
+
 static void test_names(void **state) {
     (void)state;
     assert_string_equal(fm_kernel_path_name(FM_PATH_SMALL), "small");
@@ -87,6 +116,7 @@ int main(void) {
         cmocka_unit_test(test_consistent),
         cmocka_unit_test(test_switch_points),
         cmocka_unit_test(test_names),
+        cmocka_unit_test(test_env_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,6 +3,10 @@
  * pick on any machine. */
 #include "fp4moe.h"
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 const char *fm_kernel_path_name(fm_kernel_path p) {
     switch (p) {
@@ -83,4 +87,67 @@ fm_kernel_config fm_kernel_config_default(const struct fm_tune_key *key, int T) 
         c.tile_n = tpe >= 10.0 ? 32 : 16;
     }
     return c;
+}
+
+/* The FP4MOE_CUDA_* switches (docs/perf.md, "Switches for A/B runs") and the
+ * values each takes; "WxK" is FP4MOE_CUDA_DOWN's block shape. */
+static const struct {
+    const char *name, *vals;
+} k_cuda_env[] = {
+    {"FP4MOE_CUDA_PDL", "0|1"},
+    {"FP4MOE_CUDA_FP4_DECODE", "v5|v6"},
+    {"FP4MOE_CUDA_ROUTE_FUSE", "0|1"},
+    {"FP4MOE_CUDA_ROUTE_WARPGROUP", "0|1"},
+    {"FP4MOE_CUDA_SH_PREFETCH", "0|1"},
+    {"FP4MOE_CUDA_STAGES", "1|2|3|4|5|6|7|8"},
+    {"FP4MOE_CUDA_XG", "0|1|2|3"},
+    {"FP4MOE_CUDA_DOWN", "nosplit|WxK"},
+    {"FP4MOE_CUDA_WG", "0|1|2|3"},
+    {"FP4MOE_CUDA_WG_TOKENS", "16|32"},
+    {"FP4MOE_CUDA_WG_OCC", "0|1"},
+};
+
+/* v is one of the '|'-separated words of vals ("WxK": W warps 1..8 split
+ * into K groups, K dividing W). */
+static int env_value_ok(const char *v, const char *vals) {
+    size_t n = strlen(v);
+    for (const char *p = vals; *p;) {
+        const char *q = strchr(p, '|');
+        size_t len = q ? (size_t)(q - p) : strlen(p);
+        if (len == 3 && !strncmp(p, "WxK", 3)) {
+            int w = 0, k = 0;
+            char tail = 0;
+            if (sscanf(v, "%dx%d%c", &w, &k, &tail) == 2 && w >= 1 && w <= 8 && k >= 1 && w % k == 0) return 1;
+        } else if (len == n && !strncmp(p, v, n)) {
+            return 1;
+        }
+        p += len + (q != NULL);
+    }
+    return 0;
+}
+
+fm_status fm_cuda_env_check(void) {
+    extern char **environ;
+    static const char pre[] = "FP4MOE_CUDA_";
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, pre, sizeof pre - 1)) continue;
+        const char *eq = strchr(*e, '=');
+        size_t nl = eq ? (size_t)(eq - *e) : strlen(*e);
+        const char *v = eq ? eq + 1 : "";
+        size_t i = 0, n = sizeof k_cuda_env / sizeof k_cuda_env[0];
+        while (i < n && !(strlen(k_cuda_env[i].name) == nl && !strncmp(k_cuda_env[i].name, *e, nl))) i++;
+        if (i == n) {
+            char known[512] = "";
+            for (size_t j = 0; j < n; j++) {
+                size_t l = strlen(known);
+                snprintf(known + l, sizeof known - l, "%s%s", j ? ", " : "", k_cuda_env[j].name);
+            }
+            return fm_error(FM_E_ARG, "unknown environment variable %.*s (the CUDA switches are %s)", (int)nl, *e,
+                            known);
+        }
+        if (*v && !env_value_ok(v, k_cuda_env[i].vals))
+            return fm_error(FM_E_ARG, "environment variable %s='%s': expected %s", k_cuda_env[i].name, v,
+                            k_cuda_env[i].vals);
+    }
+    return FM_OK;
 }

@@ -89,6 +89,8 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
     *out = NULL;
     char why[256];
     if (!fm_cuda_available(why, sizeof why)) return fm_error(FM_E_UNSUPPORTED, "no usable CUDA GPU: %s", why);
+    fm_status es = fm_cuda_env_check();
+    if (es) return es;
     int n = 0;
     FM_CU(cudaGetDeviceCount(&n));
     if (device < 0 || device >= n) return fm_error(FM_E_ARG, "CUDA device %d does not exist (%d present)", device, n);
