@@ -517,7 +517,10 @@ static fm_status run_cuda(run_ctx *c) {
     st = fm_cuda_engine_key(e, &c->d, p->fmt, &key);
     if (st != FM_OK) goto done;
     size_t plen = 0;
-    int tiles[FM_PROF_MAX_BATCH] = {0}; /* tile_n of the large path, per batch */
+    /* token rows an expert's count is padded to, per batch: tile_n on the
+     * large path (every pass runs all its 8-token tiles), 8 on the wgmma
+     * path (a pass's N is its count rounded up to 8) */
+    int tiles[FM_PROF_MAX_BATCH] = {0};
     for (int bi = 0; bi < o->n_batch; bi++) {
         fm_tune_choice ch;
         if (fm_tune_choose(&key, o->batches[bi], &ch) != FM_OK) continue;
@@ -525,7 +528,8 @@ static fm_status run_cuda(run_ctx *c) {
         fm_tune_provenance_line(&key, o->batches[bi], &ch, line, sizeof line);
         int wr = snprintf(p->provenance + plen, sizeof p->provenance - plen, "%s%s", plen ? "\n" : "", line);
         if (wr > 0 && (size_t)wr < sizeof p->provenance - plen) plen += (size_t)wr;
-        if (ch.cfg.path != FM_PATH_SMALL) tiles[bi] = ch.cfg.tile_n;
+        if (ch.cfg.path == FM_PATH_LARGE) tiles[bi] = ch.cfg.tile_n;
+        else if (ch.cfg.path == FM_PATH_WGMMA) tiles[bi] = 8;
     }
     p->tile_n = o->tile_n; /* --tile-n models every batch with one tile size */
     if (o->progress && p->provenance[0]) fprintf(o->progress, "%s\n", p->provenance);
