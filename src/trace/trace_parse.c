@@ -810,7 +810,10 @@ static int parse_time(pctx *c, int c0, int64_t *dst, int *state, size_t *at) {
     return 0;
 }
 
-static int parse_args(pctx *c) {
+/* Walks one JSON object value (anything else is skipped): the member named
+ * key (klen bytes) is handed to take(c, ch) with ch its first character, every
+ * other member is skipped. where names the object in messages. */
+static int walk_object(pctx *c, const char *key, size_t klen, int (*take)(pctx *, int), const char *where) {
     jr *r = &c->r;
     int ch = jr_ws(r);
     if (ch != '{') return jr_skip(r);
@@ -820,39 +823,44 @@ static int parse_args(pctx *c) {
         r->pos++;
         return 0;
     }
+    char msg[64];
     for (;;) {
-        if (ch < 0) {
-            if (r->st == FM_OK) jr_fail(r, r->end, "unexpected end of input (truncated file?)");
-            return -1;
-        }
         if (ch != '"') {
-            jr_fail(r, r->pos, "expected a string key in \"args\"");
+            if (ch < 0 && r->st == FM_OK) jr_fail(r, r->end, "unexpected end of input (truncated file?)");
+            else if (ch >= 0) {
+                snprintf(msg, sizeof msg, "expected a string key in %s", where);
+                jr_fail(r, r->pos, msg);
+            }
             return -1;
         }
         const char *k;
         size_t kn;
         if (jr_string(r, &k, &kn)) return -1;
-        int is_corr = kn == 11 && memcmp(k, "correlation", 11) == 0;
+        const int hit = kn == klen && memcmp(k, key, klen) == 0;
         if (jr_colon(r, "unexpected end of input (truncated file?)")) return -1;
         ch = jr_ws(r);
         if (ch < 0) {
             if (r->st == FM_OK) jr_fail(r, r->end, "unexpected end of input (truncated file?)");
             return -1;
         }
-        if (is_corr) {
-            const char *s;
-            size_t n;
-            int is_str;
-            if (read_num_field(c, ch, &s, &n, &is_str)) return -1;
-            if (s && text_to_i64(s, n, &c->ev.corr) == 0) c->ev.corr_state = V_OK;
-            else c->ev.corr_state = V_BAD;
-        } else if (jr_skip(r)) {
-            return -1;
-        }
+        if (hit ? take(c, ch) : jr_skip(r)) return -1;
         int nx = jr_next(r, &ch, '}', "unexpected end of input (truncated file?)", "expected ',' or '}' in object");
         if (nx <= 0) return nx;
     }
 }
+
+/* args.correlation: a number or a numeric string */
+static int take_correlation(pctx *c, int ch) {
+    const char *s;
+    size_t n;
+    int is_str;
+    if (read_num_field(c, ch, &s, &n, &is_str)) return -1;
+    if (s && text_to_i64(s, n, &c->ev.corr) == 0) c->ev.corr_state = V_OK;
+    else c->ev.corr_state = V_BAD;
+    return 0;
+}
+
+static int parse_args(pctx *c) { return walk_object(c, "correlation", 11, take_correlation, "\"args\""); }
 
 #define PUSH(arr, n, cap, val)                                                                     \
     do {                                                                                           \
@@ -1175,42 +1183,19 @@ eof:
     return -1;
 }
 
-/* distributedInfo: {"rank": r, ...} */
-static int parse_dist_info(pctx *c) {
-    jr *r = &c->r;
-    int ch = jr_ws(r);
-    if (ch != '{') return jr_skip(r);
-    r->pos++;
-    ch = jr_ws(r);
-    if (ch == '}') {
-        r->pos++;
-        return 0;
-    }
-    for (;;) {
-        if (ch != '"') {
-            if (ch < 0 && r->st == FM_OK) jr_fail(r, r->end, "unexpected end of input (truncated file?)");
-            else if (ch >= 0) jr_fail(r, r->pos, "expected a string key in object");
-            return -1;
-        }
-        const char *k;
-        size_t kn;
-        if (jr_string(r, &k, &kn)) return -1;
-        int is_rank = kn == 4 && !memcmp(k, "rank", 4);
-        if (jr_colon(r, "unexpected end of input (truncated file?)")) return -1;
-        ch = jr_ws(r);
-        if (is_rank && ch >= '0' && ch <= '9') {
-            const char *s;
-            size_t n;
-            int64_t v;
-            if (jr_number(r, &s, &n)) return -1;
-            if (text_to_i64(s, n, &v) == 0 && v < 1000000) c->f->dist_rank = (int)v;
-        } else if (jr_skip(r)) {
-            return -1;
-        }
-        int nx = jr_next(r, &ch, '}', "unexpected end of input (truncated file?)", "expected ',' or '}' in object");
-        if (nx <= 0) return nx;
-    }
+/* distributedInfo: {"rank": r, ...}; a rank that is not a small
+ * non-negative integer is skipped */
+static int take_rank(pctx *c, int ch) {
+    if (ch < '0' || ch > '9') return jr_skip(&c->r);
+    const char *s;
+    size_t n;
+    int64_t v;
+    if (jr_number(&c->r, &s, &n)) return -1;
+    if (text_to_i64(s, n, &v) == 0 && v < 1000000) c->f->dist_rank = (int)v;
+    return 0;
 }
+
+static int parse_dist_info(pctx *c) { return walk_object(c, "rank", 4, take_rank, "object"); }
 
 static const char *kind_of(int ch) {
     switch (ch) {
