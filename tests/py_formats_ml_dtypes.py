@@ -15,29 +15,18 @@ Finally fm_quantize_nvfp4 is compared bit for bit with ModelOpt's NVFP4
 quantizer replayed in float32 numpy, and fm_quantize_mxfp4 with the OCP
 scale rule, on random matrices with outliers, zero blocks and midpoints.
 """
-import os
 import subprocess
-import sys
+
+from fmtest import Checks, env_path, skip
 
 try:
     import numpy as np
     import ml_dtypes
 except ImportError as e:  # pragma: no cover
-    print(f"SKIPPED: {e}")
-    sys.exit(77)
+    skip(e)
 
-tools = os.environ.get("FM_TOOLS_DIR")
-if not tools:
-    print("SKIPPED: FM_TOOLS_DIR not set (run through ctest)")
-    sys.exit(77)
-tool = os.path.join(tools, "fmt_dump")
-
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
+tool = env_path("FM_TOOLS_DIR", "fmt_dump")
+check = Checks()
 
 
 def same_f32(a, b):
@@ -225,9 +214,5 @@ for trial in range(6):
     check(bytes.fromhex(o["scales"]) == s_ref, f"mxfp4 trial {trial}: scales differ from the OCP rule")
     check(bytes.fromhex(o["packed"]) == p_ref, f"mxfp4 trial {trial}: packed codes differ")
 
-if failures:
-    for f in failures:
-        print("FAIL:", f)
-    sys.exit(1)
-print(f"formats match ml_dtypes: all codes decoded, {x.size} floats encoded; "
-      "NVFP4 matches ModelOpt and MXFP4 the OCP rule on 6 matrices")
+check.finish(f"formats match ml_dtypes: all codes decoded, {x.size} floats encoded; "
+             "NVFP4 matches ModelOpt and MXFP4 the OCP rule on 6 matrices")

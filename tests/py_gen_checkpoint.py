@@ -6,8 +6,9 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
+
+from fmtest import Checks, env_path, skip
 
 try:
     import numpy as np
@@ -15,22 +16,12 @@ try:
     import safetensors
     from safetensors import safe_open
 except ImportError as e:  # pragma: no cover
-    print(f"SKIPPED: {e}")
-    sys.exit(77)
+    skip(e)
 
-CLI = os.environ.get("FM_CLI")
-if not CLI or not os.path.exists(CLI):
-    print("SKIPPED: FM_CLI not set or missing")
-    sys.exit(77)
+CLI = env_path("FM_CLI")
 
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-        print("FAIL:", msg)
+check = Checks()
 
 
 def load_dir(d):
@@ -174,7 +165,4 @@ try:
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 
-if failures:
-    print(f"{len(failures)} failure(s)")
-    sys.exit(1)
-print("ok")
+check.finish("ok")

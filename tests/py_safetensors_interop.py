@@ -13,8 +13,9 @@ import json
 import os
 import struct
 import subprocess
-import sys
 import tempfile
+
+from fmtest import Checks, env_path, skip
 
 try:
     import numpy as np
@@ -22,21 +23,10 @@ try:
     from safetensors import safe_open, serialize_file, TensorSpec
     from safetensors.numpy import save_file
 except ImportError as e:  # pragma: no cover
-    print(f"SKIPPED: {e}")
-    sys.exit(77)
+    skip(e)
 
-tools = os.environ.get("FM_TOOLS_DIR")
-if not tools:
-    print("SKIPPED: FM_TOOLS_DIR not set (run through ctest)")
-    sys.exit(77)
-st_tool = os.path.join(tools, "st_tool")
-
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
+st_tool = env_path("FM_TOOLS_DIR", "st_tool")
+check = Checks()
 
 
 def dump(path, keys=()):
@@ -178,8 +168,4 @@ with tempfile.TemporaryDirectory() as tmp:
         except Exception as e:  # e.g. the official reader refuses the file
             check(False, f"reading the file fp4moe wrote: {type(e).__name__}: {e}")
 
-if failures:
-    for msg in failures:
-        print("FAIL:", msg)
-    sys.exit(1)
-print("safetensors interop OK in both directions")
+check.finish("safetensors interop OK in both directions")

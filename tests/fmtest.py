@@ -1,0 +1,46 @@
+"""Shared pieces of the Python tests (tests/py_*.py, run by ctest): the skip
+convention (exit 77, which ctest reports as skipped), the paths ctest passes
+in through the environment, and checks that collect failures and report
+them all at the end."""
+import os
+import sys
+
+SKIP = 77
+
+
+def skip(why):
+    print(f"SKIPPED: {why}")
+    sys.exit(SKIP)
+
+
+def env_path(var, name=None):
+    """$var (a directory, or with name a file in it); skips when unset or
+    when the path does not exist."""
+    d = os.environ.get(var)
+    if not d:
+        skip(f"{var} not set (run through ctest)")
+    p = os.path.join(d, name) if name else d
+    if not os.path.exists(p):
+        skip(f"{p} ({var}) does not exist")
+    return p
+
+
+class Checks:
+    """check(cond, msg) records msg when cond is false; finish(ok) prints
+    every failure and exits 1, or prints ok."""
+
+    def __init__(self):
+        self.failures = []
+
+    def __call__(self, cond, msg):
+        if not cond:
+            self.failures.append(msg)
+        return bool(cond)
+
+    def finish(self, ok):
+        if self.failures:
+            for msg in self.failures:
+                print("FAIL:", msg)
+            print(f"{len(self.failures)} failure(s)")
+            sys.exit(1)
+        print(ok)
