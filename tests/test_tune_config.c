@@ -109,6 +109,9 @@ static void test_parse_malformed(void **st) {
         {"\"switch_tpe\": 1.5", "\"switch_tpe\": -1", "switch_tpe: -1 is outside"},
         {"\"switch_tpe\": 1.5", "\"switch_tpe\": \"1.5\"", "switch_tpe: must be a number"},
         {"\"path\": \"large\"", "\"path\": \"medium\"", "unknown path 'medium'"},
+        {"\"path\": \"large\", \"rows_per_block\": 64", "\"path\": \"wgmma\", \"rows_per_block\": 32",
+         "buckets[0].params.path: the wgmma path takes rows_per_block 64, k_split 1, warps 4 and tile_n 16 or 32, "
+         "not 32, 1, 4 and 16"},
         {"\"path\": \"large\"", "\"path\": 1", "buckets[0].params.path: must be a string"},
         {"\"params\": {\"path\": \"large\"", "\"params\": [], \"x\": {\"path\": \"large\"", "params: must be an object"},
         {"\"us\": 240.5", "\"us\": -3", "buckets[0].us: -3 is outside"},
@@ -338,6 +341,15 @@ static void test_config_ranges(void **st) {
     assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 1);
     assert_non_null(strstr(why, "warps"));
     x = c; x.switch_tpe = NAN;
+    assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 1);
+    /* the wgmma path: its block shape, passes of 16 or 32 tokens */
+    fm_kernel_config w = fm_kernel_config_default(&k, 512);
+    assert_int_equal(w.path, FM_PATH_WGMMA);
+    assert_int_equal(fm_tune_config_invalid(&w, why, sizeof why), 0);
+    x = w; x.tile_n = 8;
+    assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 1);
+    assert_non_null(strstr(why, "wgmma path takes"));
+    x = w; x.warps = 8; x.rows_per_block = 128;
     assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 1);
 }
 

@@ -31,9 +31,8 @@ void fm_tune_now_iso(char *buf, size_t cap) {
     strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
-const char *fm_tune_path_token(fm_kernel_path p) {
-    return p == FM_PATH_WGMMA ? "wgmma" : p == FM_PATH_LARGE ? "large" : "small";
-}
+/* The file's path token is the kernel path's name (src/cuda/defaults.c). */
+const char *fm_tune_path_token(fm_kernel_path p) { return fm_kernel_path_name(p); }
 
 int fm_tune_path_from_token(const char *s) {
     if (!s) return -1;
@@ -41,6 +40,18 @@ int fm_tune_path_from_token(const char *s) {
     if (!strcmp(s, "large")) return FM_PATH_LARGE;
     if (!strcmp(s, "wgmma")) return FM_PATH_WGMMA;
     return -1;
+}
+
+/* The wgmma path has one block shape per pass width (src/cuda/defaults.c):
+ * anything else in a file is an error, not a silent substitution. */
+static int wgmma_shape_bad(const fm_kernel_config *c, char *why, size_t cap) {
+    if (c->path != FM_PATH_WGMMA ||
+        (c->rows_per_block == 64 && c->k_split == 1 && c->warps == 4 && (c->tile_n == 16 || c->tile_n == 32)))
+        return 0;
+    snprintf(why, cap,
+             "the wgmma path takes rows_per_block 64, k_split 1, warps 4 and tile_n 16 or 32, not %d, %d, %d and %d",
+             c->rows_per_block, c->k_split, c->warps, c->tile_n);
+    return 1;
 }
 
 /* Ranges wide enough for any sensible kernel, narrow enough that a value
@@ -66,7 +77,7 @@ int fm_tune_config_invalid(const fm_kernel_config *c, char *why, size_t cap) {
         snprintf(why, cap, "switch_tpe: %g is outside [0, 1e6]", (double)c->switch_tpe);
         return 1;
     }
-    return 0;
+    return wgmma_shape_bad(c, why, cap);
 }
 
 /* ------------------------------------------------------------- parsing */
@@ -146,6 +157,8 @@ static fm_status parse_params(pctx *p, json_t *obj, const char *field, fm_kernel
     double sw = 0;
     if ((st = get_num(p, o, "switch_tpe", 1, 0, 1e6, &sw))) goto out;
     c->switch_tpe = (float)sw;
+    char why[160];
+    if (wgmma_shape_bad(c, why, sizeof why)) st = bad(p, "path", "%s", why);
 out:
     memcpy(p->where, saved, sizeof saved);
     return st;

@@ -98,12 +98,6 @@ static fm_status find_target(const fm_explain_opts *o, target *t) {
 }
 
 
-/* " (kernel NAME)" when the kernel's name says more than the path's. */
-#define PATH_KERNEL(p)                                                                                     \
-    strcmp(fm_kernel_path_name(p), fm_tune_path_token(p)) ? " (kernel " : "",                              \
-        strcmp(fm_kernel_path_name(p), fm_tune_path_token(p)) ? fm_kernel_path_name(p) : "",              \
-        strcmp(fm_kernel_path_name(p), fm_tune_path_token(p)) ? ")" : ""
-
 fm_status fm_explain(const fm_explain_opts *o, char **out) {
     *out = NULL;
     if (o && o->warnings && o->warnings_cap) o->warnings[0] = 0;
@@ -218,9 +212,10 @@ fm_status fm_explain(const fm_explain_opts *o, char **out) {
                                                   fm_kernel_path_name(FM_PATH_SMALL), "when", "few tokens per expert (below switch_tpe)"));
             json_array_append_new(cons, json_pack("{s:s, s:s, s:s}", "path", "large", "kernel",
                                                   fm_kernel_path_name(FM_PATH_LARGE), "when", "many tokens per expert (switch_tpe and above)"));
+            char when[64];
+            snprintf(when, sizeof when, "sm_90, from B*k/E = %g tokens per expert", FM_WGMMA_TPE);
             json_array_append_new(cons, json_pack("{s:s, s:s, s:s}", "path", "wgmma", "kernel",
-                                                  fm_kernel_path_name(FM_PATH_WGMMA), "when",
-                                                  "sm_90, from B*k/E = 0.04 tokens per expert"));
+                                                  fm_kernel_path_name(FM_PATH_WGMMA), "when", when));
             json_object_set_new(e, "considered", cons);
             json_object_set_new(e, "switch_tpe", json_real(def.switch_tpe));
             json_object_set_new(e, "mean_tokens_per_expert", json_real(mean_tpe));
@@ -247,13 +242,13 @@ fm_status fm_explain(const fm_explain_opts *o, char **out) {
                       act, (double)eb / 1e6, shs, bytes / 1e6, floor_us, bw);
         else
             sb_printf(&b, "  weight bytes     %.1f experts x %.2f MB%s = %.1f MB\n", act, (double)eb / 1e6, shs, bytes / 1e6);
-        sb_printf(&b, "  considered       small path%s%s%s: streams each active expert's rows once, tokens on chip;\n"
+        sb_printf(&b, "  considered       small path: streams each active expert's rows once, tokens on chip;\n"
                       "                     for few tokens per expert (below switch_tpe)\n"
-                      "                   large path%s%s%s: tensor-core tiles of tile_n tokens per expert;\n"
+                      "                   large path: tensor-core tiles of tile_n tokens per expert;\n"
                       "                     for many tokens per expert (switch_tpe and above)\n"
-                      "                   wgmma path%s%s%s: the large path's work with Hopper warpgroup MMAs,\n"
-                      "                     64 rows x up to tile_n tokens per instruction; sm_90, from B*k/E = 0.04\n",
-                  PATH_KERNEL(FM_PATH_SMALL), PATH_KERNEL(FM_PATH_LARGE), PATH_KERNEL(FM_PATH_WGMMA));
+                      "                   wgmma path: the large path's work with Hopper warpgroup MMAs,\n"
+                      "                     64 rows x up to tile_n tokens per instruction; sm_90, from B*k/E = %g\n",
+                  FM_WGMMA_TPE);
         sb_printf(&b, "  default          built-in: %s path (switch_tpe %g; mean tokens per expert B*k/E = %.2f)\n"
                       "                   %s\n",
                   fm_tune_path_token(def.path), (double)def.switch_tpe, mean_tpe, dcs);
