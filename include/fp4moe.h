@@ -382,7 +382,8 @@ typedef struct {
 /* The parameters of a GPU MoE kernel variant, in one structure, so that
  * tuning, provenance lines and `explain` all speak of the same fields. */
 /* WGMMA: the large path's work with Hopper warpgroup MMAs (sm_90; elsewhere
- * the engine runs the large path and says so in the config source). */
+ * the engine runs the mma.sync default, fm_kernel_config_default_mma, and
+ * says so in the config source). */
 typedef enum { FM_PATH_SMALL = 0, FM_PATH_LARGE = 1, FM_PATH_WGMMA = 2 } fm_kernel_path;
 /* Tokens per expert (B * k / E) from which the built-in default takes the
  * wgmma path. */

@@ -42,7 +42,7 @@ const char *fm_kernel_path_name(fm_kernel_path p) {
  *   block is one warpgroup (4 warps, 64 rows, k_split 1); each warp decodes
  *   its 16 rows as above, and one wgmma.m64nNk16 per 16-wide K step
  *   multiplies the block's 64 rows by up to tile_n (16 or 32) tokens whose
- *   activations the block stages once in shared memory, the weights three
+ *   activations the block stages once in shared memory, the weights two
  *   segments ahead through a shared-memory ring. It pays from FM_WGMMA_TPE
  *   tokens per expert (H200, DeepSeek-V4-Flash, B * k / E: 0.047 at B = 2,
  *   6 % faster than the mma.sync paths; 9 - 11 % at B = 4 - 16; 1.5 to 12

@@ -582,9 +582,10 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
  * per warp, and no token tile is decoded twice.
  *
  * Shared memory: a ring of segments (128 K each) of activations and, per
- * warp, of its weight tiles and scales (cp.async, three segments ahead:
- * more bytes in flight per warp than the register double buffer of the
- * mma.sync kernel holds, and no registers spent on them). Within a
+ * warp, of its weight tiles and scales (cp.async, two segments ahead, three
+ * with FP4MOE_CUDA_WG_OCC=0: more bytes in flight per warp than the
+ * register double buffer of the mma.sync kernel holds, and no registers
+ * spent on them). Within a
  * segment, K step j (16 values) is a K-major, unswizzled wgmma operand:
  * 8-token x 8-value core matrices of 128 bytes, the two K halves 128 bytes
  * apart (leading byte offset) and consecutive 8-token groups 256 bytes apart
@@ -834,7 +835,7 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
 }
 
 /* Block = one warpgroup, 64 rows; work items as in fm_expert_kernel (the
- * launch sizes the grid with 32-token passes). Needs sm_90a: elsewhere the
+ * launch sizes the grid with passes of 8 * NMAX tokens). Needs sm_90a: elsewhere the
  * body is empty and the host never launches it (fm_cuda_wgmma_built). */
 /* NMAX: most 8-token groups per pass (2 or 4). Gate/up with NMAX 4 needs
  * 160 registers (3 blocks per SM), with 2 128; down 100. OCC: one K step of
