@@ -825,12 +825,10 @@ static int walk_object(pctx *c, const char *key, size_t klen, int (*take)(pctx *
     }
     char msg[64];
     for (;;) {
+        /* (jr_fail keeps the first error, e.g. a read error behind ch < 0) */
         if (ch != '"') {
-            if (ch < 0 && r->st == FM_OK) jr_fail(r, r->end, "unexpected end of input (truncated file?)");
-            else if (ch >= 0) {
-                snprintf(msg, sizeof msg, "expected a string key in %s", where);
-                jr_fail(r, r->pos, msg);
-            }
+            snprintf(msg, sizeof msg, "expected a string key in %s", where);
+            jr_fail(r, ch < 0 ? r->end : r->pos, ch < 0 ? "unexpected end of input (truncated file?)" : msg);
             return -1;
         }
         const char *k;
@@ -840,7 +838,7 @@ static int walk_object(pctx *c, const char *key, size_t klen, int (*take)(pctx *
         if (jr_colon(r, "unexpected end of input (truncated file?)")) return -1;
         ch = jr_ws(r);
         if (ch < 0) {
-            if (r->st == FM_OK) jr_fail(r, r->end, "unexpected end of input (truncated file?)");
+            jr_fail(r, r->end, "unexpected end of input (truncated file?)");
             return -1;
         }
         if (hit ? take(c, ch) : jr_skip(r)) return -1;
