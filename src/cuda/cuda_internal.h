@@ -134,6 +134,7 @@ typedef struct {
                              * the pairs in one warp's registers            */
     int early_trigger;      /* selection lets the expert kernels launch at
                              * its start (they prefetch the shared expert) */
+    int l2first;            /* router rows read with an L2 evict-first policy */
 } fm_route_params;
 
 /* Expert kernels' parameters. */
@@ -154,6 +155,8 @@ typedef struct {
     /* 1: the shared expert's blocks ask L2 for their weights before waiting
      * on routing (the shared expert needs no routing result) */
     int sh_prefetch;
+    /* 1: the weights are read with an L2 evict-first policy */
+    int l2first;
     const int *n_active, *act_e, *act_off, *act_cnt, *sorted_tok;
     const float *sorted_w;
     const uint16_t *x_prep;       /* [T][Hp]                                 */

@@ -29,6 +29,7 @@ struct fm_cuda_engine {
     int shared_enabled;
     int pdl;
     int sh_prefetch; /* shared expert prefetched into L2 during routing */
+    int l2first;     /* weights read with an L2 evict-first policy */
     int fp4_enc;  /* weights of new layers stored for the v6 decode        */
     int wgmma;    /* the wgmma kernels can run: sm_90 and built for sm_90a */
     /* workspace, sized for the largest call so far */
@@ -119,6 +120,11 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
      * into L2 while routing runs (needs PDL) */
     env = getenv("FP4MOE_CUDA_SH_PREFETCH");
     e->sh_prefetch = env && !strcmp(env, "1");
+    /* Weights and router rows are read with an L2 evict-first policy
+     * (docs/perf.md, v18); FP4MOE_CUDA_L2HINT=0 reads them at the default
+     * priority, for comparisons */
+    env = getenv("FP4MOE_CUDA_L2HINT");
+    e->l2first = !(env && !strcmp(env, "0"));
     e->fp4_enc = 1;
     env = getenv("FP4MOE_CUDA_FP4_DECODE");
     if (env && !strcmp(env, "v5")) e->fp4_enc = 0;
@@ -734,6 +740,7 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
     fill_expert_params(e, l, T, &ep);
     ep.sh_prefetch = e->sh_prefetch && lc->pdl && ep.sgate.n > 0 && !ev;
     rp.early_trigger = ep.sh_prefetch;
+    ep.l2first = rp.l2first = e->l2first;
     fm_status s;
     if (ev) FM_CU(cudaEventRecord(ev[0], e->stream));
     if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, parts, e->stream))) return s;

@@ -68,6 +68,34 @@ static __device__ __forceinline__ uint4 ld_stream(const void *p) {
     return r;
 }
 
+/* The L2 policy of the weight streams (fm_expert_params.l2first): evict
+ * first, so that the bytes read once per layer do not push out what is
+ * read again soon (the tokens' activations, h, the routing arrays, the
+ * code of the next kernels), or the default priority. */
+static __device__ __forceinline__ uint64_t l2_policy(int first) {
+    uint64_t pol;
+    if (first) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    else asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+static __device__ __forceinline__ uint4 ld_stream_pol(const void *p, uint64_t pol) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p), "l"(pol));
+    return r;
+}
+static __device__ __forceinline__ uint32_t ld_u16_pol(const void *p, uint64_t pol) {
+    unsigned short r;
+    asm("ld.global.nc.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(r) : "l"(p), "l"(pol));
+    return r;
+}
+static __device__ __forceinline__ uint32_t ld_u8_pol(const void *p, uint64_t pol) {
+    unsigned short r;
+    asm("ld.global.nc.L2::cache_hint.u8 %0, [%1], %2;" : "=h"(r) : "l"(p), "l"(pol));
+    return r & 0xFFu;
+}
+
 static __device__ __forceinline__ uint32_t bf_mul2(uint32_t a, uint32_t b) {
     __nv_bfloat162 x = *(__nv_bfloat162 *)&a, y = *(__nv_bfloat162 *)&b;
     __nv_bfloat162 r = __hmul2(x, y);
@@ -313,6 +341,17 @@ static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src,
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                  : "memory");
 }
+static __device__ __forceinline__ void cp_async16_pol(uint32_t dst, const void *src, uint64_t pol) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, 16, %2;" ::"r"(dst), "l"(src),
+                 "l"(pol)
+                 : "memory");
+}
+template <int B>
+static __device__ __forceinline__ void cp_async_small_pol(uint32_t dst, const void *src, uint64_t pol) {
+    asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], %2, %2, %3;" ::"r"(dst), "l"(src), "n"(B),
+                 "l"(pol)
+                 : "memory");
+}
 /* 8 bytes (NVFP4 scales of 4 threads) or 4 (MXFP4); src aligned to that */
 template <int B>
 static __device__ __forceinline__ void cp_async_small(uint32_t dst, const void *src, bool valid) {
@@ -397,6 +436,7 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
     fm_tile_ptrs<NMAT, MX>(dA, dB, e, tile0, lane, pa, pb, sa, sb, st);
     const uint16_t *src_base = NMAT == 2 ? p.x_prep : p.h;
     const int64_t src_stride = NMAT == 2 ? p.Hp : p.hstride;
+    const uint64_t wpol = l2_policy(p.l2first);
 
     for (int pass0 = pbeg; pass0 < pend; pass0 += 8 * NT) {
         float acc[NMAT][NT][4];
@@ -427,14 +467,14 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
         uint32_t ca[NMAT], cb[NMAT], nca[NMAT], ncb[NMAT];
 #define FM_LOAD_SEG(S, WA, WB, CA, CB)                                                                    \
     _Pragma("unroll") for (int m = 0; m < NMAT; m++) {                                                    \
-        WA[m] = ld_stream(pa[m] + (int64_t)(S) * 1024);                                                   \
-        WB[m] = ld_stream(pb[m] + (int64_t)(S) * 1024);                                                   \
+        WA[m] = ld_stream_pol(pa[m] + (int64_t)(S) * 1024, wpol);                                         \
+        WB[m] = ld_stream_pol(pb[m] + (int64_t)(S) * 1024, wpol);                                         \
         if (MX) {                                                                                          \
-            CA[m] = __ldg(sa[m] + (int64_t)(S) * 64);                                                      \
-            CB[m] = __ldg(sb[m] + (int64_t)(S) * 64);                                                      \
+            CA[m] = ld_u8_pol(sa[m] + (int64_t)(S) * 64, wpol);                                            \
+            CB[m] = ld_u8_pol(sb[m] + (int64_t)(S) * 64, wpol);                                            \
         } else {                                                                                           \
-            CA[m] = __ldg((const unsigned short *)(sa[m] + (int64_t)(S) * 128));                            \
-            CB[m] = __ldg((const unsigned short *)(sb[m] + (int64_t)(S) * 128));                            \
+            CA[m] = ld_u16_pol(sa[m] + (int64_t)(S) * 128, wpol);                                          \
+            CB[m] = ld_u16_pol(sb[m] + (int64_t)(S) * 128, wpol);                                          \
         }                                                                                                  \
     }
         if (s_begin < s_end) { FM_LOAD_SEG(s_begin, wa, wb, ca, cb) }
@@ -481,11 +521,11 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
             const int s_ = s_begin + (J);                                                                  \
             const uint32_t st_ = ring_s + ((J) % RS) * SG::BYTES;                                          \
             _Pragma("unroll") for (int m = 0; m < NMAT; m++) {                                             \
-                cp_async16(st_ + SG::W + m * 1024 + lane * 16, pa[m] + (int64_t)s_ * 1024, true);         \
-                cp_async16(st_ + SG::W + m * 1024 + 512 + lane * 16, pb[m] + (int64_t)s_ * 1024, true);   \
+                cp_async16_pol(st_ + SG::W + m * 1024 + lane * 16, pa[m] + (int64_t)s_ * 1024, wpol);     \
+                cp_async16_pol(st_ + SG::W + m * 1024 + 512 + lane * 16, pb[m] + (int64_t)s_ * 1024, wpol); \
                 if (t == 0) {                                                                              \
-                    cp_async_small<MX ? 4 : 8>(st_ + SG::S + m * 128 + g * 8, sca[m] + (int64_t)s_ * sbytes, true); \
-                    cp_async_small<MX ? 4 : 8>(st_ + SG::S + m * 128 + (g + 8) * 8, scb[m] + (int64_t)s_ * sbytes, true); \
+                    cp_async_small_pol<MX ? 4 : 8>(st_ + SG::S + m * 128 + g * 8, sca[m] + (int64_t)s_ * sbytes, wpol); \
+                    cp_async_small_pol<MX ? 4 : 8>(st_ + SG::S + m * 128 + (g + 8) * 8, scb[m] + (int64_t)s_ * sbytes, wpol); \
                 }                                                                                          \
             }                                                                                              \
             _Pragma("unroll") for (int n = 0; n < NT; n++)                                                 \
@@ -721,6 +761,7 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
         }
     }
     const uint8_t *xsafe = (const uint8_t *)w.src_base;
+    const uint64_t wpol = l2_policy(p.l2first);
 #define FM_WG_XCOPY(S)                                                                                     \
     do {                                                                                                   \
         if ((S) < w.nseg) {                                                                                \
@@ -735,9 +776,9 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
             }                                                                                              \
             _Pragma("unroll") for (int m = 0; m < NMAT; m++) {                                             \
                 const uint32_t d_ = wr_s + ((S) % NSTG) * WST + m * 1152;                                  \
-                cp_async16(d_ + lane * 16, w.pa[m] + (int64_t)(S) * 1024, true);                           \
-                cp_async16(d_ + 512 + lane * 16, w.pb[m] + (int64_t)(S) * 1024, true);                     \
-                if (lane < SPR) cp_async16(d_ + 1024 + lane * 16, w.st[m] + (int64_t)(S) * (16 * SPR) + lane * 16, true); \
+                cp_async16_pol(d_ + lane * 16, w.pa[m] + (int64_t)(S) * 1024, wpol);                       \
+                cp_async16_pol(d_ + 512 + lane * 16, w.pb[m] + (int64_t)(S) * 1024, wpol);                 \
+                if (lane < SPR) cp_async16_pol(d_ + 1024 + lane * 16, w.st[m] + (int64_t)(S) * (16 * SPR) + lane * 16, wpol); \
             }                                                                                              \
         }                                                                                                  \
         cp_async_commit();                                                                                 \

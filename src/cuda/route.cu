@@ -41,6 +41,19 @@ static __device__ __forceinline__ void pdl_wait(void) {
 static __device__ __forceinline__ void prefetch_l2_line(const void *q) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(q));
 }
+/* The router rows are read once per layer: with p.l2first, at L2's
+ * evict-first priority (as the expert weights, expert.cu). */
+static __device__ __forceinline__ float4 ld_router4(const float *q, int first) {
+    float4 r;
+    if (first)
+        asm("{\n\t.reg .b64 pol;\n\tcreatepolicy.fractional.L2::evict_first.b64 pol, 1.0;\n\t"
+            "ld.global.nc.L2::cache_hint.v4.f32 {%0,%1,%2,%3}, [%4], pol;\n\t}"
+            : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
+            : "l"(q));
+    else
+        r = __ldg((const float4 *)q);
+    return r;
+}
 static __device__ __forceinline__ void pdl_launch_dependents(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -90,6 +103,18 @@ static __device__ int warp_argmax(const float *sel, const unsigned char *taken, 
     return bi != 0x7fffffff ? bi : firstfree;
 }
 
+
+/* Row stride of the partial logits and of the selection's per-expert
+ * arrays: E rounded up to 4, so that a lane moves 4 experts at a time. */
+static __host__ __device__ __forceinline__ int lg_stride(int E) { return (E + 3) & ~3; }
+
+/* An unsigned key that orders scores as floats do (-0 as +0), above 0 for
+ * every score; NaN gets 1, below -inf. */
+static __device__ __forceinline__ unsigned score_key(float f) {
+    if (f != f) return 1u;
+    const unsigned b = __float_as_uint(f + 0.0f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
 
 /* Sums of N values across a warp, N a power of two <= 32, in five
  * steps: each step halves the values a lane keeps (transposed butterfly), so
@@ -187,7 +212,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_gemv_kernel(fm_route_par
 #pragma unroll
         for (int it = 0; it < LG_KC / 128; it++) {
             int k = k0 + it * 128 + lane * 4;
-            w[a][it] = e0 + a < E && k < H ? __ldg((const float4 *)(p.router_w + (size_t)(e0 + a) * H + k))
+            w[a][it] = e0 + a < E && k < H ? ld_router4(p.router_w + (size_t)(e0 + a) * H + k, p.l2first)
                                            : make_float4(0, 0, 0, 0);
         }
     pdl_wait();
@@ -230,7 +255,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_gemv_kernel(fm_route_par
     float v = warp_sum_transposed<LG_EW * LG_TT>(acc);
     const int idx = lane >> 1, a = idx / LG_TT, b = idx % LG_TT;
     if ((lane & 1) == 0 && e0 + a < E && t0 + b < T)
-        p.logits[((size_t)blockIdx.y * T + t0 + b) * E + e0 + a] = v;
+        p.logits[((size_t)blockIdx.y * T + t0 + b) * lg_stride(E) + e0 + a] = v;
     if (!p.fuse) return;
 
     /* Fused selection (few tokens): the last block of a token tile to finish
@@ -301,7 +326,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_tile_kernel(fm_route_par
     float4 xr = make_float4(0, 0, 0, 0), wr = make_float4(0, 0, 0, 0);
     if (kbeg + lc < kend) {
         if (xok) xr = load_x4(p.x, p.xdt, (size_t)(t0 + lr) * H + kbeg + lc);
-        if (wok) wr = __ldg((const float4 *)(p.router_w + (size_t)(e0 + lr) * H + kbeg + lc));
+        if (wok) wr = ld_router4(p.router_w + (size_t)(e0 + lr) * H + kbeg + lc, p.l2first);
     }
     for (int kb = kbeg; kb < kend; kb += LG_KSTEP) {
         xs[lc][lr] = xr.x; xs[lc + 1][lr] = xr.y; xs[lc + 2][lr] = xr.z; xs[lc + 3][lr] = xr.w;
@@ -313,7 +338,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_tile_kernel(fm_route_par
         wr = make_float4(0, 0, 0, 0);
         if (kn < kend) {
             if (xok) xr = load_x4(p.x, p.xdt, (size_t)(t0 + lr) * H + kn);
-            if (wok) wr = __ldg((const float4 *)(p.router_w + (size_t)(e0 + lr) * H + kn));
+            if (wok) wr = ld_router4(p.router_w + (size_t)(e0 + lr) * H + kn, p.l2first);
         }
 #pragma unroll
         for (int kk = 0; kk < LG_KSTEP; kk++) {
@@ -331,7 +356,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_tile_kernel(fm_route_par
     for (int i = 0; i < 4; i++) {
         int t = t0 + ty * 4 + i;
         if (t >= T) continue;
-        float *dst = p.logits + ((size_t)blockIdx.z * T + t) * E;
+        float *dst = p.logits + ((size_t)blockIdx.z * T + t) * lg_stride(E);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             int e = e0 + tx * 4 + j;
@@ -360,7 +385,7 @@ static void tile_split(int T, int H, int E, int sms, int *ks, int *kc) {
 
 /* Per-warp shared memory of the selection kernel: lg, sel, wsc [E] floats
  * and taken [E] bytes, rounded to 16 bytes. */
-static __host__ __device__ size_t sel_warp_bytes(int E) { return ((size_t)E * 13 + 15) & ~(size_t)15; }
+static __host__ __device__ size_t sel_warp_bytes(int E) { return ((size_t)lg_stride(E) * 13 + 15) & ~(size_t)15; }
 
 /*
  * Selection and grouping: one warp per token (RS_WARPS tokens per block).
@@ -381,70 +406,105 @@ static __host__ __device__ size_t sel_warp_bytes(int E) { return ((size_t)E * 13
  * at decode sizes its time is mostly instruction fetch and load latency. */
 template <int RK>
 static __device__ void select_token(const fm_route_params &p, int t, unsigned char *ws, int *chosen, float *chosen_w) {
-    const int E = p.E, k = p.k;
+    const int E = p.E, k = p.k, Ep = lg_stride(E);
     const int lane = threadIdx.x & 31;
     const int T = p.T;
-    float *lg = (float *)ws;  /* [E] logits          */
-    float *sel = lg + E;      /* [E] selection score */
-    float *wsc = sel + E;     /* [E] weight score    */
-    unsigned char *taken = (unsigned char *)(wsc + E); /* [E] */
-        /* K slices in order; a lane's 8 experts per slice are independent
-         * loads, so the slices cost a few L2 latencies, not one each */
-        for (int c0 = 0; c0 < E; c0 += 256) {
-            float v[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) v[j] = 0.0f;
+    /* A lane owns experts 128 c + 4 lane .. + 3 (chunks c of 128): every
+     * step below moves four experts with one 16-byte access, and the loops
+     * are short, so that little code runs once (at decode sizes this warp's
+     * time is instruction fetch and latency, docs/perf.md, v18). */
+    float *lg = (float *)ws;  /* [Ep] logits          */
+    float *sel = lg + Ep;     /* [Ep] selection score, then the top-k keys */
+    float *wsc = sel + Ep;    /* [Ep] weight score    */
+    unsigned char *taken = (unsigned char *)(wsc + Ep); /* [Ep] group flags */
+        /* K slices in order: up to 16 independent 16-byte loads in flight */
+#pragma unroll 2
+        for (int c0 = 0; c0 < E; c0 += 128) {
+            const int e = c0 + 4 * lane;
+            if (e < E) {
+                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 8
-            for (int s = 0; s < p.kslices; s++) {
-                const float *src = p.logits + ((size_t)s * T + t) * E;
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    int e = c0 + j * 32 + lane;
-                    if (e < E) v[j] += __ldcg(src + e);
+                for (int s = 0; s < p.kslices; s++) {
+                    const float4 x = __ldcg((const float4 *)(p.logits + ((size_t)s * T + t) * Ep + e));
+                    v.x += x.x; v.y += x.y; v.z += x.z; v.w += x.w;
                 }
-            }
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                int e = c0 + j * 32 + lane;
-                if (e < E) lg[e] = v[j] + (p.router_bias ? p.router_bias[e] : 0.0f);
+                if (p.router_bias) {
+                    v.x += p.router_bias[e];
+                    if (e + 1 < E) v.y += p.router_bias[e + 1];
+                    if (e + 2 < E) v.z += p.router_bias[e + 2];
+                    if (e + 3 < E) v.w += p.router_bias[e + 3];
+                }
+                *(float4 *)&lg[e] = v;
             }
         }
         __syncwarp();
 
-        /* family scores */
+        /* family scores (experts E .. Ep - 1 get scores too, never chosen) */
         if (RK == FM_ROUTE_SOFTMAX) {
             float m = -INFINITY;
-            for (int e = lane; e < E; e += 32) m = fmaxf(m, lg[e]);
+            for (int e = 4 * lane; e < E; e += 128) {
+                const float4 l = *(const float4 *)&lg[e];
+                m = fmaxf(m, fmaxf(fmaxf(l.x, e + 1 < E ? l.y : -INFINITY),
+                                   fmaxf(e + 2 < E ? l.z : -INFINITY, e + 3 < E ? l.w : -INFINITY)));
+            }
             for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-            float s = 0.0f;
-            for (int e = lane; e < E; e += 32) { float v = expf(lg[e] - m); wsc[e] = v; s += v; }
-            for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            for (int e = lane; e < E; e += 32) { wsc[e] = wsc[e] / s; sel[e] = wsc[e]; }
+            float sum = 0.0f;
+            for (int e = 4 * lane; e < E; e += 128) {
+                const float4 l = *(const float4 *)&lg[e];
+                float4 x;
+                x.x = expf(l.x - m);
+                x.y = e + 1 < E ? expf(l.y - m) : 0.0f;
+                x.z = e + 2 < E ? expf(l.z - m) : 0.0f;
+                x.w = e + 3 < E ? expf(l.w - m) : 0.0f;
+                sum += x.x + x.y + x.z + x.w;
+                *(float4 *)&wsc[e] = x;
+            }
+            for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            for (int e = 4 * lane; e < E; e += 128) {
+                float4 x = *(const float4 *)&wsc[e];
+                x.x /= sum; x.y /= sum; x.z /= sum; x.w /= sum;
+                *(float4 *)&wsc[e] = x;
+                *(float4 *)&sel[e] = x;
+            }
         } else if (RK == FM_ROUTE_GPTOSS) {
-            for (int e = lane; e < E; e += 32) {
-                float v = lg[e];
-                sel[e] = v; wsc[e] = v;
+            for (int e = 4 * lane; e < E; e += 128) {
+                const float4 l = *(const float4 *)&lg[e];
+                *(float4 *)&sel[e] = l;
+                *(float4 *)&wsc[e] = l;
             }
         } else {
-            for (int e = lane; e < E; e += 32) {
-                float l = lg[e], s;
+#pragma unroll 1
+            for (int e = 4 * lane; e < E; e += 128) {
+                const float4 l = *(const float4 *)&lg[e];
+                float4 sc;
                 if (RK == FM_ROUTE_DSV4) {
-                    float sp = l > 20.0f ? l : log1pf(expf(l));
-                    s = sqrtf(sp);
+                    sc.x = sqrtf(l.x > 20.0f ? l.x : log1pf(expf(l.x)));
+                    sc.y = sqrtf(l.y > 20.0f ? l.y : log1pf(expf(l.y)));
+                    sc.z = sqrtf(l.z > 20.0f ? l.z : log1pf(expf(l.z)));
+                    sc.w = sqrtf(l.w > 20.0f ? l.w : log1pf(expf(l.w)));
                 } else {
-                    s = 1.0f / (1.0f + expf(-l));
+                    sc.x = 1.0f / (1.0f + expf(-l.x));
+                    sc.y = 1.0f / (1.0f + expf(-l.y));
+                    sc.z = 1.0f / (1.0f + expf(-l.z));
+                    sc.w = 1.0f / (1.0f + expf(-l.w));
                 }
-                wsc[e] = s;
-                sel[e] = s + (p.score_bias ? p.score_bias[e] : 0.0f);
+                *(float4 *)&wsc[e] = sc;
+                if (p.score_bias) {
+                    sc.x += p.score_bias[e];
+                    if (e + 1 < E) sc.y += p.score_bias[e + 1];
+                    if (e + 2 < E) sc.z += p.score_bias[e + 2];
+                    if (e + 3 < E) sc.w += p.score_bias[e + 3];
+                }
+                *(float4 *)&sel[e] = sc;
             }
         }
-        for (int e = lane; e < E; e += 32) taken[e] = 0;
         __syncwarp();
 
         /* group limit (DeepSeek-V3 family): keep the topk_group groups with
          * the largest sum of their two best biased scores */
         if ((RK == FM_ROUTE_NOAUX_TC || RK == FM_ROUTE_DSV4) && p.n_group > 1 && p.topk_group > 0 &&
             p.topk_group < p.n_group) {
+            for (int g = lane; g < p.n_group; g += 32) taken[g] = 0;
             int gs = E / p.n_group;
             float *gscore = lg; /* logits are no longer needed */
             for (int g = lane; g < p.n_group; g += 32) {
@@ -464,17 +524,42 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
             for (int e = lane; e < E; e += 32)
                 if (!taken[e / gs]) sel[e] = -INFINITY;
             __syncwarp();
-            for (int g = lane; g < p.n_group; g += 32) taken[g] = 0;
-            __syncwarp();
         }
 
         if (p.hash) {
             int tok = p.token_ids[t];
             if (lane < k) chosen[lane] = p.tid2eid[(size_t)tok * k + lane];
         } else {
+            /* top-k on order-preserving integer keys (sel becomes the keys):
+             * per round each lane's best, then the warp's largest key and,
+             * among equal keys, the lowest expert (two warp reductions); the
+             * chosen key becomes 0, below every expert's. NaN scores rank
+             * below -inf (chosen last, lowest index first), -0 equals +0. */
+            unsigned *key = (unsigned *)sel;
+            for (int e = 4 * lane; e < E; e += 128) {
+                const float4 v = *(const float4 *)&sel[e];
+                uint4 q;
+                q.x = score_key(v.x);
+                q.y = e + 1 < E ? score_key(v.y) : 0u;
+                q.z = e + 2 < E ? score_key(v.z) : 0u;
+                q.w = e + 3 < E ? score_key(v.w) : 0u;
+                *(uint4 *)&key[e] = q;
+            }
+            __syncwarp();
+#pragma unroll 1
             for (int j = 0; j < k; j++) {
-                int e = warp_argmax(sel, taken, E);
-                if (lane == 0) { taken[e] = 1; chosen[j] = e; }
+                unsigned best = 0u, be = 0xffffffffu;
+                for (int e = 4 * lane; e < E; e += 128) {
+                    const uint4 q = *(const uint4 *)&key[e];
+                    if (q.x > best) { best = q.x; be = e; }
+                    if (q.y > best) { best = q.y; be = e + 1; }
+                    if (q.z > best) { best = q.z; be = e + 2; }
+                    if (q.w > best) { best = q.w; be = e + 3; }
+                }
+                const unsigned m = __reduce_max_sync(0xffffffffu, best);
+                const unsigned w = __reduce_min_sync(0xffffffffu, best == m ? be : 0xffffffffu);
+                if (lane == ((w & 127u) >> 2)) key[w] = 0u;
+                if (lane == 0) chosen[j] = (int)w;
                 __syncwarp();
             }
         }
@@ -715,9 +800,9 @@ extern "C" size_t fm_cuda_route_logit_floats(int T, int H, int E, int sms) {
      * SGEMM shape: slices x tiles <= 4 sms + tiles - 1, each 64 x 64; and
      * never less than one slice. Every term grows with T, H, E and sms. */
     size_t tiles = (size_t)((T + LG_TILE - 1) / LG_TILE) * ((E + LG_TILE - 1) / LG_TILE);
-    size_t a = (size_t)((H + LG_KC - 1) / LG_KC) * LG_SMALL_T * E;
-    size_t b = (4 * (size_t)(sms > 0 ? sms : 132) + tiles) * LG_TILE * LG_TILE;
-    size_t c = (size_t)T * E;
+    size_t a = (size_t)((H + LG_KC - 1) / LG_KC) * LG_SMALL_T * lg_stride(E);
+    size_t b = (4 * (size_t)(sms > 0 ? sms : 132) + tiles) * LG_TILE * LG_TILE; /* lg_stride(E) <= tiles' experts */
+    size_t c = (size_t)T * lg_stride(E);
     size_t m = a > b ? a : b;
     return m > c ? m : c;
 }
