@@ -263,6 +263,14 @@ static __device__ __forceinline__ void fm_emit(const fm_expert_params &p, const 
     }
 }
 
+/* Down's output of fm_emit with the token row and routing weight given. */
+static __device__ __forceinline__ void fm_emit_down(const fm_expert_params &p, const fm_epi &o, int row, int idx,
+                                                    int tok, float wgt, float a) {
+    if (idx >= o.cnt || row >= o.rows) return;
+    const float biasA = o.biasA ? o.biasA[(int64_t)o.e * o.rows_p + row] : 0.0f;
+    atomicAdd(&p.out[(int64_t)tok * p.H + row], (a * o.s2A + biasA) * wgt);
+}
+
 /* One 128-wide K segment: decode the thread's weights of rows g and g + 8
  * (both matrices) and run the MMAs against every token tile. */
 template <int NT, int NMAT, bool MX, bool ENC>
@@ -647,8 +655,10 @@ static constexpr FM_HD int wg_lookahead(bool occ) { return occ ? 2 : 3; }
 /* One segment of one warp's weight ring: per matrix 1024 bytes of weights
  * and 128 of scales (64 used by MXFP4). */
 static constexpr FM_HD int wg_wstage_bytes(int nmat) { return nmat * 1152; }
+/* Down's blocks also keep the pass's token rows and routing weights (32
+ * ints and 32 floats) after the weight rings, for the epilogue. */
 static constexpr FM_HD int wg_smem_bytes(int nmat, int nmax, bool occ) {
-    return (wg_lookahead(occ) + 1) * (wg_stage_bytes(nmax) + 4 * wg_wstage_bytes(nmat));
+    return (wg_lookahead(occ) + 1) * (wg_stage_bytes(nmax) + 4 * wg_wstage_bytes(nmat)) + (nmat == 1 ? 256 : 0);
 }
 
 #ifdef FM_HAVE_WGMMA
@@ -762,10 +772,18 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
     }
     const uint8_t *xsafe = (const uint8_t *)w.src_base;
     const uint64_t wpol = l2_policy(p.l2first);
+    /* the weights first: their addresses need no load, so the first
+     * segments' weight copies leave before the token rows have arrived */
 #define FM_WG_XCOPY(S)                                                                                     \
     do {                                                                                                   \
         if ((S) < w.nseg) {                                                                                \
             const uint32_t st_ = sbase + ((S) % NSTG) * STAGE;                                             \
+            _Pragma("unroll") for (int m = 0; m < NMAT; m++) {                                             \
+                const uint32_t d_ = wr_s + ((S) % NSTG) * WST + m * 1152;                                  \
+                cp_async16_pol(d_ + lane * 16, w.pa[m] + (int64_t)(S) * 1024, wpol);                       \
+                cp_async16_pol(d_ + 512 + lane * 16, w.pb[m] + (int64_t)(S) * 1024, wpol);                 \
+                if (lane < SPR) cp_async16_pol(d_ + 1024 + lane * 16, w.st[m] + (int64_t)(S) * (16 * SPR) + lane * 16, wpol); \
+            }                                                                                              \
             _Pragma("unroll") for (int k = 0; k < NIT; k++) {                                              \
                 const uint8_t *q_ = xsrc[k] ? xsrc[k] + (int64_t)(S) * (FM_KSEG * 2) : xsafe;              \
                 const bool v_ = xsrc[k] != NULL;                                                           \
@@ -774,15 +792,26 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
                 cp_async_small<4>(st_ + xoff[k] + STEP, q_ + 8, v_);                                       \
                 cp_async_small<4>(st_ + xoff[k] + STEP + 128, q_ + 12, v_);                                \
             }                                                                                              \
-            _Pragma("unroll") for (int m = 0; m < NMAT; m++) {                                             \
-                const uint32_t d_ = wr_s + ((S) % NSTG) * WST + m * 1152;                                  \
-                cp_async16_pol(d_ + lane * 16, w.pa[m] + (int64_t)(S) * 1024, wpol);                       \
-                cp_async16_pol(d_ + 512 + lane * 16, w.pb[m] + (int64_t)(S) * 1024, wpol);                 \
-                if (lane < SPR) cp_async16_pol(d_ + 1024 + lane * 16, w.st[m] + (int64_t)(S) * (16 * SPR) + lane * 16, wpol); \
-            }                                                                                              \
         }                                                                                                  \
         cp_async_commit();                                                                                 \
     } while (0)
+    /* down: the pass's token rows and routing weights, read now so that
+     * the epilogue's atomics wait on no global load (visible to every warp
+     * after the first segment's barrier) */
+    int *ep_tok = (int *)(smem + w.wring_off + 4 * NSTG * WST);
+    float *ep_w = (float *)(ep_tok + 32);
+    if (NMAT == 1 && tid < 8 * N8) {
+        const int idx = w.pass0 + tid;
+        int tk = 0;
+        float wt = 0.0f;
+        if (idx < w.o.cnt) {
+            const int pos = w.o.pos0 + idx;
+            tk = w.o.shared ? idx : p.sorted_tok[pos];
+            wt = w.o.shared ? 1.0f : p.sorted_w[pos];
+        }
+        ep_tok[tid] = tk;
+        ep_w[tid] = wt;
+    }
     float acc[NMAT][4 * N8];
 #pragma unroll
     for (int m = 0; m < NMAT; m++)
@@ -865,8 +894,13 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
     for (int n = 0; n < N8; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            fm_emit<NMAT>(p, w.o, i < 2 ? w.rowA : w.rowB, w.pass0 + n * 8 + 2 * t + (i & 1), acc[0][n * 4 + i],
-                          acc[NMAT - 1][n * 4 + i]);
+        {
+            const int j = n * 8 + 2 * t + (i & 1);
+            if (NMAT == 1)
+                fm_emit_down(p, w.o, i < 2 ? w.rowA : w.rowB, w.pass0 + j, ep_tok[j], ep_w[j], acc[0][n * 4 + i]);
+            else
+                fm_emit<NMAT>(p, w.o, i < 2 ? w.rowA : w.rowB, w.pass0 + j, acc[0][n * 4 + i], acc[NMAT - 1][n * 4 + i]);
+        }
     (void)g;
 #else
     (void)p;
