@@ -500,8 +500,11 @@ const char *fm_cuda_engine_describe(const fm_cuda_engine *e);
 /* Fills the tuning key of this GPU for a model shape. */
 fm_status fm_cuda_engine_key(const fm_cuda_engine *e, const fm_model_desc *d,
                              fm_qformat fmt, struct fm_tune_key *key);
-/* Forces a kernel config (tuning); NULL returns to the tuned/default one. */
-void fm_cuda_engine_set_config(fm_cuda_engine *e, const fm_kernel_config *cfg);
+/* Forces a kernel config (tuning); NULL returns to the tuned/default one.
+ * A config a tuned-config file could not hold (a field out of range, a
+ * wgmma config of another block shape) is refused with FM_E_ARG, naming the
+ * field, and the engine keeps what it had. */
+fm_status fm_cuda_engine_set_config(fm_cuda_engine *e, const fm_kernel_config *cfg);
 /* Accumulates per-phase times (CUDA events between phases) when set. */
 void fm_cuda_engine_set_phase_times(fm_cuda_engine *e, fm_phase_times *pt);
 /* Runs the shared expert (default 1). Benchmarks against peers that compute

@@ -88,7 +88,7 @@ def main():
     profcheck.cli()
     with tempfile.TemporaryDirectory() as d:
         args = ["--preset", "tiny-deepseek", "--batch", "4,16", "--bandwidth", "4", "--peak-gflops", "30",
-                "--steps", "2", "--warmup", "1", "--tile-n", "32", "--period-ms", "5"]
+                "--steps", "40", "--warmup", "1", "--tile-n", "32", "--period-ms", "5"]
         _, paths = profcheck.run_profile(args, d)
         j = json.load(open(paths["json"]))
         html = open(paths["html"], encoding="utf-8").read()

@@ -395,7 +395,12 @@ static void test_bench_runs(void **state) {
     assert_true(r.kernel[0] && r.config_source[0]);
     /* the wgmma path runs where it can and says so where it cannot */
     const fm_kernel_config wg = {FM_PATH_WGMMA, 64, 1, 4, 1, 32, 1.5f};
-    fm_cuda_engine_set_config(g_eng, &wg);
+    /* a wgmma config of another block shape is refused, naming the shape,
+     * and the engine keeps its own choice */
+    const fm_kernel_config wg_bad = {FM_PATH_WGMMA, 32, 1, 4, 1, 32, 1.5f};
+    assert_int_equal(fm_cuda_engine_set_config(g_eng, &wg_bad), FM_E_ARG);
+    assert_non_null(strstr(fm_last_error(), "rows_per_block 64"));
+    assert_int_equal(fm_cuda_engine_set_config(g_eng, &wg), FM_OK);
     fm_status st = fm_cuda_bench(g_eng, &d, ls, 3, 40, 1, 3, &r);
     fm_cuda_engine_set_config(g_eng, NULL);
     if (st) fail_msg("bench (wgmma): %s", fm_last_error());

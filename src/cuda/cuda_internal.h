@@ -171,6 +171,7 @@ typedef struct {
     int ksplit;  /* warps splitting K                                        */
     int pdl;     /* programmatic dependent launch (sm_90)                    */
     int pipe;    /* weight pipeline, FM_PIPE_*                               */
+    int wgmma;   /* the engine can run the wgmma kernels (CC 9.0, sm_90a code) */
 } fm_launch_cfg;
 /* Weight pipelines of the expert kernels (config "stages": 1 -> REGS2,
  * 2..8 -> CP_ASYNC):
@@ -201,6 +202,9 @@ typedef struct {
 #ifdef __cplusplus
 extern "C" {
 #endif
+/* src/tune: nonzero (and the reason in why) for a config no tuned-config
+ * file could hold. */
+int fm_tune_config_invalid(const fm_kernel_config *c, char *why, size_t cap);
 /* parts: FM_ROUTE_PART_* (the benchmark times the logits kernel alone). */
 fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int pdl, int parts, cudaStream_t s);
 size_t fm_cuda_route_smem(int H, int E);

@@ -105,7 +105,6 @@ static const struct {
     {"FP4MOE_CUDA_DOWN", "nosplit|WxK"},
     {"FP4MOE_CUDA_WG", "0|1|2|3"},
     {"FP4MOE_CUDA_WG_TOKENS", "16|32"},
-    {"FP4MOE_CUDA_WG_OCC", "0|1"},
 };
 
 /* v is one of the '|'-separated words of vals ("WxK": W warps 1..8 split

@@ -178,10 +178,14 @@ fm_status fm_cuda_engine_key(const fm_cuda_engine *e, const fm_model_desc *d, fm
     return FM_OK;
 }
 
-void fm_cuda_engine_set_config(fm_cuda_engine *e, const fm_kernel_config *cfg) {
-    if (!e) return;
+fm_status fm_cuda_engine_set_config(fm_cuda_engine *e, const fm_kernel_config *cfg) {
+    if (!e) return fm_error(FM_E_ARG, "fm_cuda_engine_set_config: no engine");
+    char why[192];
+    if (cfg && fm_tune_config_invalid(cfg, why, sizeof why))
+        return fm_error(FM_E_ARG, "kernel config refused: %s", why);
     e->forced = cfg != NULL;
     if (cfg) e->cfg = *cfg;
+    return FM_OK;
 }
 void fm_cuda_engine_set_phase_times(fm_cuda_engine *e, fm_phase_times *pt) {
     if (e) e->pt = pt;
@@ -218,16 +222,14 @@ static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kern
                           : !l->gate.enc   ? "needs the v6 FP4 word order"
                                            : NULL;
         if (!why) {
-            cfg->warps = 4;
-            cfg->k_split = 1;
-            cfg->rows_per_block = 64;
-            cfg->tile_n = cfg->tile_n <= 16 ? 16 : 32;
-            cfg->stages = 1;
+            /* the shape was checked where the config came in (the config
+             * file's parser, fm_cuda_engine_set_config, the defaults) */
             lc->nt = cfg->tile_n / 8;
             lc->warps = 4;
             lc->ksplit = 1;
             lc->pdl = e->pdl;
             lc->pipe = FM_PIPE_WGMMA;
+            lc->wgmma = 1;
             return;
         }
         size_t n = strlen(src);
@@ -251,6 +253,7 @@ static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kern
     lc->warps = w;
     lc->ksplit = ks;
     lc->pdl = e->pdl;
+    lc->wgmma = e->wgmma;
     /* FP4MOE_CUDA_STAGES=N overrides the config's stages (A/B runs). */
     const char *env = getenv("FP4MOE_CUDA_STAGES");
     if (env && *env) {

@@ -263,14 +263,6 @@ static __device__ __forceinline__ void fm_emit(const fm_expert_params &p, const 
     }
 }
 
-/* Down's output of fm_emit with the token row and routing weight given. */
-static __device__ __forceinline__ void fm_emit_down(const fm_expert_params &p, const fm_epi &o, int row, int idx,
-                                                    int tok, float wgt, float a) {
-    if (idx >= o.cnt || row >= o.rows) return;
-    const float biasA = o.biasA ? o.biasA[(int64_t)o.e * o.rows_p + row] : 0.0f;
-    atomicAdd(&p.out[(int64_t)tok * p.H + row], (a * o.s2A + biasA) * wgt);
-}
-
 /* One 128-wide K segment: decode the thread's weights of rows g and g + 8
  * (both matrices) and run the MMAs against every token tile. */
 template <int NT, int NMAT, bool MX, bool ENC>
@@ -630,10 +622,9 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
  * per warp, and no token tile is decoded twice.
  *
  * Shared memory: a ring of segments (128 K each) of activations and, per
- * warp, of its weight tiles and scales (cp.async, two segments ahead, three
- * with FP4MOE_CUDA_WG_OCC=0: more bytes in flight per warp than the
- * register double buffer of the mma.sync kernel holds, and no registers
- * spent on them). Within a
+ * warp, of its weight tiles and scales (cp.async, two segments ahead: as
+ * many bytes in flight per warp as the register double buffer of the
+ * mma.sync kernel holds, and no registers spent on them). Within a
  * segment, K step j (16 values) is a K-major, unswizzled wgmma operand:
  * 8-token x 8-value core matrices of 128 bytes, the two K halves 128 bytes
  * apart (leading byte offset) and consecutive 8-token groups 256 bytes apart
@@ -649,16 +640,16 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
 #endif
 static constexpr FM_HD int wg_step_bytes(int n8) { return n8 * 256 + 16; }
 static constexpr FM_HD int wg_stage_bytes(int n8) { return 8 * wg_step_bytes(n8); }
-/* Segments copied ahead: 3, or 2 in the OCC variant (more blocks per SM,
- * fewer bytes in flight per warp). */
-static constexpr FM_HD int wg_lookahead(bool occ) { return occ ? 2 : 3; }
+/* Segments copied ahead (v16: two, for more blocks per SM than three
+ * allowed; v19: three or more for down measured slower). */
+#define FM_WG_LA 2
 /* One segment of one warp's weight ring: per matrix 1024 bytes of weights
  * and 128 of scales (64 used by MXFP4). */
 static constexpr FM_HD int wg_wstage_bytes(int nmat) { return nmat * 1152; }
 /* Down's blocks also keep the pass's token rows and routing weights (32
  * ints and 32 floats) after the weight rings, for the epilogue. */
-static constexpr FM_HD int wg_smem_bytes(int nmat, int nmax, bool occ) {
-    return (wg_lookahead(occ) + 1) * (wg_stage_bytes(nmax) + 4 * wg_wstage_bytes(nmat)) + (nmat == 1 ? 256 : 0);
+static constexpr FM_HD int wg_smem_bytes(int nmat, int nmax) {
+    return (FM_WG_LA + 1) * (wg_stage_bytes(nmax) + 4 * wg_wstage_bytes(nmat)) + (nmat == 1 ? 256 : 0);
 }
 
 #ifdef FM_HAVE_WGMMA
@@ -720,6 +711,14 @@ struct wg_mma<4> {
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
     }
 };
+/* Down's output of fm_emit with the token row and routing weight given. */
+static __device__ __forceinline__ void fm_emit_down(const fm_expert_params &p, const fm_epi &o, int row, int idx,
+                                                    int tok, float wgt, float a) {
+    if (idx >= o.cnt || row >= o.rows) return;
+    const float biasA = o.biasA ? o.biasA[(int64_t)o.e * o.rows_p + row] : 0.0f;
+    atomicAdd(&p.out[(int64_t)tok * p.H + row], (a * o.s2A + biasA) * wgt);
+}
+
 #endif
 
 /* What one pass of a wgmma block needs (set up by the kernel, used by the
@@ -737,7 +736,7 @@ struct fm_wg_pass {
 
 /* One pass: up to 8 * N8 tokens of the block's expert through its 64 rows,
  * over the whole K. */
-template <int N8, int NMAT, bool MX, bool OCC>
+template <int N8, int NMAT, bool MX>
 static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, const fm_wg_pass &w, uint8_t *smem) {
 #ifdef FM_HAVE_WGMMA
     constexpr int STEP = wg_step_bytes(N8), STAGE = wg_stage_bytes(N8);
@@ -745,7 +744,7 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
     /* LA segments copied ahead (activations, weights, scales); the stage
      * refilled at segment s last held segment s - 1, whose MMAs every warp
      * retired before the barrier of segment s */
-    constexpr int LA = wg_lookahead(OCC), NSTG = LA + 1, WST = wg_wstage_bytes(NMAT);
+    constexpr int LA = FM_WG_LA, NSTG = LA + 1, WST = wg_wstage_bytes(NMAT);
     constexpr int SPR = MX ? 4 : 8;
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3, wi = tid >> 5;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
@@ -875,14 +874,11 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
                 wg_mma<N8>::run(acc[m], ra[m][0], rb[m][0], ra[m][1], rb[m][1], wg_desc(st_addr + (2 * d) * STEP));
                 wg_mma<N8>::run(acc[m], ra[m][2], rb[m][2], ra[m][3], rb[m][3], wg_desc(st_addr + (2 * d + 1) * STEP));
             }
-            /* a group per 32-wide K step: waiting for the previous one keeps
-             * two steps of A fragments live instead of a segment's (OCC: one,
-             * for the registers of a fourth / sixth block per SM) */
+            /* a group per 32-wide K step, retired before the next step's
+             * decode: one step of A fragments live, for the registers of
+             * four gate/up and six down blocks per SM (v16) */
             wg_commit();
-            if (d < 3) {
-                if (OCC) wg_wait<0>();
-                else wg_wait<1>();
-            }
+            if (d < 3) wg_wait<0>();
         }
         wg_wait<0>();
     }
@@ -912,15 +908,12 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
 /* Block = one warpgroup, 64 rows; work items as in fm_expert_kernel (the
  * launch sizes the grid with passes of 8 * NMAX tokens). Needs sm_90a: elsewhere the
  * body is empty and the host never launches it (fm_cuda_wgmma_built). */
-/* NMAX: most 8-token groups per pass (2 or 4). Gate/up with NMAX 4 needs
- * 160 registers (3 blocks per SM), with 2 128; down 100. OCC: one K step of
- * MMAs in flight and two segments copied ahead, for 4 gate/up and 6 down
- * blocks per SM where shared memory allows. */
-static constexpr int fm_wg_min_blocks(int nmat, int nmax, bool occ) {
-    return occ ? (nmat == 2 ? 4 : 6) : nmat == 2 ? (nmax > 2 ? 3 : 4) : 5;
-}
-template <int NMAT, bool MX, int NMAX, bool OCC>
-__global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT, NMAX, OCC)) fm_expert_wg_kernel(fm_expert_params p, int W, int KS) {
+/* NMAX: most 8-token groups per pass (2 or 4). One K step of MMAs in
+ * flight and two segments copied ahead, for 4 gate/up and 6 down blocks per
+ * SM where shared memory allows. */
+static constexpr int fm_wg_min_blocks(int nmat) { return nmat == 2 ? 4 : 6; }
+template <int NMAT, bool MX, int NMAX>
+__global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT)) fm_expert_wg_kernel(fm_expert_params p, int W, int KS) {
 #ifdef FM_HAVE_WGMMA
     extern __shared__ __align__(128) uint8_t wg_smem[];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, g = lane >> 2;
@@ -947,16 +940,16 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT, NMAX, OCC)) fm_exp
     w.wv = r0 < dA.rows_p;
     const int64_t tile0 = (int64_t)((w.wv ? r0 : 0) / 16) * w.nseg;
     fm_tile_ptrs<NMAT, MX>(dA, dB, e, tile0, lane, w.pa, w.pb, w.sa, w.sb, w.st);
-    w.wring_off = (uint32_t)((wg_lookahead(OCC) + 1) * wg_stage_bytes(NMAX));
+    w.wring_off = (uint32_t)((FM_WG_LA + 1) * wg_stage_bytes(NMAX));
     w.src_base = NMAT == 2 ? p.x_prep : p.h;
     w.src_stride = NMAT == 2 ? p.Hp : p.hstride;
     for (int pass0 = it.pbeg; pass0 < it.pend; pass0 += 8 * NMAX) {
         w.pass0 = pass0;
         const int n8 = (min(8 * NMAX, it.pend - pass0) + 7) >> 3;
-        if (n8 == 1) wg_pass_body<1, NMAT, MX, OCC>(p, w, wg_smem);
-        else if (n8 == 2 || NMAX == 2) wg_pass_body<2, NMAT, MX, OCC>(p, w, wg_smem);
-        else if (n8 == 3) wg_pass_body<NMAX == 2 ? 2 : 3, NMAT, MX, OCC>(p, w, wg_smem);
-        else wg_pass_body<NMAX == 2 ? 2 : 4, NMAT, MX, OCC>(p, w, wg_smem);
+        if (n8 == 1) wg_pass_body<1, NMAT, MX>(p, w, wg_smem);
+        else if (n8 == 2 || NMAX == 2) wg_pass_body<2, NMAT, MX>(p, w, wg_smem);
+        else if (n8 == 3) wg_pass_body<NMAX == 2 ? 2 : 3, NMAT, MX>(p, w, wg_smem);
+        else wg_pass_body<NMAX == 2 ? 2 : 4, NMAT, MX>(p, w, wg_smem);
         __syncthreads(); /* the next pass restages the ring */
     }
 #else
@@ -1020,81 +1013,68 @@ static int wg_env(int *nmax) {
     if (nmax) *nmax = nm;
     return v;
 }
-static int device_is_sm90(void) {
-    static int v = -1;
-    if (v < 0) {
-        int dev = 0, major = 0;
-        v = cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major == 9 &&
-            fm_cuda_wgmma_built();
-    }
-    return v;
-}
-static int wg_applies(int nmat, int enc) { return (wg_env(NULL) & (nmat == 2 ? 2 : 1)) && enc && device_is_sm90(); }
+/* wgmma: the engine's answer (CC 9.0 and a build with sm_90a code). */
+static int wg_applies(int nmat, int enc, int wgmma) { return (wg_env(NULL) & (nmat == 2 ? 2 : 1)) && enc && wgmma; }
 
-typedef void (*fm_wgfn)(fm_expert_params, int, int);
-#define FM_WGK(NMAT, MX, OCC) {fm_expert_wg_kernel<NMAT, MX, 2, OCC>, fm_expert_wg_kernel<NMAT, MX, 4, OCC>}
-static fm_wgfn pick_wg(int nmat, int mx, int nmax, int occ) {
-    static const fm_wgfn k[2][2][2][2] = {
-        {{FM_WGK(1, false, false), FM_WGK(1, false, true)}, {FM_WGK(1, true, false), FM_WGK(1, true, true)}},
-        {{FM_WGK(2, false, false), FM_WGK(2, false, true)}, {FM_WGK(2, true, false), FM_WGK(2, true, true)}}};
-    return k[nmat == 2][mx ? 1 : 0][occ ? 1 : 0][nmax > 2 ? 1 : 0];
-}
-#undef FM_WGK
-/* The OCC variant by default (H200, DeepSeek-V4-Flash: level at B = 2 - 256,
- * 3 % faster at 512; docs/perf.md, v16); FP4MOE_CUDA_WG_OCC=0 the other
- * (A/B). Read once. */
-static int wg_occ(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *env = getenv("FP4MOE_CUDA_WG_OCC");
-        v = env && *env ? atoi(env) != 0 : 1;
-    }
-    return v;
+static fm_kfn pick_wg(int nmat, int mx, int nmax) {
+    static const fm_kfn k[2][2][2] = {
+        {{fm_expert_wg_kernel<1, false, 2>, fm_expert_wg_kernel<1, false, 4>},
+         {fm_expert_wg_kernel<1, true, 2>, fm_expert_wg_kernel<1, true, 4>}},
+        {{fm_expert_wg_kernel<2, false, 2>, fm_expert_wg_kernel<2, false, 4>},
+         {fm_expert_wg_kernel<2, true, 2>, fm_expert_wg_kernel<2, true, 4>}}};
+    return k[nmat == 2][mx ? 1 : 0][nmax > 2 ? 1 : 0];
 }
 
-static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nmax, cudaStream_t s) {
+/* One expert launch (both kernel families): the shared expert's (row block,
+ * token chunk) items first, then max_active x row blocks; rpb rows per
+ * block, chunks of `chunk` tokens (one kernel pass: a chunk costs the same
+ * decode work as a pass of one long loop, but the chunks run in parallel
+ * and re-read the weights from L2). */
+static fm_status launch_grid(const fm_expert_params *p, int nmat, fm_kfn fn, int rpb, int chunk, int threads,
+                             size_t smem, int pdl, int W, int KS, cudaStream_t s, const char *what) {
     const fm_dmat *m = nmat == 2 ? &p->gate : &p->down;
     const fm_dmat *sm = nmat == 2 ? &p->sgate : &p->sdown;
-    const int nrb = (m->rows_p + 63) / 64;
-    const int nrb_s = sm->n ? (sm->rows_p + 63) / 64 : 0;
+    const int nrb = (m->rows_p + rpb - 1) / rpb;
+    const int nrb_s = sm->n ? (sm->rows_p + rpb - 1) / rpb : 0;
     fm_expert_params q = *p;
-    q.sh_chunk = 8 * nmax;
+    q.sh_chunk = chunk;
     q.sh_chunks = nrb_s > 0 ? (p->T + q.sh_chunk - 1) / q.sh_chunk : 0;
-    int64_t sh_blocks = (int64_t)nrb_s * q.sh_chunks;
-    int64_t blocks = (int64_t)p->max_active * nrb + sh_blocks;
+    const int64_t sh_blocks = (int64_t)nrb_s * q.sh_chunks;
+    const int64_t blocks = (int64_t)p->max_active * nrb + sh_blocks;
     if (blocks <= 0) return FM_OK;
     if (blocks > 0x7fffffff) return fm_error(FM_E_RANGE, "CUDA grid of %lld blocks is too large", (long long)blocks);
     q.sh_blocks = (int)sh_blocks;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    cfg.gridDim = dim3((unsigned)blocks);
-    cfg.blockDim = dim3(128);
-    const int occ = wg_occ();
-    const size_t smem = (size_t)wg_smem_bytes(nmat, nmax, occ != 0);
-    fm_wgfn fn = pick_wg(nmat, p->mx, nmax, occ);
     if (smem > 48 * 1024) {
         cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (err != cudaSuccess) {
             cudaGetLastError();
-            return fm_error(FM_E_CUDA, "cudaFuncSetAttribute(%zu bytes of shared memory, wgmma kernel): %s", smem,
+            return fm_error(FM_E_CUDA, "cudaFuncSetAttribute(%zu bytes of shared memory, %s): %s", smem, what,
                             cudaGetErrorString(err));
         }
     }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = dim3((unsigned)blocks);
+    cfg.blockDim = dim3((unsigned)threads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
-    FM_CU(cudaLaunchKernelEx(&cfg, fn, q, 4, 1));
-    FM_CU_LAUNCH(nmat == 2 ? "fm_expert_wg_kernel (gate/up)" : "fm_expert_wg_kernel (down)");
+    FM_CU(cudaLaunchKernelEx(&cfg, fn, q, W, KS));
+    FM_CU_LAUNCH(what);
     return FM_OK;
+}
+
+static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nmax, cudaStream_t s) {
+    return launch_grid(p, nmat, pick_wg(nmat, p->mx, nmax), 64, 8 * nmax, 128, (size_t)wg_smem_bytes(nmat, nmax), pdl,
+                       4, 1, s, nmat == 2 ? "fm_expert_wg_kernel (gate/up)" : "fm_expert_wg_kernel (down)");
 }
 
 static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int nmat, cudaStream_t s) {
     if (c->pipe == FM_PIPE_WGMMA) return launch_wg(p, nmat, c->pdl, c->nt > 2 ? 4 : 2, s);
-    if (wg_applies(nmat, (nmat == 2 ? &p->gate : &p->down)->enc)) {
+    if (wg_applies(nmat, (nmat == 2 ? &p->gate : &p->down)->enc, c->wgmma)) {
         int nmax = 4;
         wg_env(&nmax);
         return launch_wg(p, nmat, c->pdl, nmax, s);
@@ -1103,27 +1083,8 @@ static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int n
         c->warps % c->ksplit)
         return fm_error(FM_E_ARG, "invalid CUDA kernel config: tile_n %d, warps %d, k_split %d", c->nt * 8, c->warps,
                         c->ksplit);
-    const fm_dmat *m = nmat == 2 ? &p->gate : &p->down;
-    const fm_dmat *sm = nmat == 2 ? &p->sgate : &p->sdown;
-    int rpb = 16 * (c->warps / c->ksplit);
-    int nrb = (m->rows_p + rpb - 1) / rpb;
-    int nrb_s = sm->n ? (sm->rows_p + rpb - 1) / rpb : 0;
-    /* one kernel pass (8 * nt tokens) per shared work item: a chunk costs
-     * the same decode work as a pass of one long loop, but the chunks run
-     * in parallel and re-read the weights from L2 */
-    fm_expert_params q = *p;
-    q.sh_chunk = 8 * c->nt;
-    q.sh_chunks = nrb_s > 0 ? (p->T + q.sh_chunk - 1) / q.sh_chunk : 0;
-    int64_t sh_blocks = (int64_t)nrb_s * q.sh_chunks;
-    int64_t blocks = (int64_t)p->max_active * nrb + sh_blocks;
-    if (blocks <= 0) return FM_OK;
-    if (blocks > 0x7fffffff) return fm_error(FM_E_RANGE, "CUDA grid of %lld blocks is too large", (long long)blocks);
-    q.sh_blocks = (int)sh_blocks;
     size_t smem = c->ksplit > 1 ? (size_t)c->warps * nmat * c->nt * 4 * 32 * sizeof(float) : 0;
     if (c->pipe == FM_PIPE_CP_ASYNC) smem += (size_t)c->warps * ring_bytes(nmat, c->nt);
-    int pipe = c->pipe;
-    if (pipe == FM_PIPE_REGS2 && use_xg(nmat, c->nt)) pipe = FM_PIPE_REGS_XG;
-    fm_kfn fn = pick(nmat, c->nt, p->mx, pipe, m->enc);
     if (smem > 48 * 1024) {
         int dev = 0, maxs = 0;
         FM_CU(cudaGetDevice(&dev));
@@ -1133,26 +1094,13 @@ static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int n
                             "kernel config (warps %d, k_split %d, tile_n %d, cp.async) needs %zu bytes of shared "
                             "memory per block; this GPU allows %d",
                             c->warps, c->ksplit, c->nt * 8, smem, maxs);
-        cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (err != cudaSuccess) {
-            cudaGetLastError();
-            return fm_error(FM_E_CUDA, "cudaFuncSetAttribute(%zu bytes of shared memory): %s", smem,
-                            cudaGetErrorString(err));
-        }
     }
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    cfg.gridDim = dim3((unsigned)blocks);
-    cfg.blockDim = dim3((unsigned)(32 * c->warps));
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = c->pdl ? 1 : 0;
-    FM_CU(cudaLaunchKernelEx(&cfg, fn, q, c->warps, c->ksplit));
-    FM_CU_LAUNCH(nmat == 2 ? "fm_expert_kernel (gate/up)" : "fm_expert_kernel (down)");
-    return FM_OK;
+    int pipe = c->pipe;
+    if (pipe == FM_PIPE_REGS2 && use_xg(nmat, c->nt)) pipe = FM_PIPE_REGS_XG;
+    const fm_dmat *m = nmat == 2 ? &p->gate : &p->down;
+    return launch_grid(p, nmat, pick(nmat, c->nt, p->mx, pipe, m->enc), 16 * (c->warps / c->ksplit), 8 * c->nt,
+                       32 * c->warps, smem, c->pdl, c->warps, c->ksplit, s,
+                       nmat == 2 ? "fm_expert_kernel (gate/up)" : "fm_expert_kernel (down)");
 }
 
 extern "C" fm_status fm_cuda_launch_gateup(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s) {
@@ -1206,7 +1154,7 @@ extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char
         snprintf(buf, cap,
                  "fm_expert_kernel<nt%d,%s> gate_up (%s) + down (%s) (mma.m16n8k16 bf16, %d warps, k_split %d)", c->nt,
                  mx ? "mxfp4" : "nvfp4", pipe_name(gu), pipe_name(dn), c->warps, c->ksplit);
-    if (wg_env(NULL) && device_is_sm90()) {
+    if (wg_env(NULL) && c->wgmma) {
         int nmax = 4, v = wg_env(&nmax);
         size_t n = strlen(buf);
         snprintf(buf + n, cap > n ? cap - n : 0, "; %s%s%s: fm_expert_wg_kernel (wgmma.m64nNk16 bf16, 64 rows, 8-%d "

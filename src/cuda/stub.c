@@ -14,7 +14,11 @@ const char *fm_cuda_engine_describe(const fm_cuda_engine *e) { (void)e; return "
 fm_status fm_cuda_engine_key(const fm_cuda_engine *e, const fm_model_desc *d, fm_qformat fmt, struct fm_tune_key *key) {
     (void)e; (void)d; (void)fmt; (void)key; return NOCUDA;
 }
-void fm_cuda_engine_set_config(fm_cuda_engine *e, const fm_kernel_config *cfg) { (void)e; (void)cfg; }
+fm_status fm_cuda_engine_set_config(fm_cuda_engine *e, const fm_kernel_config *cfg) {
+    (void)e;
+    (void)cfg;
+    return fm_error(FM_E_UNSUPPORTED, "this build of fp4moe has no CUDA backend");
+}
 void fm_cuda_engine_set_phase_times(fm_cuda_engine *e, fm_phase_times *pt) { (void)e; (void)pt; }
 void fm_cuda_engine_set_shared(fm_cuda_engine *e, int enabled) { (void)e; (void)enabled; }
 fm_status fm_cuda_layer_upload(fm_cuda_engine *e, const fm_model_desc *d, const fm_moe_layer *l, fm_cuda_layer **out) {

@@ -170,8 +170,9 @@ static fm_status cuda_bench(void *ctx, const fm_kernel_config *cfg, int T, doubl
     fm_tune_cuda *t = ctx;
     fm_cuda_bench_result r;
     memset(&r, 0, sizeof r);
-    fm_cuda_engine_set_config(t->e, cfg);
-    fm_status s = fm_cuda_bench(t->e, &t->d, t->layers, t->n_layers, T, t->seed, BENCH_REPS, &r);
+    fm_status s = fm_cuda_engine_set_config(t->e, cfg);
+    if (s) return s;
+    s = fm_cuda_bench(t->e, &t->d, t->layers, t->n_layers, T, t->seed, BENCH_REPS, &r);
     if (s) return s;
     /* The launcher normalizes configs it cannot run as given; such a
      * candidate measured something else and must not be recorded as it. */
@@ -198,8 +199,9 @@ static fm_status cuda_check(void *ctx, const fm_kernel_config *cfg, int T, doubl
     /* Poisoned, so an output the kernel never wrote shows up as NaN. */
     for (int64_t i = 0; i < CHECK_T * H; i++) y[i] = NAN;
     fm_moe_out o = {.out = y, .topk_ids = ids, .topk_weights = w};
-    fm_cuda_engine_set_config(t->e, cfg);
-    fm_status s = fm_cuda_forward(t->e, &t->dc, t->check, t->x, FM_DT_BF16, CHECK_T, NULL, &o);
+    fm_status s = fm_cuda_engine_set_config(t->e, cfg);
+    if (s) { free(y); free(w); free(ids); return s; }
+    s = fm_cuda_forward(t->e, &t->dc, t->check, t->x, FM_DT_BF16, CHECK_T, NULL, &o);
     if (s == FM_OK) {
         double num = 0, den = 0;
         for (int64_t i = 0; i < CHECK_T * H; i++) {
