@@ -375,9 +375,14 @@ struct fm_stage {
 /* Blocks of 256 threads per SM the compiler must fit (so registers per
  * thread <= 65536 / (256 * it)): the register pipeline with 8-token tiles
  * and the cp.async ring at 2 (128 registers); FM_ST_REGS_XG also at 16-token
- * tiles, and its 8-token down at 3 (80 registers, no spills). */
+ * tiles, and its 8-token down at 3 (80 registers, no spills); the register
+ * pipeline's 8-token down at 4 (64 registers instead of 91, no spills: at
+ * B = 1 its blocks fit one wave, docs/perf.md, v21). */
 static constexpr int fm_min_blocks(int nt, int nmat, int st) {
-    return st == FM_ST_REGS_XG ? (nt == 1 && nmat == 1 ? 3 : nt <= 2 ? 2 : 1) : (nt == 1 || st > 0) ? 2 : 1;
+    return st == 0 && nt == 1 && nmat == 1 ? 4
+           : st == FM_ST_REGS_XG          ? (nt == 1 && nmat == 1 ? 3 : nt <= 2 ? 2 : 1)
+           : (nt == 1 || st > 0)          ? 2
+                                          : 1;
 }
 
 /*
