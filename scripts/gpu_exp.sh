@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One call of experiments on the GPU machine, after scripts/gpu_build.sh:
+#   EXP_NEW="FP4MOE_CUDA_X=1 ..."  switches of the variant under test
+#   AB_VARIANTS=... AB_BATCH=... AB_ROUNDS=...  the interleaved A/B (scripts/gpu_ab.sh)
+#   EXP_TEST=0|1 test_cuda with and without EXP_NEW, memcheck and racecheck with it
+#   EXP_SPLIT=0|1 cuda_bench's routing / per-phase split (EXP_SPLIT_BATCH, EXP_SPLIT_BIN)
+#   EXP_NCU=0|1   Nsight Compute per-kernel durations and DRAM bytes (EXP_NCU_BATCH)
+# The summary goes to stdout and $OUT/summary.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=$PWD/.devbuild/lib FP4MOE_SHIPPED_CONFIGS=$PWD/configs
+B=$PWD/.devbuild/bin
+S=$OUT/summary.txt
+NEW=${EXP_NEW:-"FP4MOE_CUDA_L2HINT=1 FP4MOE_CUDA_DOWN_PF=1"}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv > "$OUT/smi.txt" 2>&1
+if [[ ${EXP_TEST:-1} == 1 ]]; then
+for v in "X=0" "$NEW"; do
+    (cd "$OUT" && env $v timeout 150 "$B/test_cuda" > t.log 2>&1)
+    echo "test_cuda [$v] exit $? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/t.log" | tr '\n' ' ')" >> "$S"
+done
+env $NEW timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/cuda_smoke" > "$OUT/memcheck.log" 2>&1
+echo "memcheck [$NEW] exit $? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)" >> "$S"
+env $NEW timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/cuda_smoke" > "$OUT/racecheck.log" 2>&1
+echo "racecheck exit $? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)" >> "$S"
+fi
+OUT=$OUT bash scripts/gpu_ab.sh >> "$S" 2>&1
+if [[ ${EXP_SPLIT:-1} == 1 ]]; then
+for v in "X=0" "$NEW"; do
+    echo "-- cuda_bench [$v]" >> "$S"
+    env $v timeout 100 "${EXP_SPLIT_BIN:-$B}/cuda_bench" --preset deepseek-v4-flash --batch ${EXP_SPLIT_BATCH:-1,2,16,128,512} --layers 8 --reps 10 >> "$S" 2>&1
+done
+fi
+if [[ ${EXP_NCU:-1} == 1 ]]; then
+i=0
+for b in ${EXP_NCU_BATCH:-1 512}; do for v in "X=0" "$NEW"; do
+    i=$((i + 1))
+    env $v timeout 120 ncu --clock-control none --cache-control none -k regex:"fm_(route|logits|expert)" \
+        --launch-skip 64 --launch-count 32 --metrics gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct \
+        --print-summary per-kernel "$B/cuda_bench" --preset deepseek-v4-flash --batch $b --layers 8 --reps 3 > "$OUT/ncu_$i.txt" 2>&1
+    { echo "-- ncu B=$b [$v]"; grep -E "fm_|gpu__time|dram__bytes|hit_rate" "$OUT/ncu_$i.txt" | grep -v "^==PROF" | head -40; } >> "$S"
+done; done
+fi
+cat "$S"
