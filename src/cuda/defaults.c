@@ -100,6 +100,7 @@ static const struct {
     {"FP4MOE_CUDA_ROUTE_WARPGROUP", "0|1"},
     {"FP4MOE_CUDA_SH_PREFETCH", "0|1"},
     {"FP4MOE_CUDA_L2HINT", "0|1"},
+    {"FP4MOE_CUDA_WG_DOWN2", "0|1"},
     {"FP4MOE_CUDA_STAGES", "1|2|3|4|5|6|7|8"},
     {"FP4MOE_CUDA_XG", "0|1|2|3"},
     {"FP4MOE_CUDA_DOWN", "nosplit|WxK"},

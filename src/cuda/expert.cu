@@ -653,8 +653,8 @@ static constexpr FM_HD int wg_stage_bytes(int n8) { return 8 * wg_step_bytes(n8)
 static constexpr FM_HD int wg_wstage_bytes(int nmat) { return nmat * 1152; }
 /* Down's blocks also keep the pass's token rows and routing weights (32
  * ints and 32 floats) after the weight rings, for the epilogue. */
-static constexpr FM_HD int wg_smem_bytes(int nmat, int nmax) {
-    return (FM_WG_LA + 1) * (wg_stage_bytes(nmax) + 4 * wg_wstage_bytes(nmat)) + (nmat == 1 ? 256 : 0);
+static constexpr FM_HD int wg_smem_bytes(int nmat, int nmax, bool down) {
+    return (FM_WG_LA + 1) * (wg_stage_bytes(nmax) + 4 * wg_wstage_bytes(nmat)) + (down ? 256 : 0);
 }
 
 #ifdef FM_HAVE_WGMMA
@@ -736,13 +736,18 @@ struct fm_wg_pass {
     int64_t src_stride;
     int nseg, pass0, rowA, rowB;
     bool wv;
+    bool wv2; /* D2: the second 64 rows exist (else they are not written) */
     fm_epi o;
 };
 
 /* One pass: up to 8 * N8 tokens of the block's expert through its 64 rows,
  * over the whole K. */
-template <int N8, int NMAT, bool MX>
+/* D2: down with NMAT = 2, the two "matrices" being rows r .. r + 63 and
+ * r + 64 .. r + 127 of the down matrix (a 128-row block: as many weight
+ * bytes per segment and per barrier as gate/up). */
+template <int N8, int NMAT, bool MX, bool D2>
 static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, const fm_wg_pass &w, uint8_t *smem) {
+    constexpr bool GU = NMAT == 2 && !D2; /* gate/up, else down */
 #ifdef FM_HAVE_WGMMA
     constexpr int STEP = wg_step_bytes(N8), STAGE = wg_stage_bytes(N8);
     constexpr int NIT = N8;            /* staging items (16-byte pieces) per thread */
@@ -770,7 +775,7 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
         xoff[k] = (uint32_t)(2 * ud * STEP + (n >> 3) * 256 + (n & 7) * 16 + 4 * ut);
         if (idx < w.o.cnt) {
             const int pos = w.o.pos0 + idx;
-            const int64_t row = NMAT == 2 ? (w.o.shared ? idx : p.sorted_tok[pos]) : pos;
+            const int64_t row = GU ? (w.o.shared ? idx : p.sorted_tok[pos]) : pos;
             xsrc[k] = (const uint8_t *)(w.src_base + row * w.src_stride + u * 8);
         }
     }
@@ -804,7 +809,7 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
      * after the first segment's barrier) */
     int *ep_tok = (int *)(smem + w.wring_off + 4 * NSTG * WST);
     float *ep_w = (float *)(ep_tok + 32);
-    if (NMAT == 1 && tid < 8 * N8) {
+    if (!GU && tid < 8 * N8) {
         const int idx = w.pass0 + tid;
         int tk = 0;
         float wt = 0.0f;
@@ -897,10 +902,14 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
         for (int i = 0; i < 4; i++)
         {
             const int j = n * 8 + 2 * t + (i & 1);
-            if (NMAT == 1)
-                fm_emit_down(p, w.o, i < 2 ? w.rowA : w.rowB, w.pass0 + j, ep_tok[j], ep_w[j], acc[0][n * 4 + i]);
-            else
+            if (GU) {
                 fm_emit<NMAT>(p, w.o, i < 2 ? w.rowA : w.rowB, w.pass0 + j, acc[0][n * 4 + i], acc[NMAT - 1][n * 4 + i]);
+            } else {
+                fm_emit_down(p, w.o, i < 2 ? w.rowA : w.rowB, w.pass0 + j, ep_tok[j], ep_w[j], acc[0][n * 4 + i]);
+                if (D2 && w.wv2)
+                    fm_emit_down(p, w.o, (i < 2 ? w.rowA : w.rowB) + 64, w.pass0 + j, ep_tok[j], ep_w[j],
+                                 acc[NMAT - 1][n * 4 + i]);
+            }
         }
     (void)g;
 #else
@@ -910,33 +919,36 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
 #endif
 }
 
-/* Block = one warpgroup, 64 rows; work items as in fm_expert_kernel (the
- * launch sizes the grid with passes of 8 * NMAX tokens). Needs sm_90a: elsewhere the
+/* Block = one warpgroup, 64 rows (D2: down, 128 rows as two "matrices" of
+ * 64, see wg_pass_body); work items as in fm_expert_kernel (the launch sizes
+ * the grid with passes of 8 * NMAX tokens). Needs sm_90a: elsewhere the
  * body is empty and the host never launches it (fm_cuda_wgmma_built). */
 /* NMAX: most 8-token groups per pass (2 or 4). One K step of MMAs in
  * flight and two segments copied ahead, for 4 gate/up and 6 down blocks per
  * SM where shared memory allows. */
 static constexpr int fm_wg_min_blocks(int nmat) { return nmat == 2 ? 4 : 6; }
-template <int NMAT, bool MX, int NMAX>
+template <int NMAT, bool MX, int NMAX, bool D2>
 __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT)) fm_expert_wg_kernel(fm_expert_params p, int W, int KS) {
 #ifdef FM_HAVE_WGMMA
     extern __shared__ __align__(128) uint8_t wg_smem[];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, g = lane >> 2;
     (void)W;
     (void)KS;
-    const int nrb = ((NMAT == 2 ? p.gate.rows_p : p.down.rows_p) + 63) / 64;
+    constexpr bool GU = NMAT == 2 && !D2;
+    constexpr int RPB = D2 ? 128 : 64;
+    const int nrb = ((GU ? p.gate.rows_p : p.down.rows_p) + RPB - 1) / RPB;
     pdl_wait();
     pdl_launch_dependents();
 
     fm_item it;
     if (!fm_get_item(p, nrb, it)) return;
     const int e = it.e;
-    const fm_dmat &dA = NMAT == 2 ? (it.shared ? p.sgate : p.gate) : (it.shared ? p.sdown : p.down);
-    const fm_dmat &dB = NMAT == 2 ? (it.shared ? p.sup : p.up) : dA;
+    const fm_dmat &dA = GU ? (it.shared ? p.sgate : p.gate) : (it.shared ? p.sdown : p.down);
+    const fm_dmat &dB = GU ? (it.shared ? p.sup : p.up) : dA;
     fm_wg_pass w;
-    w.o = {dA.bias, dB.bias, dA.scale2[e], NMAT == 2 ? dB.scale2[e] : 0.0f, dA.rows, dA.rows_p, e, it.pos0, it.cnt,
+    w.o = {dA.bias, dB.bias, dA.scale2[e], GU ? dB.scale2[e] : 0.0f, dA.rows, dA.rows_p, e, it.pos0, it.cnt,
            it.shared};
-    const int r0 = it.rb * 64 + wi * 16;
+    const int r0 = it.rb * RPB + wi * 16;
     w.rowA = r0 + g;
     w.rowB = r0 + g + 8;
     w.nseg = dA.kp / FM_KSEG;
@@ -945,16 +957,27 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT)) fm_expert_wg_kern
     w.wv = r0 < dA.rows_p;
     const int64_t tile0 = (int64_t)((w.wv ? r0 : 0) / 16) * w.nseg;
     fm_tile_ptrs<NMAT, MX>(dA, dB, e, tile0, lane, w.pa, w.pb, w.sa, w.sb, w.st);
+    w.wv2 = D2 && r0 + 64 < dA.rows_p;
+    if (D2 && w.wv2) {
+        /* the second "matrix": the same down matrix 4 row groups on (past
+         * the padded rows the first half is streamed again, unwritten) */
+        const int64_t ow = (int64_t)4 * w.nseg * 1024, os = (int64_t)4 * w.nseg * 16 * (MX ? 4 : 8);
+        w.pa[1] += ow;
+        w.pb[1] += ow;
+        w.sa[1] += os;
+        w.sb[1] += os;
+        w.st[1] += os;
+    }
     w.wring_off = (uint32_t)((FM_WG_LA + 1) * wg_stage_bytes(NMAX));
-    w.src_base = NMAT == 2 ? p.x_prep : p.h;
-    w.src_stride = NMAT == 2 ? p.Hp : p.hstride;
+    w.src_base = GU ? p.x_prep : p.h;
+    w.src_stride = GU ? p.Hp : p.hstride;
     for (int pass0 = it.pbeg; pass0 < it.pend; pass0 += 8 * NMAX) {
         w.pass0 = pass0;
         const int n8 = (min(8 * NMAX, it.pend - pass0) + 7) >> 3;
-        if (n8 == 1) wg_pass_body<1, NMAT, MX>(p, w, wg_smem);
-        else if (n8 == 2 || NMAX == 2) wg_pass_body<2, NMAT, MX>(p, w, wg_smem);
-        else if (n8 == 3) wg_pass_body<NMAX == 2 ? 2 : 3, NMAT, MX>(p, w, wg_smem);
-        else wg_pass_body<NMAX == 2 ? 2 : 4, NMAT, MX>(p, w, wg_smem);
+        if (n8 == 1) wg_pass_body<1, NMAT, MX, D2>(p, w, wg_smem);
+        else if (n8 == 2 || NMAX == 2) wg_pass_body<2, NMAT, MX, D2>(p, w, wg_smem);
+        else if (n8 == 3) wg_pass_body<NMAX == 2 ? 2 : 3, NMAT, MX, D2>(p, w, wg_smem);
+        else wg_pass_body<NMAX == 2 ? 2 : 4, NMAT, MX, D2>(p, w, wg_smem);
         __syncthreads(); /* the next pass restages the ring */
     }
 #else
@@ -1021,13 +1044,30 @@ static int wg_env(int *nmax) {
 /* wgmma: the engine's answer (CC 9.0 and a build with sm_90a code). */
 static int wg_applies(int nmat, int enc, int wgmma) { return (wg_env(NULL) & (nmat == 2 ? 2 : 1)) && enc && wgmma; }
 
-static fm_kfn pick_wg(int nmat, int mx, int nmax) {
-    static const fm_kfn k[2][2][2] = {
-        {{fm_expert_wg_kernel<1, false, 2>, fm_expert_wg_kernel<1, false, 4>},
-         {fm_expert_wg_kernel<1, true, 2>, fm_expert_wg_kernel<1, true, 4>}},
-        {{fm_expert_wg_kernel<2, false, 2>, fm_expert_wg_kernel<2, false, 4>},
-         {fm_expert_wg_kernel<2, true, 2>, fm_expert_wg_kernel<2, true, 4>}}};
-    return k[nmat == 2][mx ? 1 : 0][nmax > 2 ? 1 : 0];
+/* kind: 0 down (64 rows), 1 gate/up, 2 down in 128-row blocks (D2) */
+static fm_kfn pick_wg(int kind, int mx, int nmax) {
+    static const fm_kfn k[3][2][2] = {
+        {{fm_expert_wg_kernel<1, false, 2, false>, fm_expert_wg_kernel<1, false, 4, false>},
+         {fm_expert_wg_kernel<1, true, 2, false>, fm_expert_wg_kernel<1, true, 4, false>}},
+        {{fm_expert_wg_kernel<2, false, 2, false>, fm_expert_wg_kernel<2, false, 4, false>},
+         {fm_expert_wg_kernel<2, true, 2, false>, fm_expert_wg_kernel<2, true, 4, false>}},
+        {{fm_expert_wg_kernel<2, false, 2, true>, fm_expert_wg_kernel<2, false, 4, true>},
+         {fm_expert_wg_kernel<2, true, 2, true>, fm_expert_wg_kernel<2, true, 4, true>}}};
+    return k[kind][mx ? 1 : 0][nmax > 2 ? 1 : 0];
+}
+
+/* The wgmma down in 128-row blocks (D2: down's segments then carry gate/up's
+ * bytes per barrier and per copy group; H200, DeepSeek-V4-Flash: down −12 to
+ * −14 % under Nsight Compute, the layer −3 to −5 % at B = 4 – 512,
+ * docs/perf.md, v22). FP4MOE_CUDA_WG_DOWN2=0 keeps 64-row blocks (A/B).
+ * Read once. */
+static int wg_down2(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *env = getenv("FP4MOE_CUDA_WG_DOWN2");
+        v = !(env && !strcmp(env, "0"));
+    }
+    return v;
 }
 
 /* One expert launch (both kernel families): the shared expert's (row block,
@@ -1073,8 +1113,11 @@ static fm_status launch_grid(const fm_expert_params *p, int nmat, fm_kfn fn, int
 }
 
 static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nmax, cudaStream_t s) {
-    return launch_grid(p, nmat, pick_wg(nmat, p->mx, nmax), 64, 8 * nmax, 128, (size_t)wg_smem_bytes(nmat, nmax), pdl,
-                       4, 1, s, nmat == 2 ? "fm_expert_wg_kernel (gate/up)" : "fm_expert_wg_kernel (down)");
+    const int d2 = nmat == 1 && wg_down2();
+    const int kind = nmat == 2 ? 1 : d2 ? 2 : 0;
+    return launch_grid(p, nmat, pick_wg(kind, p->mx, nmax), d2 ? 128 : 64, 8 * nmax, 128,
+                       (size_t)wg_smem_bytes(kind ? 2 : 1, nmax, nmat == 1), pdl, 4, 1, s,
+                       nmat == 2 ? "fm_expert_wg_kernel (gate/up)" : "fm_expert_wg_kernel (down)");
 }
 
 static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int nmat, cudaStream_t s) {
@@ -1143,8 +1186,8 @@ extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char
     if (c->pipe == FM_PIPE_WGMMA) {
         snprintf(buf, cap,
                  "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16 from registers x shared memory, "
-                 "a warpgroup of 64 rows, up to %d tokens per pass)",
-                 mx ? "mxfp4" : "nvfp4", c->nt > 2 ? 32 : 16);
+                 "a warpgroup of 64 rows for gate/up, %d for down, up to %d tokens per pass)",
+                 mx ? "mxfp4" : "nvfp4", wg_down2() ? 128 : 64, c->nt > 2 ? 32 : 16);
         return buf;
     }
     int gu = c->pipe, dn = c->pipe;
