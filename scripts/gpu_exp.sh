@@ -8,6 +8,8 @@
 # The summary goes to stdout and $OUT/summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.devbuild/lib FP4MOE_SHIPPED_CONFIGS=$PWD/configs
 B=$PWD/.devbuild/bin
 S=$OUT/summary.txt
