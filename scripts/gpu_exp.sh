@@ -4,7 +4,10 @@
 #   AB_VARIANTS=... AB_BATCH=... AB_ROUNDS=...  the interleaved A/B (scripts/gpu_ab.sh)
 #   EXP_TEST=0|1 test_cuda with and without EXP_NEW, memcheck and racecheck with it
 #   EXP_SPLIT=0|1 cuda_bench's routing / per-phase split (EXP_SPLIT_BATCH, EXP_SPLIT_BIN)
-#   EXP_NCU=0|1   Nsight Compute per-kernel durations and DRAM bytes (EXP_NCU_BATCH)
+#   EXP_NCU=0|1   Nsight Compute per-kernel durations and DRAM bytes (EXP_NCU_BATCH;
+#                 EXP_NCU_METRICS adds metrics, e.g. regex:smsp__average_warps_issue_stalled_.*;
+#                 EXP_NCU_VARIANTS=new|default profiles one of the two only,
+#                 EXP_NCU_COUNT kernels profiled, 32 unless set)
 # The summary goes to stdout and $OUT/summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,12 +37,17 @@ done
 fi
 if [[ ${EXP_NCU:-1} == 1 ]]; then
 i=0
-for b in ${EXP_NCU_BATCH:-1 512}; do for v in "X=0" "$NEW"; do
+NCU_VARS=("X=0" "$NEW")
+[[ ${EXP_NCU_VARIANTS:-both} == new ]] && NCU_VARS=("$NEW")
+[[ ${EXP_NCU_VARIANTS:-both} == default ]] && NCU_VARS=("X=0")
+MET=gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct
+[[ -n ${EXP_NCU_METRICS:-} ]] && MET=$MET,$EXP_NCU_METRICS
+for b in ${EXP_NCU_BATCH:-1 512}; do for v in "${NCU_VARS[@]}"; do
     i=$((i + 1))
     env $v timeout 120 ncu --clock-control none --cache-control none -k regex:"fm_(route|logits|expert)" \
-        --launch-skip 64 --launch-count 32 --metrics gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct \
+        --launch-skip 64 --launch-count ${EXP_NCU_COUNT:-32} --metrics "$MET" \
         --print-summary per-kernel "$B/cuda_bench" --preset deepseek-v4-flash --batch $b --layers 8 --reps 3 > "$OUT/ncu_$i.txt" 2>&1
-    { echo "-- ncu B=$b [$v]"; grep -E "fm_|gpu__time|dram__bytes|hit_rate" "$OUT/ncu_$i.txt" | grep -v "^==PROF" | head -40; } >> "$S"
+    { echo "-- ncu B=$b [$v]"; grep -E "fm_|gpu__time|dram__bytes|hit_rate|stalled|inst_|issue_active|warps_active" "$OUT/ncu_$i.txt" | grep -v "^==PROF" | head -${EXP_NCU_LINES:-40}; } >> "$S"
 done; done
 fi
 cat "$S"

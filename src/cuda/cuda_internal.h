@@ -157,6 +157,7 @@ typedef struct {
     int sh_prefetch;
     /* 1: the weights are read with an L2 evict-first policy */
     int l2first;
+    int sms;                      /* SMs of the device (sizes the down's K split) */
     const int *n_active, *act_e, *act_off, *act_cnt, *sorted_tok;
     const float *sorted_w;
     const uint16_t *x_prep;       /* [T][Hp]                                 */

@@ -744,6 +744,7 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
     ep.sh_prefetch = e->sh_prefetch && lc->pdl && ep.sgate.n > 0 && !ev;
     rp.early_trigger = ep.sh_prefetch;
     ep.l2first = rp.l2first = e->l2first;
+    ep.sms = e->sm_count;
     fm_status s;
     if (ev) FM_CU(cudaEventRecord(ev[0], e->stream));
     if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, parts, e->stream))) return s;

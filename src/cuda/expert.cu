@@ -35,6 +35,7 @@
 #include <string.h>
 #include <stdlib.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <stdio.h>
 
 static __device__ __forceinline__ void pdl_wait(void) {
@@ -96,26 +97,41 @@ static __device__ __forceinline__ uint32_t ld_u8_pol(const void *p, uint64_t pol
     return r & 0xFFu;
 }
 
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 890
 static __device__ __forceinline__ uint32_t bf_mul2(uint32_t a, uint32_t b) {
     __nv_bfloat162 x = *(__nv_bfloat162 *)&a, y = *(__nv_bfloat162 *)&b;
     __nv_bfloat162 r = __hmul2(x, y);
     return *(uint32_t *)&r;
 }
+#endif
 
 /* Both block scales of a 16-bit scale load (bytes b0, b1) as BF16x2
- * registers (b0 * 2^119, b0 * 2^119) and (b1 * 2^119, b1 * 2^119), the
- * pair at once: each E4M3 magnitude shifted left by 4 is a BF16 of value
- * E4M3 * 2^-120 (E4M3 subnormals land on BF16 subnormals, exact), two
- * exact power-of-two products make it * 2^119, and a magnitude of 0x7F
- * (NaN) becomes a BF16 NaN first. 14 instructions for two scales instead
- * of ~20 for the per-scale FP32 decode it replaced (v12, docs/perf.md). */
+ * registers (b0 * 2^119, b0 * 2^119) and (b1 * 2^119, b1 * 2^119).
+ * sm_89 and later (v23): the hardware's E4M3x2 -> F16x2 conversion (exact,
+ * NaN kept), each half widened to FP32 and multiplied by 2^119 (exact: an
+ * E4M3 value has 4 significant bits and 448 * 2^119 < the BF16 maximum),
+ * then packed twice into a BF16 pair (exact, so the rounding mode does not
+ * matter): 7 instructions for two scales.
+ * Before sm_89 (v12): each E4M3 magnitude shifted left by 4 is a BF16 of
+ * value E4M3 * 2^-120 (E4M3 subnormals land on BF16 subnormals, exact),
+ * two exact power-of-two products make it * 2^119, and a magnitude of 0x7F
+ * (NaN) becomes a BF16 NaN first: 14 instructions. */
 static __device__ __forceinline__ void nv_scale_pair(uint32_t c, uint32_t &s0, uint32_t &s1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    uint32_t h;
+    asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, lo;\n\t}" : "=r"(h) : "r"(c));
+    const float2 f = __half22float2(*(const __half2 *)&h); /* .x = b0, .y = b1 */
+    const float f0 = f.x * 0x1p119f, f1 = f.y * 0x1p119f;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(s0) : "f"(f0));
+    asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(s1) : "f"(f1));
+#else
     const uint32_t p = __byte_perm(c, 0u, 0x4140u); /* b0 in half 0, b1 in half 1 */
     uint32_t bf = ((p << 4) & 0x07F007F0u) | ((p << 8) & 0x80008000u);
     const uint32_t nan = (((p & 0x007F007Fu) + 0x00010001u) & 0x00800080u) * 0xFFu; /* 0x7F80 per NaN half */
     bf = bf_mul2(bf_mul2(bf | nan, 0x7B807B80u), 0x7B007B00u); /* * 2^120, * 2^119 */
     s0 = __byte_perm(bf, 0u, 0x1010u);
     s1 = __byte_perm(bf, 0u, 0x3232u);
+#endif
 }
 
 /* BF16 bits of an E8M0 scale 2^(e-127) times 2^119; the host rejects
@@ -186,8 +202,7 @@ struct fm_item {
     int e, pos0, cnt, rb, pbeg, pend;
     bool shared;
 };
-static __device__ __forceinline__ bool fm_get_item(const fm_expert_params &p, int nrb, fm_item &it) {
-    int b = blockIdx.x;
+static __device__ __forceinline__ bool fm_get_item(const fm_expert_params &p, int nrb, fm_item &it, int b) {
     if (b < p.sh_blocks) {
         /* shared expert: every token, split into chunks so that its rows
          * are spread over many blocks instead of one long serial loop */
@@ -419,7 +434,7 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
     pdl_launch_dependents();
 
     fm_item it;
-    if (!fm_get_item(p, nrb, it)) return;
+    if (!fm_get_item(p, nrb, it, (int)blockIdx.x)) return;
     const int e = it.e, pos0 = it.pos0, cnt = it.cnt, pbeg = it.pbeg, pend = it.pend;
     const bool shared = it.shared;
     /* field by field, so that the parameter structs stay in constant space */
@@ -933,7 +948,6 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT)) fm_expert_wg_kern
     extern __shared__ __align__(128) uint8_t wg_smem[];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, g = lane >> 2;
     (void)W;
-    (void)KS;
     constexpr bool GU = NMAT == 2 && !D2;
     constexpr int RPB = D2 ? 128 : 64;
     const int nrb = ((GU ? p.gate.rows_p : p.down.rows_p) + RPB - 1) / RPB;
@@ -941,7 +955,7 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT)) fm_expert_wg_kern
     pdl_launch_dependents();
 
     fm_item it;
-    if (!fm_get_item(p, nrb, it)) return;
+    if (!fm_get_item(p, nrb, it, (int)blockIdx.x / KS)) return;
     const int e = it.e;
     const fm_dmat &dA = GU ? (it.shared ? p.sgate : p.gate) : (it.shared ? p.sdown : p.down);
     const fm_dmat &dB = GU ? (it.shared ? p.sup : p.up) : dA;
@@ -951,17 +965,27 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT)) fm_expert_wg_kern
     const int r0 = it.rb * RPB + wi * 16;
     w.rowA = r0 + g;
     w.rowB = r0 + g + 8;
-    w.nseg = dA.kp / FM_KSEG;
+    const int nseg = dA.kp / FM_KSEG;
+    /* down with a K split (KS > 1, v25): this block's share of the
+     * segments, its partial sums added into the output by the epilogue's
+     * atomics like every other expert's. A slice without segments (K below
+     * KS segments) has nothing to do; the bias goes in once, by the first
+     * slice that has segments (the one that starts at segment 0). */
+    const int ks = GU ? 0 : (int)blockIdx.x % KS;
+    const int s0 = GU ? 0 : ks * nseg / KS, s1 = GU ? nseg : (ks + 1) * nseg / KS;
+    w.nseg = s1 - s0;
+    if (w.nseg == 0) return;
+    if (s0 > 0) w.o.biasA = NULL;
     /* every warp of the warpgroup takes part in every wgmma: a warp whose 16
      * rows lie past the padded rows streams row group 0 and writes nothing */
     w.wv = r0 < dA.rows_p;
-    const int64_t tile0 = (int64_t)((w.wv ? r0 : 0) / 16) * w.nseg;
+    const int64_t tile0 = (int64_t)((w.wv ? r0 : 0) / 16) * nseg + s0;
     fm_tile_ptrs<NMAT, MX>(dA, dB, e, tile0, lane, w.pa, w.pb, w.sa, w.sb, w.st);
     w.wv2 = D2 && r0 + 64 < dA.rows_p;
     if (D2 && w.wv2) {
         /* the second "matrix": the same down matrix 4 row groups on (past
          * the padded rows the first half is streamed again, unwritten) */
-        const int64_t ow = (int64_t)4 * w.nseg * 1024, os = (int64_t)4 * w.nseg * 16 * (MX ? 4 : 8);
+        const int64_t ow = (int64_t)4 * nseg * 1024, os = (int64_t)4 * nseg * 16 * (MX ? 4 : 8);
         w.pa[1] += ow;
         w.pb[1] += ow;
         w.sa[1] += os;
@@ -969,7 +993,7 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT)) fm_expert_wg_kern
         w.st[1] += os;
     }
     w.wring_off = (uint32_t)((FM_WG_LA + 1) * wg_stage_bytes(NMAX));
-    w.src_base = GU ? p.x_prep : p.h;
+    w.src_base = (GU ? p.x_prep : p.h) + (int64_t)s0 * FM_KSEG;
     w.src_stride = GU ? p.Hp : p.hstride;
     for (int pass0 = it.pbeg; pass0 < it.pend; pass0 += 8 * NMAX) {
         w.pass0 = pass0;
@@ -1070,13 +1094,33 @@ static int wg_down2(void) {
     return v;
 }
 
+/* The wgmma down's K split (v25): each (row block, pass) item becomes KS
+ * blocks over a share of K each, adding into the output like the others.
+ * Where the down grid is less than one wave of 4 blocks per SM, KS = 2:
+ * the blocks then come in a multiple of the SMs' slots less often, and
+ * per-SM imbalance (some SMs one block more than others) costs less
+ * (H200, DeepSeek-V4-Flash B = 2: 416 down blocks, down 25.1 -> 24.1 us
+ * under Nsight Compute, the layer -3 %; from B = 4, 800 blocks, level or
+ * slower; docs/perf.md). FP4MOE_CUDA_WG_DOWN_KS=1|2|4 forces it (A/B).
+ * The rule needs the grid's block count, hence blocks. */
+static int wg_down_ks(int64_t blocks, int sms) {
+    static int v = -1;
+    if (v < 0) {
+        const char *env = getenv("FP4MOE_CUDA_WG_DOWN_KS");
+        v = env && *env ? atoi(env) : 0;
+        if (v != 1 && v != 2 && v != 4) v = 0;
+    }
+    if (v) return v;
+    return blocks > 0 && blocks < 4L * (sms > 0 ? sms : 132) ? 2 : 1;
+}
+
 /* One expert launch (both kernel families): the shared expert's (row block,
  * token chunk) items first, then max_active x row blocks; rpb rows per
  * block, chunks of `chunk` tokens (one kernel pass: a chunk costs the same
  * decode work as a pass of one long loop, but the chunks run in parallel
  * and re-read the weights from L2). */
 static fm_status launch_grid(const fm_expert_params *p, int nmat, fm_kfn fn, int rpb, int chunk, int threads,
-                             size_t smem, int pdl, int W, int KS, cudaStream_t s, const char *what) {
+                             size_t smem, int pdl, int W, int KS, int bdup, cudaStream_t s, const char *what) {
     const fm_dmat *m = nmat == 2 ? &p->gate : &p->down;
     const fm_dmat *sm = nmat == 2 ? &p->sgate : &p->sdown;
     const int nrb = (m->rows_p + rpb - 1) / rpb;
@@ -1085,7 +1129,7 @@ static fm_status launch_grid(const fm_expert_params *p, int nmat, fm_kfn fn, int
     q.sh_chunk = chunk;
     q.sh_chunks = nrb_s > 0 ? (p->T + q.sh_chunk - 1) / q.sh_chunk : 0;
     const int64_t sh_blocks = (int64_t)nrb_s * q.sh_chunks;
-    const int64_t blocks = (int64_t)p->max_active * nrb + sh_blocks;
+    const int64_t blocks = ((int64_t)p->max_active * nrb + sh_blocks) * bdup;
     if (blocks <= 0) return FM_OK;
     if (blocks > 0x7fffffff) return fm_error(FM_E_RANGE, "CUDA grid of %lld blocks is too large", (long long)blocks);
     q.sh_blocks = (int)sh_blocks;
@@ -1115,8 +1159,15 @@ static fm_status launch_grid(const fm_expert_params *p, int nmat, fm_kfn fn, int
 static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nmax, cudaStream_t s) {
     const int d2 = nmat == 1 && wg_down2();
     const int kind = nmat == 2 ? 1 : d2 ? 2 : 0;
+    int ks = 1;
+    if (nmat == 1) {
+        const int rpb = d2 ? 128 : 64, chunk = 8 * nmax;
+        const int64_t nrb = (p->down.rows_p + rpb - 1) / rpb;
+        const int64_t nrb_s = p->sdown.n ? (p->sdown.rows_p + rpb - 1) / rpb : 0;
+        ks = wg_down_ks((int64_t)p->max_active * nrb + nrb_s * ((p->T + chunk - 1) / chunk), p->sms);
+    }
     return launch_grid(p, nmat, pick_wg(kind, p->mx, nmax), d2 ? 128 : 64, 8 * nmax, 128,
-                       (size_t)wg_smem_bytes(kind ? 2 : 1, nmax, nmat == 1), pdl, 4, 1, s,
+                       (size_t)wg_smem_bytes(kind ? 2 : 1, nmax, nmat == 1), pdl, 4, ks, ks, s,
                        nmat == 2 ? "fm_expert_wg_kernel (gate/up)" : "fm_expert_wg_kernel (down)");
 }
 
@@ -1147,7 +1198,7 @@ static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int n
     if (pipe == FM_PIPE_REGS2 && use_xg(nmat, c->nt)) pipe = FM_PIPE_REGS_XG;
     const fm_dmat *m = nmat == 2 ? &p->gate : &p->down;
     return launch_grid(p, nmat, pick(nmat, c->nt, p->mx, pipe, m->enc), 16 * (c->warps / c->ksplit), 8 * c->nt,
-                       32 * c->warps, smem, c->pdl, c->warps, c->ksplit, s,
+                       32 * c->warps, smem, c->pdl, c->warps, c->ksplit, 1, s,
                        nmat == 2 ? "fm_expert_kernel (gate/up)" : "fm_expert_kernel (down)");
 }
 
@@ -1186,7 +1237,8 @@ extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char
     if (c->pipe == FM_PIPE_WGMMA) {
         snprintf(buf, cap,
                  "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16 from registers x shared memory, "
-                 "a warpgroup of 64 rows for gate/up, %d for down, up to %d tokens per pass)",
+                 "a warpgroup of 64 rows for gate/up, %d for down, K split 2 when the down grid is under 4 blocks per SM, "
+                 "up to %d tokens per pass)",
                  mx ? "mxfp4" : "nvfp4", wg_down2() ? 128 : 64, c->nt > 2 ? 32 : 16);
         return buf;
     }

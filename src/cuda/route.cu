@@ -285,6 +285,49 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_gemv_kernel(fm_route_par
     group_pairs(p, rs_smem, warp_tot, &p.done[FM_DONE_TILES]);
 }
 
+/* The expert tiles of each (token tile, K slice) of the SGEMM shapes also
+ * write the tokens' copy for the experts and zero their output, as the GEMV
+ * shape does, so that the selection warps stream nothing per token (one
+ * warp copying a 4096-wide row was a chain of 16 dependent loads); the last
+ * slice also writes the zero padding up to Hp. The work is spread over the
+ * gridDim.y expert tiles (v24: the first tile alone did it before, a chain
+ * of dependent loads per thread that held those blocks long after the
+ * others) and each thread loads two 8-element groups before it stores. */
+static __device__ void tile_prep(const fm_route_params &p, int t0, int kbeg, int kend) {
+    const int H = p.H, T = p.T;
+    const int pend = blockIdx.z == gridDim.z - 1 ? p.Hp : kend;
+    const int ng = (pend - kbeg) / 8; /* kbeg, kend (not last) and Hp are multiples of 8 */
+    const int n = min(LG_TILE, T - t0) * ng;
+    const int stride = RT_THREADS * gridDim.y;
+    const int perm[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+    for (int i0 = threadIdx.x + blockIdx.y * RT_THREADS; i0 < n; i0 += 2 * stride) {
+        float4 v[2][2];
+        size_t base[2];
+        int kk[2];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int i = i0 + u * stride;
+            const int t = t0 + i / ng;
+            kk[u] = kbeg + (i % ng) * 8;
+            base[u] = (size_t)t * H + kk[u];
+            const bool ok = i < n;
+            v[u][0] = ok && kk[u] < H ? load_x4(p.x, p.xdt, base[u]) : make_float4(0, 0, 0, 0);
+            v[u][1] = ok && kk[u] + 4 < H ? load_x4(p.x, p.xdt, base[u] + 4) : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int i = i0 + u * stride;
+            if (i >= n) break;
+            const int t = t0 + i / ng;
+            const float xv[8] = {v[u][0].x, v[u][0].y, v[u][0].z, v[u][0].w,
+                                 v[u][1].x, v[u][1].y, v[u][1].z, v[u][1].w};
+            *(uint4 *)&p.x_prep[(size_t)t * p.Hp + kk[u]] = prep8(xv, perm);
+            if (kk[u] < H) *(float4 *)&p.out[base[u]] = make_float4(0, 0, 0, 0);
+            if (kk[u] + 4 < H) *(float4 *)&p.out[base[u] + 4] = make_float4(0, 0, 0, 0);
+        }
+    }
+}
+
 __global__ void __launch_bounds__(RT_THREADS) fm_logits_tile_kernel(fm_route_params p, int kc) {
     __shared__ __align__(16) float xs[LG_KSTEP][LG_TILE + 4];
     __shared__ __align__(16) float ws[LG_KSTEP][LG_TILE + 4];
@@ -297,27 +340,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_tile_kernel(fm_route_par
     const bool xok = t0 + lr < T, wok = e0 + lr < E;
     pdl_wait();
     pdl_launch_dependents();
-    /* the first expert tile of each (token tile, K slice) also writes the
-     * tokens' copy for the experts and zeroes their output, as the GEMV
-     * shape does, so that the selection warps stream nothing per token (one
-     * warp copying a 4096-wide row was a chain of 16 dependent loads); the
-     * last slice also writes the zero padding up to Hp */
-    if (blockIdx.y == 0) {
-        const int pend = blockIdx.z == gridDim.z - 1 ? p.Hp : kend;
-        const int ng = (pend - kbeg) / 8; /* kbeg, kend (not last) and Hp are multiples of 8 */
-        for (int i = tid; i < LG_TILE * ng; i += RT_THREADS) {
-            const int t = t0 + i / ng, kk = kbeg + (i % ng) * 8;
-            if (t >= T) break; /* i grows with t */
-            const int perm[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-            const size_t base = (size_t)t * H + kk;
-            float4 lo = kk < H ? load_x4(p.x, p.xdt, base) : make_float4(0, 0, 0, 0);
-            float4 hi = kk + 4 < H ? load_x4(p.x, p.xdt, base + 4) : make_float4(0, 0, 0, 0);
-            const float xv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            *(uint4 *)&p.x_prep[(size_t)t * p.Hp + kk] = prep8(xv, perm);
-            if (kk < H) *(float4 *)&p.out[base] = make_float4(0, 0, 0, 0);
-            if (kk + 4 < H) *(float4 *)&p.out[base + 4] = make_float4(0, 0, 0, 0);
-        }
-    }
+    tile_prep(p, t0, kbeg, kend);
     float acc[4][4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -365,20 +388,125 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_tile_kernel(fm_route_par
     }
 }
 
-/* K slices of the SGEMM shape: enough that the grid is ~4 blocks per SM,
- * but slices of at least LG_KMIN and at most LG_MAXKS of them (the
- * selection kernel reads every slice of its token's logits). */
+/*
+ * The SGEMM shape on tensor cores (sm_80 and later, the default; v24): the
+ * same 64 x 64 tiles, K slices and outputs as fm_logits_tile_kernel, the
+ * products by mma.sync m16n8k8 TF32 in three terms, x_hi w_hi + x_hi w_lo +
+ * x_lo w_hi, where v_hi = TF32(v) and v_lo = TF32(v - v_hi): each product
+ * is FP32's to ~2^-21 relative (the x_lo w_lo term, ~2^-22, is left out),
+ * accumulated in FP32 — the router's math stays FP32 (the CPU reference's
+ * top-k ids), at the tensor cores' rate instead of the FMA pipe's. Eight
+ * warps, each 16 tokens x 32 experts (four n-tiles); the tiles go through
+ * shared memory 64 K at a time (each thread's next 8 loads in flight during
+ * a stage's MMAs), row stride 68 floats, so the fragment reads (row 4g + t)
+ * hit 32 different banks.
+ */
+#define LGM_KS 64
+#define LGM_LD (LGM_KS + 4)
+static __device__ __forceinline__ void tf32_split(float v, uint32_t &hi, uint32_t &lo) {
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(v));
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(v - __uint_as_float(hi)));
+}
+static __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__global__ void __launch_bounds__(RT_THREADS) fm_logits_mma_kernel(fm_route_params p, int kc) {
+    __shared__ __align__(16) float xs[LG_TILE][LGM_LD];
+    __shared__ __align__(16) float ws[LG_TILE][LGM_LD];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int wm = warp & 3, wn = warp >> 2; /* tokens wm*16.., experts wn*32.. */
+    const int t0 = blockIdx.x * LG_TILE, e0 = blockIdx.y * LG_TILE;
+    const int H = p.H, E = p.E, T = p.T;
+    const int kbeg = blockIdx.z * kc, kend = min(H, kbeg + kc);
+    /* loader: rows lr and lr + 32 of each tile, 4 K values at lc and lc + 32 */
+    const int lr = tid >> 3, lc = (tid & 7) * 4;
+    pdl_wait();
+    pdl_launch_dependents();
+    tile_prep(p, t0, kbeg, kend);
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    float4 xr[4], wr[4];
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        const int r = lr + 32 * (h & 1), k = kbeg + lc + 32 * (h >> 1);
+        xr[h] = t0 + r < T && k < kend ? load_x4(p.x, p.xdt, (size_t)(t0 + r) * H + k) : make_float4(0, 0, 0, 0);
+        wr[h] = e0 + r < E && k < kend ? ld_router4(p.router_w + (size_t)(e0 + r) * H + k, p.l2first)
+                                       : make_float4(0, 0, 0, 0);
+    }
+    for (int kb = kbeg; kb < kend; kb += LGM_KS) {
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            *(float4 *)&xs[lr + 32 * (h & 1)][lc + 32 * (h >> 1)] = xr[h];
+            *(float4 *)&ws[lr + 32 * (h & 1)][lc + 32 * (h >> 1)] = wr[h];
+        }
+        __syncthreads();
+        /* the next stage's loads fly during this stage's MMAs */
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            const int r = lr + 32 * (h & 1), k = kb + LGM_KS + lc + 32 * (h >> 1);
+            xr[h] = t0 + r < T && k < kend ? load_x4(p.x, p.xdt, (size_t)(t0 + r) * H + k) : make_float4(0, 0, 0, 0);
+            wr[h] = e0 + r < E && k < kend ? ld_router4(p.router_w + (size_t)(e0 + r) * H + k, p.l2first)
+                                           : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int k8 = 0; k8 < LGM_KS; k8 += 8) {
+            uint32_t ah[4], al[4];
+            const float *xa = &xs[wm * 16 + g][k8 + q];
+            tf32_split(xa[0], ah[0], al[0]);
+            tf32_split(xa[8 * LGM_LD], ah[1], al[1]);
+            tf32_split(xa[4], ah[2], al[2]);
+            tf32_split(xa[8 * LGM_LD + 4], ah[3], al[3]);
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const float *wb = &ws[wn * 32 + nt * 8 + g][k8 + q];
+                uint32_t bh0, bl0, bh1, bl1;
+                tf32_split(wb[0], bh0, bl0);
+                tf32_split(wb[4], bh1, bl1);
+                mma_tf32(acc[nt], al, bh0, bh1);
+                mma_tf32(acc[nt], ah, bl0, bl1);
+                mma_tf32(acc[nt], ah, bh0, bh1);
+            }
+        }
+        __syncthreads();
+    }
+    const size_t ld = (size_t)lg_stride(E);
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int t = t0 + wm * 16 + g + 8 * hr;
+        if (t >= T) continue;
+        float *dst = p.logits + ((size_t)blockIdx.z * T + t) * ld;
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const int e = e0 + wn * 32 + nt * 8 + 2 * q;
+            if (e < E) dst[e] = acc[nt][2 * hr];
+            if (e + 1 < E) dst[e + 1] = acc[nt][2 * hr + 1];
+        }
+    }
+}
+
+/* K slices of the SGEMM shapes: enough that the grid is ~depth blocks per
+ * SM, but slices of at least LG_KMIN and at most LG_MAXKS of them (the
+ * selection kernel reads every slice of its token's logits), each a
+ * multiple of step. */
 #define LG_KMIN 128
 #define LG_MAXKS 32
-static void tile_split(int T, int H, int E, int sms, int *ks, int *kc) {
+static void tile_split(int T, int H, int E, int sms, int depth, int step, int *ks, int *kc) {
     long tiles = (long)((T + LG_TILE - 1) / LG_TILE) * ((E + LG_TILE - 1) / LG_TILE);
-    long want = (4L * (sms > 0 ? sms : 132) + tiles - 1) / tiles;
+    long want = ((long)depth * (sms > 0 ? sms : 132) + tiles - 1) / tiles;
     long maxks = (H + LG_KMIN - 1) / LG_KMIN;
     if (maxks > LG_MAXKS) maxks = LG_MAXKS;
     if (want > maxks) want = maxks;
     if (want < 1) want = 1;
     long c = (H + want - 1) / want;
-    c = (c + LG_KSTEP - 1) / LG_KSTEP * LG_KSTEP;
+    c = (c + step - 1) / step * step;
     *kc = (int)c;
     *ks = (int)((H + c - 1) / c);
 }
@@ -828,6 +956,18 @@ static int route_warp_group_enabled(void) {
     return v;
 }
 
+/* The logits kernel above LG_SMALL_T tokens: tensor cores (v24, the
+ * default) or the FP32 FMA SGEMM (before v24; FP4MOE_CUDA_LOGITS=simt|mma).
+ * Read once. */
+static int route_logits_mma(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *env = getenv("FP4MOE_CUDA_LOGITS");
+        v = !(env && !strcmp(env, "simt"));
+    }
+    return v;
+}
+
 /* FP4MOE_CUDA_ROUTE_FUSE=0 keeps the separate selection kernel at few
  * tokens (the v7 routing), for comparisons. */
 static int route_fuse_enabled(void) {
@@ -860,7 +1000,8 @@ extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int p
         cfg.gridDim = dim3((unsigned)((p->E + RT_WARPS * LG_EW - 1) / (RT_WARPS * LG_EW)), (unsigned)ks,
                            (unsigned)((p->T + LG_TT - 1) / LG_TT));
     } else {
-        tile_split(p->T, p->H, p->E, p->sms, &ks, &kc);
+        const int mma = route_logits_mma();
+        tile_split(p->T, p->H, p->E, p->sms, mma ? 2 : 4, mma ? LGM_KS : LG_KSTEP, &ks, &kc);
         cfg.gridDim = dim3((unsigned)((p->T + LG_TILE - 1) / LG_TILE), (unsigned)((p->E + LG_TILE - 1) / LG_TILE),
                            (unsigned)ks);
     }
@@ -874,6 +1015,9 @@ extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int p
             FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_gemv_kernel, *p));
             FM_CU_LAUNCH("fm_logits_gemv_kernel");
             if (p->fuse) return FM_OK;
+        } else if (route_logits_mma()) {
+            FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_mma_kernel, *p, kc));
+            FM_CU_LAUNCH("fm_logits_mma_kernel");
         } else {
             FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_tile_kernel, *p, kc));
             FM_CU_LAUNCH("fm_logits_tile_kernel");
