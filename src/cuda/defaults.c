@@ -103,6 +103,7 @@ static const struct {
     {"FP4MOE_CUDA_L2HINT", "0|1"},
     {"FP4MOE_CUDA_WG_DOWN2", "0|1"},
     {"FP4MOE_CUDA_WG_DOWN_KS", "1|2|4"},
+    {"FP4MOE_CUDA_WG_GU_KS", "1|2|4"},
     {"FP4MOE_CUDA_STAGES", "1|2|3|4|5|6|7|8"},
     {"FP4MOE_CUDA_XG", "0|1|2|3"},
     {"FP4MOE_CUDA_DOWN", "nosplit|WxK"},

@@ -37,6 +37,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdio.h>
+#include <cooperative_groups.h>
 
 static __device__ __forceinline__ void pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -750,6 +751,7 @@ struct fm_wg_pass {
     const uint16_t *src_base;
     int64_t src_stride;
     int nseg, pass0, rowA, rowB;
+    int ksplit; /* gate/up: CTAs of the cluster that split K (1: none)     */
     bool wv;
     bool wv2; /* D2: the second 64 rows exist (else they are not written) */
     fm_epi o;
@@ -910,6 +912,32 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
     wg_wait<0>();
     cp_async_wait<0>();
 #undef FM_WG_XCOPY
+    if (GU && w.ksplit > 1) {
+        /* gate/up split over K by a cluster of w.ksplit CTAs (v26): the
+         * others' partial sums go into CTA 0's shared memory (its rings, idle
+         * once every CTA is past its loop), CTA 0 adds them in rank order
+         * (deterministic) and runs the epilogue */
+        namespace cg = cooperative_groups;
+        cg::cluster_group cl = cg::this_cluster();
+        constexpr int NA = NMAT * 4 * N8;
+        const unsigned rank = cl.block_rank();
+        float *red = (float *)smem;
+        cl.sync();
+        if (rank > 0) {
+            float *dst = cl.map_shared_rank(red, 0) + (size_t)(rank - 1) * NA * 128;
+#pragma unroll
+            for (int m = 0; m < NMAT; m++)
+#pragma unroll
+                for (int i = 0; i < 4 * N8; i++) dst[(m * 4 * N8 + i) * 128 + tid] = acc[m][i];
+        }
+        cl.sync();
+        if (rank > 0) return;
+        for (int r = 1; r < w.ksplit; r++)
+#pragma unroll
+            for (int m = 0; m < NMAT; m++)
+#pragma unroll
+                for (int i = 0; i < 4 * N8; i++) acc[m][i] += red[((r - 1) * NA + m * 4 * N8 + i) * 128 + tid];
+    }
     if (!w.wv) return;
 #pragma unroll
     for (int n = 0; n < N8; n++)
@@ -966,16 +994,19 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT)) fm_expert_wg_kern
     w.rowA = r0 + g;
     w.rowB = r0 + g + 8;
     const int nseg = dA.kp / FM_KSEG;
-    /* down with a K split (KS > 1, v25): this block's share of the
-     * segments, its partial sums added into the output by the epilogue's
-     * atomics like every other expert's. A slice without segments (K below
-     * KS segments) has nothing to do; the bias goes in once, by the first
-     * slice that has segments (the one that starts at segment 0). */
-    const int ks = GU ? 0 : (int)blockIdx.x % KS;
-    const int s0 = GU ? 0 : ks * nseg / KS, s1 = GU ? nseg : (ks + 1) * nseg / KS;
+    /* a K split (KS > 1): this block's share of the segments. Down (v25)
+     * adds its partial sums into the output with the epilogue's atomics like
+     * every other expert's; a slice without segments (K below KS segments)
+     * has nothing to do, and the bias goes in once, by the first slice that
+     * has segments (the one that starts at segment 0). Gate/up (v26): the KS
+     * blocks are one cluster that adds the partial sums in CTA 0 before the
+     * activation (wg_pass_body); every CTA takes part, segments or not. */
+    const int ks = (int)blockIdx.x % KS;
+    const int s0 = ks * nseg / KS, s1 = (ks + 1) * nseg / KS;
     w.nseg = s1 - s0;
-    if (w.nseg == 0) return;
-    if (s0 > 0) w.o.biasA = NULL;
+    w.ksplit = GU ? KS : 1;
+    if (!GU && w.nseg == 0) return;
+    if (!GU && s0 > 0) w.o.biasA = NULL;
     /* every warp of the warpgroup takes part in every wgmma: a warp whose 16
      * rows lie past the padded rows streams row group 0 and writes nothing */
     w.wv = r0 < dA.rows_p;
@@ -1094,23 +1125,24 @@ static int wg_down2(void) {
     return v;
 }
 
-/* The wgmma down's K split (v25): each (row block, pass) item becomes KS
- * blocks over a share of K each, adding into the output like the others.
- * Where the down grid is less than one wave of 4 blocks per SM, KS = 2:
- * the blocks then come in a multiple of the SMs' slots less often, and
- * per-SM imbalance (some SMs one block more than others) costs less
- * (H200, DeepSeek-V4-Flash B = 2: 416 down blocks, down 25.1 -> 24.1 us
+/* The wgmma kernels' K split: each (row block, pass) item becomes KS
+ * blocks over a share of K each (down, v25: adding into the output like the
+ * others; gate/up, v26: a cluster of KS CTAs that adds the partial sums in
+ * CTA 0 before the activation). Where the launch's grid is under 4 blocks
+ * per SM, KS = 2: the blocks then come in a multiple of the SMs' slots less
+ * often, and per-SM imbalance (some SMs one block more than others) costs
+ * less (H200, DeepSeek-V4-Flash B = 2: 416 down blocks, down 25.1 -> 24.1 us
  * under Nsight Compute, the layer -3 %; from B = 4, 800 blocks, level or
- * slower; docs/perf.md). FP4MOE_CUDA_WG_DOWN_KS=1|2|4 forces it (A/B).
- * The rule needs the grid's block count, hence blocks. */
-static int wg_down_ks(int64_t blocks, int sms) {
-    static int v = -1;
-    if (v < 0) {
-        const char *env = getenv("FP4MOE_CUDA_WG_DOWN_KS");
-        v = env && *env ? atoi(env) : 0;
-        if (v != 1 && v != 2 && v != 4) v = 0;
+ * slower; docs/perf.md). FP4MOE_CUDA_WG_DOWN_KS / FP4MOE_CUDA_WG_GU_KS =
+ * 1|2|4 force it (A/B). Read once; blocks is the grid without the split. */
+static int wg_ks(int gu, int64_t blocks, int sms) {
+    static int v[2] = {-1, -1};
+    if (v[gu] < 0) {
+        const char *env = getenv(gu ? "FP4MOE_CUDA_WG_GU_KS" : "FP4MOE_CUDA_WG_DOWN_KS");
+        v[gu] = env && *env ? atoi(env) : 0;
+        if (v[gu] != 1 && v[gu] != 2 && v[gu] != 4) v[gu] = 0;
     }
-    if (v) return v;
+    if (v[gu]) return v[gu];
     return blocks > 0 && blocks < 4L * (sms > 0 ? sms : 132) ? 2 : 1;
 }
 
@@ -1120,7 +1152,8 @@ static int wg_down_ks(int64_t blocks, int sms) {
  * decode work as a pass of one long loop, but the chunks run in parallel
  * and re-read the weights from L2). */
 static fm_status launch_grid(const fm_expert_params *p, int nmat, fm_kfn fn, int rpb, int chunk, int threads,
-                             size_t smem, int pdl, int W, int KS, int bdup, cudaStream_t s, const char *what) {
+                             size_t smem, int pdl, int W, int KS, int bdup, int cluster, cudaStream_t s,
+                             const char *what) {
     const fm_dmat *m = nmat == 2 ? &p->gate : &p->down;
     const fm_dmat *sm = nmat == 2 ? &p->sgate : &p->sdown;
     const int nrb = (m->rows_p + rpb - 1) / rpb;
@@ -1142,15 +1175,26 @@ static fm_status launch_grid(const fm_expert_params *p, int nmat, fm_kfn fn, int
         }
     }
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr[2];
     cfg.gridDim = dim3((unsigned)blocks);
     cfg.blockDim = dim3((unsigned)threads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    unsigned na = 0;
+    if (pdl) {
+        attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+    }
+    if (cluster > 1) {
+        attr[na].id = cudaLaunchAttributeClusterDimension;
+        attr[na].val.clusterDim.x = (unsigned)cluster;
+        attr[na].val.clusterDim.y = 1;
+        attr[na].val.clusterDim.z = 1;
+        na++;
+    }
     cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.numAttrs = na;
     FM_CU(cudaLaunchKernelEx(&cfg, fn, q, W, KS));
     FM_CU_LAUNCH(what);
     return FM_OK;
@@ -1159,15 +1203,16 @@ static fm_status launch_grid(const fm_expert_params *p, int nmat, fm_kfn fn, int
 static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nmax, cudaStream_t s) {
     const int d2 = nmat == 1 && wg_down2();
     const int kind = nmat == 2 ? 1 : d2 ? 2 : 0;
-    int ks = 1;
-    if (nmat == 1) {
-        const int rpb = d2 ? 128 : 64, chunk = 8 * nmax;
-        const int64_t nrb = (p->down.rows_p + rpb - 1) / rpb;
-        const int64_t nrb_s = p->sdown.n ? (p->sdown.rows_p + rpb - 1) / rpb : 0;
-        ks = wg_down_ks((int64_t)p->max_active * nrb + nrb_s * ((p->T + chunk - 1) / chunk), p->sms);
-    }
-    return launch_grid(p, nmat, pick_wg(kind, p->mx, nmax), d2 ? 128 : 64, 8 * nmax, 128,
-                       (size_t)wg_smem_bytes(kind ? 2 : 1, nmax, nmat == 1), pdl, 4, ks, ks, s,
+    const int rpb = d2 ? 128 : 64, chunk = 8 * nmax;
+    const fm_dmat *m = nmat == 2 ? &p->gate : &p->down, *sm = nmat == 2 ? &p->sgate : &p->sdown;
+    const int64_t nrb = (m->rows_p + rpb - 1) / rpb;
+    const int64_t nrb_s = sm->n ? (sm->rows_p + rpb - 1) / rpb : 0;
+    const size_t smem = (size_t)wg_smem_bytes(kind ? 2 : 1, nmax, nmat == 1);
+    int ks = wg_ks(nmat == 2, (int64_t)p->max_active * nrb + nrb_s * ((p->T + chunk - 1) / chunk), p->sms);
+    /* gate/up's cluster reduction reuses CTA 0's rings for the others' sums */
+    if (nmat == 2 && (size_t)(ks - 1) * 2 * 4 * nmax * 128 * sizeof(float) > smem) ks = 1;
+    return launch_grid(p, nmat, pick_wg(kind, p->mx, nmax), rpb, chunk, 128, smem, pdl, 4, ks, ks,
+                       nmat == 2 ? ks : 1, s,
                        nmat == 2 ? "fm_expert_wg_kernel (gate/up)" : "fm_expert_wg_kernel (down)");
 }
 
@@ -1198,7 +1243,7 @@ static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int n
     if (pipe == FM_PIPE_REGS2 && use_xg(nmat, c->nt)) pipe = FM_PIPE_REGS_XG;
     const fm_dmat *m = nmat == 2 ? &p->gate : &p->down;
     return launch_grid(p, nmat, pick(nmat, c->nt, p->mx, pipe, m->enc), 16 * (c->warps / c->ksplit), 8 * c->nt,
-                       32 * c->warps, smem, c->pdl, c->warps, c->ksplit, 1, s,
+                       32 * c->warps, smem, c->pdl, c->warps, c->ksplit, 1, 1, s,
                        nmat == 2 ? "fm_expert_kernel (gate/up)" : "fm_expert_kernel (down)");
 }
 
@@ -1237,8 +1282,8 @@ extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char
     if (c->pipe == FM_PIPE_WGMMA) {
         snprintf(buf, cap,
                  "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16 from registers x shared memory, "
-                 "a warpgroup of 64 rows for gate/up, %d for down, K split 2 when the down grid is under 4 blocks per SM, "
-                 "up to %d tokens per pass)",
+                 "a warpgroup of 64 rows for gate/up, %d for down, each split over K by 2 blocks when its grid is under 4 "
+                 "blocks per SM, up to %d tokens per pass)",
                  mx ? "mxfp4" : "nvfp4", wg_down2() ? 128 : 64, c->nt > 2 ? 32 : 16);
         return buf;
     }
