@@ -1128,14 +1128,17 @@ static int wg_down2(void) {
 /* The wgmma kernels' K split: each (row block, pass) item becomes KS
  * blocks over a share of K each (down, v25: adding into the output like the
  * others; gate/up, v26: a cluster of KS CTAs that adds the partial sums in
- * CTA 0 before the activation). Where the launch's grid is under 4 blocks
- * per SM, KS = 2: the blocks then come in a multiple of the SMs' slots less
- * often, and per-SM imbalance (some SMs one block more than others) costs
- * less (H200, DeepSeek-V4-Flash B = 2: 416 down blocks, down 25.1 -> 24.1 us
- * under Nsight Compute, the layer -3 %; from B = 4, 800 blocks, level or
- * slower; docs/perf.md). FP4MOE_CUDA_WG_DOWN_KS / FP4MOE_CUDA_WG_GU_KS =
- * 1|2|4 force it (A/B). Read once; blocks is the grid without the split. */
-static int wg_ks(int gu, int64_t blocks, int sms) {
+ * CTA 0 before the activation). KS = 2 where the launch's grid is under 5
+ * blocks per SM (about one wave of 4 resident blocks and a short tail) and
+ * each half keeps at least 8 segments of K (down) or 10 (gate/up, which
+ * also pays the cluster's reduction): the blocks then fill the SMs more
+ * evenly (H200, full layer: DeepSeek-V4-Flash B = 2 / 3 -6 % / -4 %,
+ * gpt-oss-120b B = 3 / 4 -3 % / -5 %; forced elsewhere: DeepSeek-V4-Flash
+ * B = 4 - 8 +2 to +4 %, Qwen3-30B-A3B B = 3 / 4 with its gate/up's 16
+ * segments split +3 % / +9 %; docs/perf.md). FP4MOE_CUDA_WG_DOWN_KS /
+ * FP4MOE_CUDA_WG_GU_KS = 1|2|4 force it (A/B). Read once; blocks is the
+ * grid without the split, nseg the segments of K. */
+static int wg_ks(int gu, int64_t blocks, int sms, int nseg) {
     static int v[2] = {-1, -1};
     if (v[gu] < 0) {
         const char *env = getenv(gu ? "FP4MOE_CUDA_WG_GU_KS" : "FP4MOE_CUDA_WG_DOWN_KS");
@@ -1143,7 +1146,7 @@ static int wg_ks(int gu, int64_t blocks, int sms) {
         if (v[gu] != 1 && v[gu] != 2 && v[gu] != 4) v[gu] = 0;
     }
     if (v[gu]) return v[gu];
-    return blocks > 0 && blocks < 4L * (sms > 0 ? sms : 132) ? 2 : 1;
+    return nseg >= (gu ? 20 : 16) && blocks > 0 && blocks < 5L * (sms > 0 ? sms : 132) ? 2 : 1;
 }
 
 /* One expert launch (both kernel families): the shared expert's (row block,
@@ -1208,7 +1211,8 @@ static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nma
     const int64_t nrb = (m->rows_p + rpb - 1) / rpb;
     const int64_t nrb_s = sm->n ? (sm->rows_p + rpb - 1) / rpb : 0;
     const size_t smem = (size_t)wg_smem_bytes(kind ? 2 : 1, nmax, nmat == 1);
-    int ks = wg_ks(nmat == 2, (int64_t)p->max_active * nrb + nrb_s * ((p->T + chunk - 1) / chunk), p->sms);
+    int ks = wg_ks(nmat == 2, (int64_t)p->max_active * nrb + nrb_s * ((p->T + chunk - 1) / chunk), p->sms,
+                   (int)(m->kp / FM_KSEG));
     /* gate/up's cluster reduction reuses CTA 0's rings for the others' sums */
     if (nmat == 2 && (size_t)(ks - 1) * 2 * 4 * nmax * 128 * sizeof(float) > smem) ks = 1;
     return launch_grid(p, nmat, pick_wg(kind, p->mx, nmax), rpb, chunk, 128, smem, pdl, 4, ks, ks,
@@ -1282,8 +1286,8 @@ extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char
     if (c->pipe == FM_PIPE_WGMMA) {
         snprintf(buf, cap,
                  "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16 from registers x shared memory, "
-                 "a warpgroup of 64 rows for gate/up, %d for down, each split over K by 2 blocks when its grid is under 4 "
-                 "blocks per SM, up to %d tokens per pass)",
+                 "a warpgroup of 64 rows for gate/up, %d for down, each split over K by 2 blocks when its grid is under 5 "
+                 "blocks per SM and K long enough, up to %d tokens per pass)",
                  mx ? "mxfp4" : "nvfp4", wg_down2() ? 128 : 64, c->nt > 2 ? 32 : 16);
         return buf;
     }
