@@ -155,6 +155,10 @@ typedef struct {
     /* 1: the shared expert's blocks ask L2 for their weights before waiting
      * on routing (the shared expert needs no routing result) */
     int sh_prefetch;
+    /* 1: the shared expert's gate/up blocks do not wait on the routing grid
+     * (they read only the tokens' prep, written two grids earlier), so they
+     * run while the selection does (v27) */
+    int sh_early;
     /* 1: the weights are read with an L2 evict-first policy */
     int l2first;
     int sms;                      /* SMs of the device (sizes the down's K split) */

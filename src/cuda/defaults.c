@@ -100,6 +100,7 @@ static const struct {
     {"FP4MOE_CUDA_ROUTE_WARPGROUP", "0|1"},
     {"FP4MOE_CUDA_LOGITS", "simt|mma"},
     {"FP4MOE_CUDA_SH_PREFETCH", "0|1"},
+    {"FP4MOE_CUDA_SH_EARLY", "0|1"},
     {"FP4MOE_CUDA_L2HINT", "0|1"},
     {"FP4MOE_CUDA_WG_DOWN2", "0|1"},
     {"FP4MOE_CUDA_WG_DOWN_KS", "1|2|4"},

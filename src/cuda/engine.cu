@@ -29,6 +29,7 @@ struct fm_cuda_engine {
     int shared_enabled;
     int pdl;
     int sh_prefetch; /* shared expert prefetched into L2 during routing */
+    int sh_early;    /* shared expert's gate/up not waiting on routing (v27) */
     int l2first;     /* weights read with an L2 evict-first policy */
     int fp4_enc;  /* weights of new layers stored for the v6 decode        */
     int wgmma;    /* the wgmma kernels can run: sm_90 and built for sm_90a */
@@ -120,6 +121,10 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
      * into L2 while routing runs (needs PDL) */
     env = getenv("FP4MOE_CUDA_SH_PREFETCH");
     e->sh_prefetch = env && !strcmp(env, "1");
+    /* FP4MOE_CUDA_SH_EARLY=1: the shared expert's gate/up runs during the
+     * selection (needs PDL; v27) */
+    env = getenv("FP4MOE_CUDA_SH_EARLY");
+    e->sh_early = env && !strcmp(env, "1");
     /* Weights and router rows are read with an L2 evict-first policy
      * (docs/perf.md, v18); FP4MOE_CUDA_L2HINT=0 reads them at the default
      * priority, for comparisons */
@@ -742,13 +747,16 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
     fm_expert_params ep;
     fill_expert_params(e, l, T, &ep);
     ep.sh_prefetch = e->sh_prefetch && lc->pdl && ep.sgate.n > 0 && !ev;
-    rp.early_trigger = ep.sh_prefetch;
+    ep.sh_early = e->sh_early && lc->pdl && ep.sgate.n > 0 && !ev;
+    rp.early_trigger = ep.sh_prefetch || ep.sh_early;
     ep.l2first = rp.l2first = e->l2first;
     ep.sms = e->sm_count;
     fm_status s;
     if (ev) FM_CU(cudaEventRecord(ev[0], e->stream));
     if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, parts, e->stream))) return s;
     if (!(parts & FM_ROUTE_PART_EXPERTS)) return FM_OK;
+    /* fused routing writes the tokens' prep in the grid the experts wait on */
+    if (rp.fuse) ep.sh_early = 0;
     if (ev) FM_CU(cudaEventRecord(ev[1], e->stream));
     if ((s = fm_cuda_launch_gateup(&ep, lc, e->stream))) return s;
     if (ev) FM_CU(cudaEventRecord(ev[2], e->stream));

@@ -431,7 +431,8 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
             }
         }
     }
-    pdl_wait();
+    /* the shared expert's gate/up reads no routing result (p.sh_early) */
+    if (!(NMAT == 2 && p.sh_early && (int)blockIdx.x < p.sh_blocks)) pdl_wait();
     pdl_launch_dependents();
 
     fm_item it;
@@ -979,7 +980,8 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT)) fm_expert_wg_kern
     constexpr bool GU = NMAT == 2 && !D2;
     constexpr int RPB = D2 ? 128 : 64;
     const int nrb = ((GU ? p.gate.rows_p : p.down.rows_p) + RPB - 1) / RPB;
-    pdl_wait();
+    /* the shared expert's gate/up reads no routing result (p.sh_early) */
+    if (!(GU && p.sh_early && (int)blockIdx.x / KS < p.sh_blocks)) pdl_wait();
     pdl_launch_dependents();
 
     fm_item it;
