@@ -259,24 +259,31 @@ struct fm_epi {
  * sums a (gate or down) and b (up). Gate/up applies the activation and
  * writes h as BF16 * 2^7 in down's K order; down adds the routing-weighted
  * result into the output (the k-way combine and the shared expert). */
+/* Down's output with the token row and routing weight given (the wgmma
+ * down reads them from shared memory; fm_emit from the grouping). */
+static __device__ __forceinline__ void fm_emit_down(const fm_expert_params &p, const fm_epi &o, int row, int idx,
+                                                    int tok, float wgt, float a) {
+    if (idx >= o.cnt || row >= o.rows) return;
+    const float biasA = o.biasA ? o.biasA[(int64_t)o.e * o.rows_p + row] : 0.0f;
+    atomicAdd(&p.out[(int64_t)tok * p.H + row], (a * o.s2A + biasA) * wgt);
+}
 template <int NMAT>
 static __device__ __forceinline__ void fm_emit(const fm_expert_params &p, const fm_epi &o, int row, int idx, float a,
                                                float b) {
     if (idx >= o.cnt) return;
     const int pos = o.pos0 + idx;
+    if (NMAT != 2) {
+        if (row < o.rows)
+            fm_emit_down(p, o, row, idx, o.shared ? idx : p.sorted_tok[pos], o.shared ? 1.0f : p.sorted_w[pos], a);
+        return;
+    }
     const float biasA = (o.biasA && row < o.rows) ? o.biasA[(int64_t)o.e * o.rows_p + row] : 0.0f;
     const float y = a * o.s2A + biasA;
-    if (NMAT == 2) {
-        const float biasB = (o.biasB && row < o.rows) ? o.biasB[(int64_t)o.e * o.rows_p + row] : 0.0f;
-        const float u = b * o.s2B + biasB;
-        const float hv = row < o.rows ? act_fn(p.act, y, u, p.alpha, p.limit) : 0.0f;
-        __nv_bfloat16 hb = __float2bfloat16_rn(hv * 128.0f);
-        p.h[(int64_t)pos * p.hstride + kperm_pos(row)] = *(uint16_t *)&hb;
-    } else if (row < o.rows) {
-        const int tok = o.shared ? idx : p.sorted_tok[pos];
-        const float wgt = o.shared ? 1.0f : p.sorted_w[pos];
-        atomicAdd(&p.out[(int64_t)tok * p.H + row], y * wgt);
-    }
+    const float biasB = (o.biasB && row < o.rows) ? o.biasB[(int64_t)o.e * o.rows_p + row] : 0.0f;
+    const float u = b * o.s2B + biasB;
+    const float hv = row < o.rows ? act_fn(p.act, y, u, p.alpha, p.limit) : 0.0f;
+    __nv_bfloat16 hb = __float2bfloat16_rn(hv * 128.0f);
+    p.h[(int64_t)pos * p.hstride + kperm_pos(row)] = *(uint16_t *)&hb;
 }
 
 /* One 128-wide K segment: decode the thread's weights of rows g and g + 8
@@ -733,13 +740,6 @@ struct wg_mma<4> {
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
     }
 };
-/* Down's output of fm_emit with the token row and routing weight given. */
-static __device__ __forceinline__ void fm_emit_down(const fm_expert_params &p, const fm_epi &o, int row, int idx,
-                                                    int tok, float wgt, float a) {
-    if (idx >= o.cnt || row >= o.rows) return;
-    const float biasA = o.biasA ? o.biasA[(int64_t)o.e * o.rows_p + row] : 0.0f;
-    atomicAdd(&p.out[(int64_t)tok * p.H + row], (a * o.s2A + biasA) * wgt);
-}
 
 #endif
 

@@ -42,14 +42,19 @@ static __device__ __forceinline__ void prefetch_l2_line(const void *q) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(q));
 }
 /* The router rows are read once per layer: with p.l2first, at L2's
- * evict-first priority (as the expert weights, expert.cu). */
-static __device__ __forceinline__ float4 ld_router4(const float *q, int first) {
+ * evict-first priority (as the expert weights, expert.cu), under a policy
+ * each thread creates once (router_policy). */
+static __device__ __forceinline__ uint64_t router_policy(void) {
+    uint64_t pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+static __device__ __forceinline__ float4 ld_router4(const float *q, int first, uint64_t pol) {
     float4 r;
     if (first)
-        asm("{\n\t.reg .b64 pol;\n\tcreatepolicy.fractional.L2::evict_first.b64 pol, 1.0;\n\t"
-            "ld.global.nc.L2::cache_hint.v4.f32 {%0,%1,%2,%3}, [%4], pol;\n\t}"
+        asm("ld.global.nc.L2::cache_hint.v4.f32 {%0,%1,%2,%3}, [%4], %5;"
             : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
-            : "l"(q));
+            : "l"(q), "l"(pol));
     else
         r = __ldg((const float4 *)q);
     return r;
@@ -199,6 +204,7 @@ static __device__ void group_pairs(const fm_route_params &p, unsigned char *smem
 static_assert(FM_DONE_TILES < FM_ROUTE_COUNTERS, "routing block counters");
 
 __global__ void __launch_bounds__(RT_THREADS) fm_logits_gemv_kernel(fm_route_params p) {
+    const uint64_t rpol = router_policy();
     __shared__ __align__(16) float xs[LG_TT][LG_KC];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int e0 = (blockIdx.x * RT_WARPS + warp) * LG_EW, k0 = blockIdx.y * LG_KC, t0 = blockIdx.z * LG_TT;
@@ -212,7 +218,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_gemv_kernel(fm_route_par
 #pragma unroll
         for (int it = 0; it < LG_KC / 128; it++) {
             int k = k0 + it * 128 + lane * 4;
-            w[a][it] = e0 + a < E && k < H ? ld_router4(p.router_w + (size_t)(e0 + a) * H + k, p.l2first)
+            w[a][it] = e0 + a < E && k < H ? ld_router4(p.router_w + (size_t)(e0 + a) * H + k, p.l2first, rpol)
                                            : make_float4(0, 0, 0, 0);
         }
     pdl_wait();
@@ -329,6 +335,7 @@ static __device__ void tile_prep(const fm_route_params &p, int t0, int kbeg, int
 }
 
 __global__ void __launch_bounds__(RT_THREADS) fm_logits_tile_kernel(fm_route_params p, int kc) {
+    const uint64_t rpol = router_policy();
     __shared__ __align__(16) float xs[LG_KSTEP][LG_TILE + 4];
     __shared__ __align__(16) float ws[LG_KSTEP][LG_TILE + 4];
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
@@ -349,7 +356,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_tile_kernel(fm_route_par
     float4 xr = make_float4(0, 0, 0, 0), wr = make_float4(0, 0, 0, 0);
     if (kbeg + lc < kend) {
         if (xok) xr = load_x4(p.x, p.xdt, (size_t)(t0 + lr) * H + kbeg + lc);
-        if (wok) wr = ld_router4(p.router_w + (size_t)(e0 + lr) * H + kbeg + lc, p.l2first);
+        if (wok) wr = ld_router4(p.router_w + (size_t)(e0 + lr) * H + kbeg + lc, p.l2first, rpol);
     }
     for (int kb = kbeg; kb < kend; kb += LG_KSTEP) {
         xs[lc][lr] = xr.x; xs[lc + 1][lr] = xr.y; xs[lc + 2][lr] = xr.z; xs[lc + 3][lr] = xr.w;
@@ -361,7 +368,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_tile_kernel(fm_route_par
         wr = make_float4(0, 0, 0, 0);
         if (kn < kend) {
             if (xok) xr = load_x4(p.x, p.xdt, (size_t)(t0 + lr) * H + kn);
-            if (wok) wr = ld_router4(p.router_w + (size_t)(e0 + lr) * H + kn, p.l2first);
+            if (wok) wr = ld_router4(p.router_w + (size_t)(e0 + lr) * H + kn, p.l2first, rpol);
         }
 #pragma unroll
         for (int kk = 0; kk < LG_KSTEP; kk++) {
@@ -415,6 +422,7 @@ static __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&
 }
 
 __global__ void __launch_bounds__(RT_THREADS) fm_logits_mma_kernel(fm_route_params p, int kc) {
+    const uint64_t rpol = router_policy();
     __shared__ __align__(16) float xs[LG_TILE][LGM_LD];
     __shared__ __align__(16) float ws[LG_TILE][LGM_LD];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -438,7 +446,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_mma_kernel(fm_route_para
     for (int h = 0; h < 4; h++) {
         const int r = lr + 32 * (h & 1), k = kbeg + lc + 32 * (h >> 1);
         xr[h] = t0 + r < T && k < kend ? load_x4(p.x, p.xdt, (size_t)(t0 + r) * H + k) : make_float4(0, 0, 0, 0);
-        wr[h] = e0 + r < E && k < kend ? ld_router4(p.router_w + (size_t)(e0 + r) * H + k, p.l2first)
+        wr[h] = e0 + r < E && k < kend ? ld_router4(p.router_w + (size_t)(e0 + r) * H + k, p.l2first, rpol)
                                        : make_float4(0, 0, 0, 0);
     }
     for (int kb = kbeg; kb < kend; kb += LGM_KS) {
@@ -453,7 +461,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_mma_kernel(fm_route_para
         for (int h = 0; h < 4; h++) {
             const int r = lr + 32 * (h & 1), k = kb + LGM_KS + lc + 32 * (h >> 1);
             xr[h] = t0 + r < T && k < kend ? load_x4(p.x, p.xdt, (size_t)(t0 + r) * H + k) : make_float4(0, 0, 0, 0);
-            wr[h] = e0 + r < E && k < kend ? ld_router4(p.router_w + (size_t)(e0 + r) * H + k, p.l2first)
+            wr[h] = e0 + r < E && k < kend ? ld_router4(p.router_w + (size_t)(e0 + r) * H + k, p.l2first, rpol)
                                            : make_float4(0, 0, 0, 0);
         }
 #pragma unroll
