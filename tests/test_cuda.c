@@ -60,8 +60,8 @@ typedef struct {
 } cmp_result;
 
 /* Runs the GPU forward on a poisoned output and the reference, compares. */
-static void run_compare(const fm_model_desc *d, const fm_moe_layer *hl, fm_cuda_layer *cl, int T,
-                        const uint16_t *xb, const int32_t *tok, cmp_result *r) {
+static void run_compare_dt(const fm_model_desc *d, const fm_moe_layer *hl, fm_cuda_layer *cl, int T,
+                           const void *x, fm_dtype xdt, const int32_t *tok, cmp_result *r) {
     int H = d->hidden, k = d->topk;
     float *out = malloc(sizeof(float) * (size_t)T * H), *ref = malloc(sizeof(float) * (size_t)T * H);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * k), *rids = malloc(sizeof(int32_t) * (size_t)T * k);
@@ -71,10 +71,10 @@ static void run_compare(const fm_model_desc *d, const fm_moe_layer *hl, fm_cuda_
     for (int64_t i = 0; i < (int64_t)T * H; i++) out[i] = NAN;
     for (int64_t i = 0; i < (int64_t)T * k; i++) { ids[i] = -1; w[i] = NAN; }
     fm_moe_out o = {out, ids, w};
-    fm_status s = fm_cuda_forward(g_eng, d, cl, xb, FM_DT_BF16, T, tok, &o);
+    fm_status s = fm_cuda_forward(g_eng, d, cl, x, xdt, T, tok, &o);
     if (s) fail_msg("fm_cuda_forward: %s", fm_last_error());
     fm_moe_out ro = {ref, rids, rw};
-    s = fm_moe_forward_ref(d, hl, xb, FM_DT_BF16, T, tok, &ro);
+    s = fm_moe_forward_ref(d, hl, x, xdt, T, tok, &ro);
     if (s) fail_msg("fm_moe_forward_ref: %s", fm_last_error());
     double num = 0, den = 0;
     r->nonfinite = 0;
@@ -93,6 +93,11 @@ static void run_compare(const fm_model_desc *d, const fm_moe_layer *hl, fm_cuda_
         if (!(e <= r->wt_err)) r->wt_err = e;
     }
     free(out); free(ref); free(ids); free(rids); free(w); free(rw);
+}
+
+static void run_compare(const fm_model_desc *d, const fm_moe_layer *hl, fm_cuda_layer *cl, int T,
+                        const uint16_t *xb, const int32_t *tok, cmp_result *r) {
+    run_compare_dt(d, hl, cl, T, xb, FM_DT_BF16, tok, r);
 }
 
 static int first_moe_layer(const fm_model_desc *d, int want_hash) {
@@ -148,6 +153,53 @@ static void test_vs_reference(void **state) {
                 fm_cuda_layer_free(cl);
                 fm_moe_layer_free(hl);
             }
+}
+
+
+/* Activations given as F32 and F16, not only BF16: the router reads them at
+ * full precision (the GEMV at T <= 32, the tensor-core logits above, whose
+ * x_lo term is only non-zero for F32 values that are not BF16) and the
+ * experts read them rounded to BF16. F32 values drawn at full precision. */
+static void test_input_dtypes(void **state) {
+    (void)state;
+    NEED_GPU();
+    const char *presets[] = {"tiny-deepseek", "tiny-qwen3"};
+    const int Ts[] = {7, 130};
+    for (size_t pi = 0; pi < 2; pi++) {
+        fm_model_desc d;
+        assert_int_equal(fm_preset_desc(presets[pi], FM_QF_NVFP4, &d), FM_OK);
+        const int L = first_moe_layer(&d, 0);
+        assert_true(L >= 0);
+        fm_moe_layer *hl;
+        if (fm_moe_layer_random(&d, FM_QF_NVFP4, 77 + pi, L, &hl)) fail_msg("random layer: %s", fm_last_error());
+        fm_cuda_layer *cl;
+        if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+        for (size_t ti = 0; ti < 2; ti++) {
+            const int T = Ts[ti], H = d.hidden;
+            float *xf = malloc(sizeof(float) * (size_t)T * H);
+            uint16_t *xh = malloc(sizeof(uint16_t) * (size_t)T * H);
+            assert_non_null(xf); assert_non_null(xh);
+            for (int64_t i = 0; i < (int64_t)T * H; i++) {
+                xf[i] = fm_rng_normal(500 + pi * 7 + T, 3, (uint64_t)i);
+                xh[i] = fm_f32_to_f16(xf[i]);
+            }
+            const void *xs[2] = {xf, xh};
+            const fm_dtype dts[2] = {FM_DT_F32, FM_DT_F16};
+            for (int di = 0; di < 2; di++) {
+                cmp_result r;
+                run_compare_dt(&d, hl, cl, T, xs[di], dts[di], NULL, &r);
+                printf("# %-16s %s input T=%3d rel %.2e ids %d weights %.1e\n", presets[pi], di ? "F16" : "F32", T,
+                       r.rel, r.id_mismatch, r.wt_err);
+                assert_int_equal(r.nonfinite, 0);
+                assert_int_equal(r.id_mismatch, 0);
+                assert_true(r.wt_err < 1e-4);
+                assert_true(r.rel <= 5e-3);
+            }
+            free(xf); free(xh);
+        }
+        fm_cuda_layer_free(cl);
+        fm_moe_layer_free(hl);
+    }
 }
 
 /* All tokens identical: the same k experts get every token (T = 130 needs
@@ -607,6 +659,7 @@ int main(void) {
         cmocka_unit_test(test_forced_configs),   cmocka_unit_test(test_layer_random_same),
         cmocka_unit_test(test_bad_inputs),       cmocka_unit_test(test_bench_runs),
         cmocka_unit_test(test_dsv4_flash_shape), cmocka_unit_test(test_dsv4_clamp),
+        cmocka_unit_test(test_input_dtypes),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     /* without a usable GPU every test above skipped itself: exit 77 so that
