@@ -255,10 +255,6 @@ struct fm_epi {
     int rows, rows_p, e, pos0, cnt;
     bool shared;
 };
-/* One output of a warp: row `row` for the item's token idx, from the FP32
- * sums a (gate or down) and b (up). Gate/up applies the activation and
- * writes h as BF16 * 2^7 in down's K order; down adds the routing-weighted
- * result into the output (the k-way combine and the shared expert). */
 /* Down's output with the token row and routing weight given (the wgmma
  * down reads them from shared memory; fm_emit from the grouping). */
 static __device__ __forceinline__ void fm_emit_down(const fm_expert_params &p, const fm_epi &o, int row, int idx,
@@ -267,6 +263,10 @@ static __device__ __forceinline__ void fm_emit_down(const fm_expert_params &p, c
     const float biasA = o.biasA ? o.biasA[(int64_t)o.e * o.rows_p + row] : 0.0f;
     atomicAdd(&p.out[(int64_t)tok * p.H + row], (a * o.s2A + biasA) * wgt);
 }
+/* One output of a warp: row `row` for the item's token idx, from the FP32
+ * sums a (gate or down) and b (up). Gate/up applies the activation and
+ * writes h as BF16 * 2^7 in down's K order; down adds the routing-weighted
+ * result into the output (the k-way combine and the shared expert). */
 template <int NMAT>
 static __device__ __forceinline__ void fm_emit(const fm_expert_params &p, const fm_epi &o, int row, int idx, float a,
                                                float b) {
@@ -1151,23 +1151,33 @@ static int wg_ks(int gu, int64_t blocks, int sms, int nseg) {
     return nseg >= (gu ? 20 : 16) && blocks > 0 && blocks < 5L * (sms > 0 ? sms : 132) ? 2 : 1;
 }
 
-/* One expert launch (both kernel families): the shared expert's (row block,
- * token chunk) items first, then max_active x row blocks; rpb rows per
- * block, chunks of `chunk` tokens (one kernel pass: a chunk costs the same
- * decode work as a pass of one long loop, but the chunks run in parallel
- * and re-read the weights from L2). */
-static fm_status launch_grid(const fm_expert_params *p, int nmat, fm_kfn fn, int rpb, int chunk, int threads,
-                             size_t smem, int pdl, int W, int KS, int bdup, int cluster, cudaStream_t s,
-                             const char *what) {
+/* The work items of one expert launch: max_active x row blocks, and the
+ * shared expert's (row block, chunk) items (*sh_blocks of them, *sh_chunks
+ * chunks per row block). */
+static int64_t grid_items(const fm_expert_params *p, int nmat, int rpb, int chunk, int64_t *sh_blocks,
+                          int *sh_chunks) {
     const fm_dmat *m = nmat == 2 ? &p->gate : &p->down;
     const fm_dmat *sm = nmat == 2 ? &p->sgate : &p->sdown;
     const int nrb = (m->rows_p + rpb - 1) / rpb;
     const int nrb_s = sm->n ? (sm->rows_p + rpb - 1) / rpb : 0;
+    *sh_chunks = nrb_s > 0 ? (p->T + chunk - 1) / chunk : 0;
+    *sh_blocks = (int64_t)nrb_s * *sh_chunks;
+    return (int64_t)p->max_active * nrb + *sh_blocks;
+}
+
+/* One expert launch (both kernel families): the shared expert's (row block,
+ * token chunk) items first, then max_active x row blocks; rpb rows per
+ * block, chunks of `chunk` tokens (one kernel pass: a chunk costs the same
+ * decode work as a pass of one long loop, but the chunks run in parallel
+ * and re-read the weights from L2); bdup blocks per item (a K split), in
+ * clusters of `cluster` blocks. */
+static fm_status launch_grid(const fm_expert_params *p, int nmat, fm_kfn fn, int rpb, int chunk, int threads,
+                             size_t smem, int pdl, int W, int KS, int bdup, int cluster, cudaStream_t s,
+                             const char *what) {
     fm_expert_params q = *p;
+    int64_t sh_blocks;
     q.sh_chunk = chunk;
-    q.sh_chunks = nrb_s > 0 ? (p->T + q.sh_chunk - 1) / q.sh_chunk : 0;
-    const int64_t sh_blocks = (int64_t)nrb_s * q.sh_chunks;
-    const int64_t blocks = ((int64_t)p->max_active * nrb + sh_blocks) * bdup;
+    const int64_t blocks = grid_items(p, nmat, rpb, chunk, &sh_blocks, &q.sh_chunks) * bdup;
     if (blocks <= 0) return FM_OK;
     if (blocks > 0x7fffffff) return fm_error(FM_E_RANGE, "CUDA grid of %lld blocks is too large", (long long)blocks);
     q.sh_blocks = (int)sh_blocks;
@@ -1209,12 +1219,11 @@ static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nma
     const int d2 = nmat == 1 && wg_down2();
     const int kind = nmat == 2 ? 1 : d2 ? 2 : 0;
     const int rpb = d2 ? 128 : 64, chunk = 8 * nmax;
-    const fm_dmat *m = nmat == 2 ? &p->gate : &p->down, *sm = nmat == 2 ? &p->sgate : &p->sdown;
-    const int64_t nrb = (m->rows_p + rpb - 1) / rpb;
-    const int64_t nrb_s = sm->n ? (sm->rows_p + rpb - 1) / rpb : 0;
     const size_t smem = (size_t)wg_smem_bytes(kind ? 2 : 1, nmax, nmat == 1);
-    int ks = wg_ks(nmat == 2, (int64_t)p->max_active * nrb + nrb_s * ((p->T + chunk - 1) / chunk), p->sms,
-                   (int)(m->kp / FM_KSEG));
+    int64_t sh_blocks;
+    int sh_chunks;
+    int ks = wg_ks(nmat == 2, grid_items(p, nmat, rpb, chunk, &sh_blocks, &sh_chunks), p->sms,
+                   (int)((nmat == 2 ? p->gate.kp : p->down.kp) / FM_KSEG));
     /* gate/up's cluster reduction reuses CTA 0's rings for the others' sums */
     if (nmat == 2 && (size_t)(ks - 1) * 2 * 4 * nmax * 128 * sizeof(float) > smem) ks = 1;
     return launch_grid(p, nmat, pick_wg(kind, p->mx, nmax), rpb, chunk, 128, smem, pdl, 4, ks, ks,
