@@ -334,25 +334,32 @@ static __device__ void tile_prep(const fm_route_params &p, int t0, int kbeg, int
     }
 }
 
+/* A block of the SGEMM shapes: its token tile t0, expert tile e0 and K
+ * slice [kbeg, kend); waits on the previous grid, lets the next launch, and
+ * does its share of the tokens' prep. */
+static __device__ __forceinline__ void tile_start(const fm_route_params &p, int kc, int &t0, int &e0, int &kbeg,
+                                                  int &kend) {
+    t0 = blockIdx.x * LG_TILE;
+    e0 = blockIdx.y * LG_TILE;
+    kbeg = blockIdx.z * kc;
+    kend = min(p.H, kbeg + kc);
+    pdl_wait();
+    pdl_launch_dependents();
+    tile_prep(p, t0, kbeg, kend);
+}
+
 __global__ void __launch_bounds__(RT_THREADS) fm_logits_tile_kernel(fm_route_params p, int kc) {
     const uint64_t rpol = router_policy();
     __shared__ __align__(16) float xs[LG_KSTEP][LG_TILE + 4];
     __shared__ __align__(16) float ws[LG_KSTEP][LG_TILE + 4];
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-    const int t0 = blockIdx.x * LG_TILE, e0 = blockIdx.y * LG_TILE;
     const int H = p.H, E = p.E, T = p.T;
-    const int kbeg = blockIdx.z * kc, kend = min(H, kbeg + kc);
+    int t0, e0, kbeg, kend;
+    tile_start(p, kc, t0, e0, kbeg, kend);
     /* loader: row r of the tile, 4 K values at c */
     const int lr = tid >> 2, lc = (tid & 3) * 4;
     const bool xok = t0 + lr < T, wok = e0 + lr < E;
-    pdl_wait();
-    pdl_launch_dependents();
-    tile_prep(p, t0, kbeg, kend);
-    float acc[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    float acc[4][4] = {};
     float4 xr = make_float4(0, 0, 0, 0), wr = make_float4(0, 0, 0, 0);
     if (kbeg + lc < kend) {
         if (xok) xr = load_x4(p.x, p.xdt, (size_t)(t0 + lr) * H + kbeg + lc);
@@ -428,19 +435,12 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_mma_kernel(fm_route_para
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, q = lane & 3;
     const int wm = warp & 3, wn = warp >> 2; /* tokens wm*16.., experts wn*32.. */
-    const int t0 = blockIdx.x * LG_TILE, e0 = blockIdx.y * LG_TILE;
     const int H = p.H, E = p.E, T = p.T;
-    const int kbeg = blockIdx.z * kc, kend = min(H, kbeg + kc);
+    int t0, e0, kbeg, kend;
+    tile_start(p, kc, t0, e0, kbeg, kend);
     /* loader: rows lr and lr + 32 of each tile, 4 K values at lc and lc + 32 */
     const int lr = tid >> 3, lc = (tid & 7) * 4;
-    pdl_wait();
-    pdl_launch_dependents();
-    tile_prep(p, t0, kbeg, kend);
-    float acc[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    float acc[4][4] = {};
     float4 xr[4], wr[4];
 #pragma unroll
     for (int h = 0; h < 4; h++) {
