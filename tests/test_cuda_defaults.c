@@ -84,7 +84,8 @@ static void test_env_check(void **state) {
                              {"FP4MOE_CUDA_DOWN", "nosplit"}, {"FP4MOE_CUDA_FP4_DECODE", "v5"}, {"FP4MOE_CUDA_PDL", ""},
                              {"FP4MOE_CUDA_L2HINT", "0"}, {"FP4MOE_CUDA_WG_DOWN2", "0"},
                              {"FP4MOE_CUDA_LOGITS", "simt"}, {"FP4MOE_CUDA_WG_DOWN_KS", "4"},
-                             {"FP4MOE_CUDA_WG_GU_KS", "1"}};
+                             {"FP4MOE_CUDA_WG_GU_KS", "1"}, {"FP4MOE_CUDA_SH_FORK", "0"},
+                             {"FP4MOE_CUDA_PRE_WAIT", "0"}};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         setenv(good[i][0], good[i][1], 1);
         if (fm_cuda_env_check() != FM_OK) fail_msg("%s=%s refused: %s", good[i][0], good[i][1], fm_last_error());
@@ -101,6 +102,8 @@ static void test_env_check(void **state) {
                             {"FP4MOE_CUDA_LOGITS", "mma4", "FP4MOE_CUDA_LOGITS='mma4': expected simt|mma"},
                             {"FP4MOE_CUDA_WG_DOWN_KS", "3", "FP4MOE_CUDA_WG_DOWN_KS='3': expected 1|2|4"},
                             {"FP4MOE_CUDA_WG_GU_KS", "8", "FP4MOE_CUDA_WG_GU_KS='8': expected 1|2|4"},
+                            {"FP4MOE_CUDA_SH_FORK", "2", "FP4MOE_CUDA_SH_FORK='2': expected 0|1"},
+                            {"FP4MOE_CUDA_PRE_WAIT", "2", "FP4MOE_CUDA_PRE_WAIT='2': expected 0|1"},
                             {"FP4MOE_CUDA_WG_OCC", "0", "unknown environment variable FP4MOE_CUDA_WG_OCC"},
                             {"FP4MOE_CUDA_WGG", "1", "unknown environment variable FP4MOE_CUDA_WGG"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

@@ -159,6 +159,11 @@ typedef struct {
      * (they read only the tokens' prep, written two grids earlier), so they
      * run while the selection does (v27) */
     int sh_early;
+    /* 1: blocks that can name their weights before the grid they wait on
+     * has finished (down: the routing grid finished before gate/up's blocks
+     * let down launch; the shared expert: always) issue their first
+     * segments' weight loads before griddepcontrol.wait (v28) */
+    int pre_wait;
     /* 1: the weights are read with an L2 evict-first policy */
     int l2first;
     int sms;                      /* SMs of the device (sizes the down's K split) */

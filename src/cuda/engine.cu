@@ -23,6 +23,8 @@ struct fm_cuda_engine {
     int sm_count, cc_major, cc_minor, rt_ver, drv_ver;
     char desc[320];
     cudaStream_t stream;
+    cudaStream_t side;          /* the shared expert's branch (sh_fork) */
+    cudaEvent_t fork_ev, join_ev;
     int forced;
     fm_kernel_config cfg;
     fm_phase_times *pt;
@@ -30,6 +32,8 @@ struct fm_cuda_engine {
     int pdl;
     int sh_prefetch; /* shared expert prefetched into L2 during routing */
     int sh_early;    /* shared expert's gate/up not waiting on routing (v27) */
+    int sh_fork;     /* shared expert on a branch of its own, beside the selection (v28) */
+    int pre_wait;    /* first weight loads before griddepcontrol.wait where they can be named (v28) */
     int l2first;     /* weights read with an L2 evict-first policy */
     int fp4_enc;  /* weights of new layers stored for the v6 decode        */
     int wgmma;    /* the wgmma kernels can run: sm_90 and built for sm_90a */
@@ -125,6 +129,17 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
      * selection (needs PDL; v27) */
     env = getenv("FP4MOE_CUDA_SH_EARLY");
     e->sh_early = env && !strcmp(env, "1");
+    /* The shared expert's two launches go on a second stream forked after
+     * the logits kernel and joined at the layer's end, so that they run
+     * beside the selection and the routed experts (v28);
+     * FP4MOE_CUDA_SH_FORK=0 keeps them in the routed launches */
+    env = getenv("FP4MOE_CUDA_SH_FORK");
+    e->sh_fork = !(env && !strcmp(env, "0"));
+    /* Down's blocks and the shared expert's issue their first two segments'
+     * weight loads before griddepcontrol.wait (v28); FP4MOE_CUDA_PRE_WAIT=0
+     * waits first */
+    env = getenv("FP4MOE_CUDA_PRE_WAIT");
+    e->pre_wait = !(env && !strcmp(env, "0"));
     /* Weights and router rows are read with an L2 evict-first policy
      * (docs/perf.md, v18); FP4MOE_CUDA_L2HINT=0 reads them at the default
      * priority, for comparisons */
@@ -138,9 +153,12 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
              (e->drv_ver % 1000) / 10, (double)prop.totalGlobalMem / 1e9);
     e->wgmma = prop.major == 9 && fm_cuda_wgmma_built();
     cudaError_t err = cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking);
+    if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&e->side, cudaStreamNonBlocking);
+    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&e->fork_ev, cudaEventDisableTiming);
+    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&e->join_ev, cudaEventDisableTiming);
     if (err != cudaSuccess) {
-        free(e);
-        return fm_error(FM_E_CUDA, "cudaStreamCreate failed: %s", cudaGetErrorString(err));
+        fm_cuda_engine_free(e);
+        return fm_error(FM_E_CUDA, "creating the engine's streams and events failed: %s", cudaGetErrorString(err));
     }
     *out = e;
     return FM_OK;
@@ -161,7 +179,10 @@ void fm_cuda_engine_free(fm_cuda_engine *e) {
     if (!e) return;
     cudaSetDevice(e->device);
     ws_free(e);
-    cudaStreamDestroy(e->stream);
+    if (e->join_ev) cudaEventDestroy(e->join_ev);
+    if (e->fork_ev) cudaEventDestroy(e->fork_ev);
+    if (e->side) cudaStreamDestroy(e->side);
+    if (e->stream) cudaStreamDestroy(e->stream);
     free(e);
 }
 
@@ -746,13 +767,39 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
     }
     fm_expert_params ep;
     fill_expert_params(e, l, T, &ep);
-    ep.sh_prefetch = e->sh_prefetch && lc->pdl && ep.sgate.n > 0 && !ev;
-    ep.sh_early = e->sh_early && lc->pdl && ep.sgate.n > 0 && !ev;
+    /* the shared expert on its own branch: forked once the logits kernel
+     * has written the tokens' prep and zeroed the output, joined after the
+     * routed down (phase timing keeps one stream) */
+    const int fork = e->sh_fork && ep.sgate.n > 0 && !ev && (parts & FM_ROUTE_PART_EXPERTS) &&
+                     (parts & FM_ROUTE_PART_LOGITS) && (parts & FM_ROUTE_PART_SELECT);
+    ep.sh_prefetch = e->sh_prefetch && lc->pdl && ep.sgate.n > 0 && !ev && !fork;
+    ep.sh_early = e->sh_early && lc->pdl && ep.sgate.n > 0 && !ev && !fork;
     rp.early_trigger = ep.sh_prefetch || ep.sh_early;
     ep.l2first = rp.l2first = e->l2first;
+    ep.pre_wait = e->pre_wait;
     ep.sms = e->sm_count;
     fm_status s;
     if (ev) FM_CU(cudaEventRecord(ev[0], e->stream));
+    if (fork) {
+        if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, FM_ROUTE_PART_LOGITS, e->stream))) return s;
+        FM_CU(cudaEventRecord(e->fork_ev, e->stream));
+        /* the selection is captured before the branch, so that a graph does
+         * not queue it behind the shared expert's launches */
+        if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, FM_ROUTE_PART_SELECT, e->stream))) return s;
+        FM_CU(cudaStreamWaitEvent(e->side, e->fork_ev, 0));
+        fm_expert_params sp = ep;
+        sp.max_active = 0; /* the shared expert's items only */
+        fm_launch_cfg slc = *lc;
+        slc.pdl = 0; /* its first launch waits on an event, not on a kernel */
+        if ((s = fm_cuda_launch_gateup(&sp, &slc, e->side))) return s;
+        if ((s = fm_cuda_launch_down(&sp, lc, e->side))) return s;
+        FM_CU(cudaEventRecord(e->join_ev, e->side));
+        ep.sgate.n = ep.sup.n = ep.sdown.n = 0; /* the routed experts only */
+        if ((s = fm_cuda_launch_gateup(&ep, lc, e->stream))) return s;
+        if ((s = fm_cuda_launch_down(&ep, lc, e->stream))) return s;
+        FM_CU(cudaStreamWaitEvent(e->stream, e->join_ev, 0));
+        return FM_OK;
+    }
     if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, parts, e->stream))) return s;
     if (!(parts & FM_ROUTE_PART_EXPERTS)) return FM_OK;
     /* fused routing writes the tokens' prep in the grid the experts wait on */
@@ -944,7 +991,13 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
     r->cfg = cfg;
     fm_cuda_kernel_names(&lc, layers[0]->fmt == FM_QF_MXFP4, r->kernel, sizeof r->kernel);
 
+    const int pdl0 = lc.pdl;
     s = graph_time(e, layers, n_layers, T, &lc, FM_ROUTE_PARTS_ALL, reps, &r->us_per_layer, &r->us_min, &r->us_max);
+    if (!s && pdl0 && !lc.pdl) {
+        char k[sizeof r->kernel];
+        snprintf(k, sizeof k, "%s", r->kernel);
+        snprintf(r->kernel, sizeof r->kernel, "PDL OFF (the graph refused it); %.200s", k);
+    }
     if (!s) {
         int *act = (int *)malloc(sizeof(int) * (size_t)n_layers);
         if (!act) s = fm_error(FM_E_NOMEM, "out of memory");

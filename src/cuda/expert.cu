@@ -203,6 +203,10 @@ struct fm_item {
     int e, pos0, cnt, rb, pbeg, pend;
     bool shared;
 };
+/* The routing results are read through L2 (ld.global.cg): a down block may
+ * read them before its griddepcontrol.wait (p.pre_wait), when only L2 is
+ * sure to hold this layer's values (an SM's L1 may keep an earlier layer's
+ * lines). */
 static __device__ __forceinline__ bool fm_get_item(const fm_expert_params &p, int nrb, fm_item &it, int b) {
     if (b < p.sh_blocks) {
         /* shared expert: every token, split into chunks so that its rows
@@ -219,10 +223,10 @@ static __device__ __forceinline__ bool fm_get_item(const fm_expert_params &p, in
     b -= p.sh_blocks;
     const int a = b / nrb;
     it.rb = b % nrb;
-    if (a >= *p.n_active) return false;
-    it.e = p.act_e[a];
-    it.pos0 = p.act_off[a];
-    it.cnt = p.act_cnt[a];
+    if (a >= __ldcg(p.n_active)) return false;
+    it.e = __ldcg(p.act_e + a);
+    it.pos0 = __ldcg(p.act_off + a);
+    it.cnt = __ldcg(p.act_cnt + a);
     it.pbeg = 0;
     it.pend = it.cnt;
     it.shared = false;
@@ -439,8 +443,22 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
         }
     }
     /* the shared expert's gate/up reads no routing result (p.sh_early) */
-    if (!(NMAT == 2 && p.sh_early && (int)blockIdx.x < p.sh_blocks)) pdl_wait();
-    pdl_launch_dependents();
+    const bool no_wait = NMAT == 2 && p.sh_early && (int)blockIdx.x < p.sh_blocks;
+    /* p.pre_wait: down's blocks and the shared expert's issue their first
+     * weight loads before the wait (the register pipeline below) */
+    bool waited = !(p.pre_wait && (NMAT == 1 || (int)blockIdx.x < p.sh_blocks));
+    if (waited) {
+        if (!no_wait) pdl_wait();
+        pdl_launch_dependents();
+    }
+#define FM_WAIT_ONCE()                       \
+    do {                                     \
+        if (!waited) {                       \
+            if (!no_wait) pdl_wait();        \
+            pdl_launch_dependents();         \
+            waited = true;                   \
+        }                                    \
+    } while (0)
 
     fm_item it;
     if (!fm_get_item(p, nrb, it, (int)blockIdx.x)) return;
@@ -507,11 +525,15 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
         }                                                                                                  \
     }
         if (s_begin < s_end) { FM_LOAD_SEG(s_begin, wa, wb, ca, cb) }
+        /* before the wait (p.pre_wait): the second segment too */
+        const int s_pre = waited ? s_begin : s_begin + 1;
+        if (!waited && s_begin + 1 < s_end) { FM_LOAD_SEG(s_begin + 1, na, nb, nca, ncb) }
+        FM_WAIT_ONCE();
         constexpr int seg_unroll = ST == FM_ST_REGS_XG ? 1 : 2;
 #pragma unroll seg_unroll
         for (int s = s_begin; s < s_end; s++) {
             /* after the last segment na.. are not used */
-            if (s + 1 < s_end) { FM_LOAD_SEG(s + 1, na, nb, nca, ncb) }
+            if (s + 1 < s_end && s >= s_pre) { FM_LOAD_SEG(s + 1, na, nb, nca, ncb) }
             if (ST == FM_ST_REGS_XG) {
                 seg_compute_g<NT, NMAT, MX, ENC>(acc, wa, wb, ca, cb, src, s);
             } else {
@@ -533,6 +555,7 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
          * without holding registers for them */
         /* ST itself in the ring's instantiations; a stand-in in the others,
          * which never take this branch (keeps "% 0" out of their code) */
+        FM_WAIT_ONCE();
         constexpr int RS = ST >= FM_CP_STAGES ? ST : FM_CP_STAGES;
         typedef fm_stage<NT, NMAT> SG;
         uint8_t *ring = (uint8_t *)ex_smem + (KS > 1 ? (size_t)W * NMAT * NT * 4 * 32 * sizeof(float) : 0) +
@@ -635,6 +658,7 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
                                   acc[NMAT - 1][n][i]);
         }
     }
+#undef FM_WAIT_ONCE
 }
 
 /* ------------------------------------------------ wgmma path (sm_90a) */
@@ -755,8 +779,25 @@ struct fm_wg_pass {
     int ksplit; /* gate/up: CTAs of the cluster that split K (1: none)     */
     bool wv;
     bool wv2; /* D2: the second 64 rows exist (else they are not written) */
+    bool pre; /* the first LA segments' weights were copied before the wait */
     fm_epi o;
 };
+
+#ifdef FM_HAVE_WGMMA
+/* Segment S's weights and scales into this warp's ring stage (cp.async, not
+ * committed). */
+template <int NMAT, bool MX>
+static __device__ __forceinline__ void wg_wcopy(const fm_wg_pass &w, uint32_t wr_s, int lane, int S, uint64_t wpol) {
+    constexpr int WST = wg_wstage_bytes(NMAT), SPR = MX ? 4 : 8;
+#pragma unroll
+    for (int m = 0; m < NMAT; m++) {
+        const uint32_t d_ = wr_s + (S % (FM_WG_LA + 1)) * WST + m * 1152;
+        cp_async16_pol(d_ + lane * 16, w.pa[m] + (int64_t)S * 1024, wpol);
+        cp_async16_pol(d_ + 512 + lane * 16, w.pb[m] + (int64_t)S * 1024, wpol);
+        if (lane < SPR) cp_async16_pol(d_ + 1024 + lane * 16, w.st[m] + (int64_t)S * (16 * SPR) + lane * 16, wpol);
+    }
+}
+#endif
 
 /* One pass: up to 8 * N8 tokens of the block's expert through its 64 rows,
  * over the whole K. */
@@ -801,16 +842,11 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
     const uint64_t wpol = l2_policy(p.l2first);
     /* the weights first: their addresses need no load, so the first
      * segments' weight copies leave before the token rows have arrived */
-#define FM_WG_XCOPY(S)                                                                                     \
+#define FM_WG_XCOPY(S, WEIGHTS)                                                                            \
     do {                                                                                                   \
         if ((S) < w.nseg) {                                                                                \
             const uint32_t st_ = sbase + ((S) % NSTG) * STAGE;                                             \
-            _Pragma("unroll") for (int m = 0; m < NMAT; m++) {                                             \
-                const uint32_t d_ = wr_s + ((S) % NSTG) * WST + m * 1152;                                  \
-                cp_async16_pol(d_ + lane * 16, w.pa[m] + (int64_t)(S) * 1024, wpol);                       \
-                cp_async16_pol(d_ + 512 + lane * 16, w.pb[m] + (int64_t)(S) * 1024, wpol);                 \
-                if (lane < SPR) cp_async16_pol(d_ + 1024 + lane * 16, w.st[m] + (int64_t)(S) * (16 * SPR) + lane * 16, wpol); \
-            }                                                                                              \
+            if (WEIGHTS) wg_wcopy<NMAT, MX>(w, wr_s, lane, (S), wpol);                                     \
             _Pragma("unroll") for (int k = 0; k < NIT; k++) {                                              \
                 const uint8_t *q_ = xsrc[k] ? xsrc[k] + (int64_t)(S) * (FM_KSEG * 2) : xsafe;              \
                 const bool v_ = xsrc[k] != NULL;                                                           \
@@ -848,8 +884,10 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
     uint4 wa[NMAT], wb[NMAT];
     uint32_t ca[NMAT], cb[NMAT];
     const int nseg = w.nseg;
+    /* w.pre: the weights of segments 0 .. LA - 1 are in flight already, in
+     * a group of their own committed before these */
 #pragma unroll
-    for (int j = 0; j < LA; j++) FM_WG_XCOPY(j);
+    for (int j = 0; j < LA; j++) FM_WG_XCOPY(j, !w.pre);
 #pragma unroll 1
     for (int s = 0; s < nseg; s++) {
         /* this thread's pieces of segment s have landed; after the barrier
@@ -858,7 +896,7 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
         cp_async_wait<LA - 1>();
         fence_proxy_async();
         __syncthreads();
-        FM_WG_XCOPY(s + LA);
+        FM_WG_XCOPY(s + LA, true);
         {
             const uint8_t *wp = wr_g + (s % NSTG) * WST;
 #pragma unroll
@@ -981,8 +1019,14 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT)) fm_expert_wg_kern
     constexpr int RPB = D2 ? 128 : 64;
     const int nrb = ((GU ? p.gate.rows_p : p.down.rows_p) + RPB - 1) / RPB;
     /* the shared expert's gate/up reads no routing result (p.sh_early) */
-    if (!(GU && p.sh_early && (int)blockIdx.x / KS < p.sh_blocks)) pdl_wait();
-    pdl_launch_dependents();
+    const bool no_wait = GU && p.sh_early && (int)blockIdx.x / KS < p.sh_blocks;
+    /* p.pre_wait: down's blocks and the shared expert's copy their first
+     * segments' weights before the wait (below) */
+    const bool pre = p.pre_wait && (!GU || (int)blockIdx.x / KS < p.sh_blocks);
+    if (!pre) {
+        if (!no_wait) pdl_wait();
+        pdl_launch_dependents();
+    }
 
     fm_item it;
     if (!fm_get_item(p, nrb, it, (int)blockIdx.x / KS)) return;
@@ -1026,6 +1070,21 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT)) fm_expert_wg_kern
         w.st[1] += os;
     }
     w.wring_off = (uint32_t)((FM_WG_LA + 1) * wg_stage_bytes(NMAX));
+    w.pre = false;
+    if (pre) {
+        if (w.nseg > 0) {
+            const uint32_t wr_s = (uint32_t)__cvta_generic_to_shared(wg_smem) + w.wring_off +
+                                  wi * ((FM_WG_LA + 1) * wg_wstage_bytes(NMAT));
+            const uint64_t wpol = l2_policy(p.l2first);
+#pragma unroll
+            for (int j = 0; j < FM_WG_LA; j++)
+                if (j < w.nseg) wg_wcopy<NMAT, MX>(w, wr_s, lane, j, wpol);
+            cp_async_commit();
+            w.pre = true;
+        }
+        if (!no_wait) pdl_wait();
+        pdl_launch_dependents();
+    }
     w.src_base = (GU ? p.x_prep : p.h) + (int64_t)s0 * FM_KSEG;
     w.src_stride = GU ? p.Hp : p.hstride;
     for (int pass0 = it.pbeg; pass0 < it.pend; pass0 += 8 * NMAX) {
@@ -1035,6 +1094,7 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT)) fm_expert_wg_kern
         else if (n8 == 2 || NMAX == 2) wg_pass_body<2, NMAT, MX, D2>(p, w, wg_smem);
         else if (n8 == 3) wg_pass_body<NMAX == 2 ? 2 : 3, NMAT, MX, D2>(p, w, wg_smem);
         else wg_pass_body<NMAX == 2 ? 2 : 4, NMAT, MX, D2>(p, w, wg_smem);
+        w.pre = false;
         __syncthreads(); /* the next pass restages the ring */
     }
 #else

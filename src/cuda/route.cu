@@ -30,6 +30,8 @@
 #define RT_WARPS (RT_THREADS / 32)
 #define RT_MAXK 32
 #define RS_WARPS 4 /* tokens per selection block */
+#define SEL_RC 4   /* 128-expert chunks of top-k keys a selection lane holds in registers (E <= 512) */
+#define SEL_RB 2   /* 128-expert chunks of biases a selection lane holds in registers */
 #define RS_THREADS (RS_WARPS * 32)
 #define GB 8      /* pairs per thread and round in the grouping */
 
@@ -540,6 +542,15 @@ static __host__ __device__ size_t sel_warp_bytes(int E) { return ((size_t)lg_str
  * RK: the routing family (fm_route_kind), a template parameter so that each
  * kernel holds only its family's code: the selection runs on one warp, and
  * at decode sizes its time is mostly instruction fetch and load latency. */
+/* v[e .. e + 3], the values past E as 0 */
+static __device__ __forceinline__ float4 ld_quad(const float *v, int e, int E) {
+    float4 r = make_float4(v[e], 0.0f, 0.0f, 0.0f);
+    if (e + 1 < E) r.y = v[e + 1];
+    if (e + 2 < E) r.z = v[e + 2];
+    if (e + 3 < E) r.w = v[e + 3];
+    return r;
+}
+
 template <int RK>
 static __device__ void select_token(const fm_route_params &p, int t, unsigned char *ws, int *chosen, float *chosen_w) {
     const int E = p.E, k = p.k, Ep = lg_stride(E);
@@ -553,24 +564,59 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
     float *sel = lg + Ep;     /* [Ep] selection score, then the top-k keys */
     float *wsc = sel + Ep;    /* [Ep] weight score    */
     unsigned char *taken = (unsigned char *)(wsc + Ep); /* [Ep] group flags */
-        /* K slices in order: up to 16 independent 16-byte loads in flight */
-#pragma unroll 2
-        for (int c0 = 0; c0 < E; c0 += 128) {
-            const int e = c0 + 4 * lane;
-            if (e < E) {
-                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
-                for (int s = 0; s < p.kslices; s++) {
-                    const float4 x = __ldcg((const float4 *)(p.logits + ((size_t)s * T + t) * Ep + e));
-                    v.x += x.x; v.y += x.y; v.z += x.z; v.w += x.w;
+        /* The biases of the lane's first SEL_RB chunks into registers first,
+         * then the K slices in order, every slice of two chunks loaded before
+         * the first add: one round trip to L2 per 8 slices instead of one per
+         * load (v29: the dependent loads were 3 of the 7 us at B = 1) */
+        const int nch = (E + 127) / 128;
+        float4 sbias[SEL_RB], rbias[SEL_RB];
+#pragma unroll
+        for (int c = 0; c < SEL_RB; c++) {
+            const int e = 128 * c + 4 * lane;
+            sbias[c] = rbias[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (c < nch && e < E) {
+                if (p.score_bias) sbias[c] = ld_quad(p.score_bias, e, E);
+                if (p.router_bias) rbias[c] = ld_quad(p.router_bias, e, E);
+            }
+        }
+#pragma unroll 1
+        for (int c0 = 0; c0 < E; c0 += 256) {
+            const int ea = c0 + 4 * lane, eb = ea + 128;
+            float4 va = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vb = va;
+#pragma unroll 1
+            for (int s0 = 0; s0 < p.kslices; s0 += 8) {
+                float4 xa[8], xb[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const bool in = s0 + j < p.kslices;
+                    const size_t row = ((size_t)(s0 + j) * T + t) * Ep;
+                    xa[j] = in && ea < E ? __ldcg((const float4 *)(p.logits + row + ea)) : make_float4(0, 0, 0, 0);
+                    xb[j] = in && eb < E ? __ldcg((const float4 *)(p.logits + row + eb)) : make_float4(0, 0, 0, 0);
                 }
-                if (p.router_bias) {
-                    v.x += p.router_bias[e];
-                    if (e + 1 < E) v.y += p.router_bias[e + 1];
-                    if (e + 2 < E) v.z += p.router_bias[e + 2];
-                    if (e + 3 < E) v.w += p.router_bias[e + 3];
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    if (s0 + j < p.kslices) {
+                        va.x += xa[j].x; va.y += xa[j].y; va.z += xa[j].z; va.w += xa[j].w;
+                        vb.x += xb[j].x; vb.y += xb[j].y; vb.z += xb[j].z; vb.w += xb[j].w;
+                    }
                 }
-                *(float4 *)&lg[e] = v;
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int e = h ? eb : ea;
+                float4 v = h ? vb : va;
+                if (e < E) {
+                    if (p.router_bias) {
+                        const int c = e >> 7;
+                        float4 b = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+                        for (int q = 0; q < SEL_RB; q++)
+                            if (q == c) b = rbias[q];
+                        if (c >= SEL_RB) b = ld_quad(p.router_bias, e, E);
+                        v.x += b.x; v.y += b.y; v.z += b.z; v.w += b.w;
+                    }
+                    *(float4 *)&lg[e] = v;
+                }
             }
         }
         __syncwarp();
@@ -609,7 +655,8 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
                 *(float4 *)&wsc[e] = l;
             }
         } else {
-#pragma unroll 1
+            /* the chunks' expf / log1pf chains side by side */
+#pragma unroll 4
             for (int e = 4 * lane; e < E; e += 128) {
                 const float4 l = *(const float4 *)&lg[e];
                 float4 sc;
@@ -626,10 +673,13 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
                 }
                 *(float4 *)&wsc[e] = sc;
                 if (p.score_bias) {
-                    sc.x += p.score_bias[e];
-                    if (e + 1 < E) sc.y += p.score_bias[e + 1];
-                    if (e + 2 < E) sc.z += p.score_bias[e + 2];
-                    if (e + 3 < E) sc.w += p.score_bias[e + 3];
+                    const int c = e >> 7;
+                    float4 b = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+                    for (int q = 0; q < SEL_RB; q++)
+                        if (q == c) b = sbias[q];
+                    if (c >= SEL_RB) b = ld_quad(p.score_bias, e, E);
+                    sc.x += b.x; sc.y += b.y; sc.z += b.z; sc.w += b.w;
                 }
                 *(float4 *)&sel[e] = sc;
             }
@@ -671,6 +721,39 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
              * among equal keys, the lowest expert (two warp reductions); the
              * chosen key becomes 0, below every expert's. NaN scores rank
              * below -inf (chosen last, lowest index first), -0 equals +0. */
+            if (nch <= SEL_RC) {
+                /* the keys in registers (v29): per round each lane's best over
+                 * its experts in ascending order, then the two reductions;
+                 * no shared-memory round trip per round */
+                unsigned kq[SEL_RC][4];
+#pragma unroll
+                for (int c = 0; c < SEL_RC; c++) {
+                    const int e = 128 * c + 4 * lane;
+                    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    if (c < nch && e < E) v = *(const float4 *)&sel[e];
+                    kq[c][0] = c < nch && e < E ? score_key(v.x) : 0u;
+                    kq[c][1] = c < nch && e + 1 < E ? score_key(v.y) : 0u;
+                    kq[c][2] = c < nch && e + 2 < E ? score_key(v.z) : 0u;
+                    kq[c][3] = c < nch && e + 3 < E ? score_key(v.w) : 0u;
+                }
+#pragma unroll 1
+                for (int j = 0; j < k; j++) {
+                    unsigned best = 0u, be = 0xffffffffu;
+#pragma unroll
+                    for (int c = 0; c < SEL_RC; c++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+                            if (kq[c][i] > best) { best = kq[c][i]; be = 128 * c + 4 * lane + i; }
+                    const unsigned m = __reduce_max_sync(0xffffffffu, best);
+                    const unsigned w = __reduce_min_sync(0xffffffffu, best == m ? be : 0xffffffffu);
+#pragma unroll
+                    for (int c = 0; c < SEL_RC; c++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+                            if ((unsigned)(128 * c + 4 * lane + i) == w) kq[c][i] = 0u;
+                    if (lane == 0) chosen[j] = (int)w;
+                }
+            } else {
             unsigned *key = (unsigned *)sel;
             for (int e = 4 * lane; e < E; e += 128) {
                 const float4 v = *(const float4 *)&sel[e];
@@ -697,6 +780,7 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
                 if (lane == ((w & 127u) >> 2)) key[w] = 0u;
                 if (lane == 0) chosen[j] = (int)w;
                 __syncwarp();
+            }
             }
         }
         __syncwarp();
@@ -892,8 +976,8 @@ __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p)
     /* the expert kernels may start now: they only prefetch weights before
      * their own wait on this grid */
     if (p.early_trigger) pdl_launch_dependents();
-    pdl_wait();
     const bool small = p.warp_group && gridDim.x == 1 && T * p.k <= 32;
+    pdl_wait();
     if (t < T)
         select_token<RK>(p, t, rs_smem + (size_t)warp * sel_warp_bytes(E), chosen[warp], small ? chosen_w[warp] : NULL);
     pdl_launch_dependents();
