@@ -920,14 +920,17 @@ static __device__ void group_pairs_warp(const fm_route_params &p, int chosen[][R
     const int tok = have ? lane / k : 0;
     const int id = have ? chosen[tok][lane % k] : 0x7fffffff;
     const float w = have ? chosen_w[tok][lane % k] : 0.0f;
-    const long long key = (long long)id * 64 + tok;
+    /* (expert, token) as one 32-bit key: T * k <= 32 here, so tok < 32 and
+     * ids < E fit; a lane past n is never read as j below */
+    const unsigned key = (unsigned)id * 64u + (unsigned)tok;
     /* keys can repeat (a hash-routing table may name an expert twice for a
      * token): equal keys are ordered by lane, so every pair gets its own
-     * place */
+     * place. Unrolled: one warp runs this, so the shuffles of several j are
+     * in flight at once instead of one latency per j. */
     int rank = 0, cnt = 0, before_in_e = 0;
-#pragma unroll 1
+#pragma unroll 8
     for (int j = 0; j < n; j++) {
-        long long kj = __shfl_sync(0xffffffffu, key, j);
+        unsigned kj = __shfl_sync(0xffffffffu, key, j);
         int idj = __shfl_sync(0xffffffffu, id, j);
         const bool before = kj < key || (kj == key && j < lane);
         rank += before;
@@ -938,7 +941,7 @@ static __device__ void group_pairs_warp(const fm_route_params &p, int chosen[][R
     const unsigned firsts = __ballot_sync(0xffffffffu, first);
     /* active index: distinct experts below mine = firsts with a smaller id */
     int aidx = 0;
-#pragma unroll 1
+#pragma unroll 8
     for (int j = 0; j < n; j++) {
         int idj = __shfl_sync(0xffffffffu, id, j);
         aidx += ((firsts >> j) & 1u) && idj < id;
