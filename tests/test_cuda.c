@@ -202,6 +202,61 @@ static void test_input_dtypes(void **state) {
     }
 }
 
+/* The launch-order switches (docs/perf.md, v28): the shared expert inside
+ * the routed launches instead of on its own stream, and every block waiting
+ * before its first weight load, each alone and both, against the float64
+ * reference on presets with a shared expert (engines made under each
+ * setting; the switches are read when an engine is created). */
+static void test_launch_switches(void **state) {
+    (void)state;
+    NEED_GPU();
+    const char *presets[] = {"tiny-deepseek", "tiny-deepseek-v4"};
+    const char *sets[][2] = {{"0", "0"}, {"0", "1"}, {"1", "0"}}; /* SH_FORK, PRE_WAIT */
+    const int Ts[] = {1, 7, 130};
+    fm_cuda_engine *saved = g_eng;
+    for (size_t si = 0; si < 3; si++) {
+        setenv("FP4MOE_CUDA_SH_FORK", sets[si][0], 1);
+        setenv("FP4MOE_CUDA_PRE_WAIT", sets[si][1], 1);
+        fm_cuda_engine *e = NULL;
+        fm_status es = fm_cuda_engine_new(0, &e);
+        unsetenv("FP4MOE_CUDA_SH_FORK");
+        unsetenv("FP4MOE_CUDA_PRE_WAIT");
+        if (es) fail_msg("engine: %s", fm_last_error());
+        g_eng = e;
+        for (size_t pi = 0; pi < 2; pi++) {
+            fm_model_desc d;
+            assert_int_equal(fm_preset_desc(presets[pi], FM_QF_NVFP4, &d), FM_OK);
+            assert_true(d.n_shared > 0);
+            const int L = first_moe_layer(&d, 0);
+            assert_true(L >= 0);
+            fm_moe_layer *hl;
+            if (fm_moe_layer_random(&d, FM_QF_NVFP4, 91 + pi, L, &hl)) fail_msg("random layer: %s", fm_last_error());
+            fm_cuda_layer *cl;
+            if (fm_cuda_layer_upload(e, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+            for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+                const int T = Ts[ti], H = d.hidden;
+                uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+                float *xf = malloc(sizeof(float) * (size_t)T * H);
+                assert_non_null(xb); assert_non_null(xf);
+                make_x(300 + pi * 7 + T, T, H, xb, xf);
+                cmp_result r;
+                run_compare(&d, hl, cl, T, xb, NULL, &r);
+                printf("# SH_FORK=%s PRE_WAIT=%s %-16s T=%3d rel %.2e ids %d weights %.1e\n", sets[si][0],
+                       sets[si][1], presets[pi], T, r.rel, r.id_mismatch, r.wt_err);
+                assert_int_equal(r.nonfinite, 0);
+                assert_int_equal(r.id_mismatch, 0);
+                assert_true(r.wt_err < 1e-4);
+                assert_true(r.rel <= 5e-3);
+                free(xb); free(xf);
+            }
+            fm_cuda_layer_free(cl);
+            fm_moe_layer_free(hl);
+        }
+        g_eng = saved;
+        fm_cuda_engine_free(e);
+    }
+}
+
 /* All tokens identical: the same k experts get every token (T = 130 needs
  * several passes of every tile width), all other experts get none. */
 static void test_all_on_one_expert(void **state) {
@@ -659,7 +714,7 @@ int main(void) {
         cmocka_unit_test(test_forced_configs),   cmocka_unit_test(test_layer_random_same),
         cmocka_unit_test(test_bad_inputs),       cmocka_unit_test(test_bench_runs),
         cmocka_unit_test(test_dsv4_flash_shape), cmocka_unit_test(test_dsv4_clamp),
-        cmocka_unit_test(test_input_dtypes),
+        cmocka_unit_test(test_input_dtypes),     cmocka_unit_test(test_launch_switches),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     /* without a usable GPU every test above skipped itself: exit 77 so that
