@@ -525,6 +525,15 @@ static void tile_split(int T, int H, int E, int sms, int depth, int step, int *k
  * and taken [E] bytes, rounded to 16 bytes. */
 static __host__ __device__ size_t sel_warp_bytes(int E) { return ((size_t)lg_stride(E) * 13 + 15) & ~(size_t)15; }
 
+/* v[e .. e + 3], the values past E as 0 (the selection's bias quads) */
+static __device__ __forceinline__ float4 ld_quad(const float *v, int e, int E) {
+    float4 r = make_float4(v[e], 0.0f, 0.0f, 0.0f);
+    if (e + 1 < E) r.y = v[e + 1];
+    if (e + 2 < E) r.z = v[e + 2];
+    if (e + 3 < E) r.w = v[e + 3];
+    return r;
+}
+
 /*
  * Selection and grouping: one warp per token (RS_WARPS tokens per block).
  * The warp adds the K slices of its token's logits in slice order, applies
@@ -540,17 +549,9 @@ static __host__ __device__ size_t sel_warp_bytes(int E) { return ((size_t)lg_str
  * chosen_w (or NULL): [RT_MAXK]; then chosen and chosen_w end up holding the
  * token's ids (ascending) and weights as written to ids / wts.
  * RK: the routing family (fm_route_kind), a template parameter so that each
- * kernel holds only its family's code: the selection runs on one warp, and
- * at decode sizes its time is mostly instruction fetch and load latency. */
-/* v[e .. e + 3], the values past E as 0 */
-static __device__ __forceinline__ float4 ld_quad(const float *v, int e, int E) {
-    float4 r = make_float4(v[e], 0.0f, 0.0f, 0.0f);
-    if (e + 1 < E) r.y = v[e + 1];
-    if (e + 2 < E) r.z = v[e + 2];
-    if (e + 3 < E) r.w = v[e + 3];
-    return r;
-}
-
+ * kernel holds only its family's code. The selection runs on one warp: at
+ * decode sizes its time is that warp's chain of dependent loads and
+ * reductions (docs/perf.md, v29; instruction fetch was ruled out, v29b). */
 template <int RK>
 static __device__ void select_token(const fm_route_params &p, int t, unsigned char *ws, int *chosen, float *chosen_w) {
     const int E = p.E, k = p.k, Ep = lg_stride(E);
@@ -558,8 +559,7 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
     const int T = p.T;
     /* A lane owns experts 128 c + 4 lane .. + 3 (chunks c of 128): every
      * step below moves four experts with one 16-byte access, and the loops
-     * are short, so that little code runs once (at decode sizes this warp's
-     * time is instruction fetch and latency, docs/perf.md, v18). */
+     * are short. */
     float *lg = (float *)ws;  /* [Ep] logits          */
     float *sel = lg + Ep;     /* [Ep] selection score, then the top-k keys */
     float *wsc = sel + Ep;    /* [Ep] weight score    */
@@ -754,33 +754,33 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
                     if (lane == 0) chosen[j] = (int)w;
                 }
             } else {
-            unsigned *key = (unsigned *)sel;
-            for (int e = 4 * lane; e < E; e += 128) {
-                const float4 v = *(const float4 *)&sel[e];
-                uint4 q;
-                q.x = score_key(v.x);
-                q.y = e + 1 < E ? score_key(v.y) : 0u;
-                q.z = e + 2 < E ? score_key(v.z) : 0u;
-                q.w = e + 3 < E ? score_key(v.w) : 0u;
-                *(uint4 *)&key[e] = q;
-            }
-            __syncwarp();
-#pragma unroll 1
-            for (int j = 0; j < k; j++) {
-                unsigned best = 0u, be = 0xffffffffu;
+                unsigned *key = (unsigned *)sel;
                 for (int e = 4 * lane; e < E; e += 128) {
-                    const uint4 q = *(const uint4 *)&key[e];
-                    if (q.x > best) { best = q.x; be = e; }
-                    if (q.y > best) { best = q.y; be = e + 1; }
-                    if (q.z > best) { best = q.z; be = e + 2; }
-                    if (q.w > best) { best = q.w; be = e + 3; }
+                    const float4 v = *(const float4 *)&sel[e];
+                    uint4 q;
+                    q.x = score_key(v.x);
+                    q.y = e + 1 < E ? score_key(v.y) : 0u;
+                    q.z = e + 2 < E ? score_key(v.z) : 0u;
+                    q.w = e + 3 < E ? score_key(v.w) : 0u;
+                    *(uint4 *)&key[e] = q;
                 }
-                const unsigned m = __reduce_max_sync(0xffffffffu, best);
-                const unsigned w = __reduce_min_sync(0xffffffffu, best == m ? be : 0xffffffffu);
-                if (lane == ((w & 127u) >> 2)) key[w] = 0u;
-                if (lane == 0) chosen[j] = (int)w;
                 __syncwarp();
-            }
+#pragma unroll 1
+                for (int j = 0; j < k; j++) {
+                    unsigned best = 0u, be = 0xffffffffu;
+                    for (int e = 4 * lane; e < E; e += 128) {
+                        const uint4 q = *(const uint4 *)&key[e];
+                        if (q.x > best) { best = q.x; be = e; }
+                        if (q.y > best) { best = q.y; be = e + 1; }
+                        if (q.z > best) { best = q.z; be = e + 2; }
+                        if (q.w > best) { best = q.w; be = e + 3; }
+                    }
+                    const unsigned m = __reduce_max_sync(0xffffffffu, best);
+                    const unsigned w = __reduce_min_sync(0xffffffffu, best == m ? be : 0xffffffffu);
+                    if (lane == ((w & 127u) >> 2)) key[w] = 0u;
+                    if (lane == 0) chosen[j] = (int)w;
+                    __syncwarp();
+                }
             }
         }
         __syncwarp();
