@@ -4,7 +4,7 @@
 # the issue (DeepSeek-V4-Flash NVFP4, B = 1..512, 8 layers in one CUDA graph)
 # with the torch peers measured in the same call, other shapes and MXFP4.
 # Logs and JSON go to $OUT (or ./gpu_out); the summary table prints last.
-#   bash scripts/gpu_run.sh [all|test|bench|variants|peers|cli|quick]...
+#   bash scripts/gpu_run.sh [all|test|bench|variants|peers|cli|quick|readpat]...
 # FM_GPU_QUICK=1 (or the mode "quick") runs only the GPU tests and one
 # benchmark of the routed DeepSeek-V4-Flash layer with the built-in config
 # and the per-kernel split at B = 1,4,16,64,256,512 (QUICK_BATCH overrides):
@@ -109,6 +109,22 @@ if has bench; then
     run_bench glm5 --preset glm-5 --batch $S --layers 4 --no-shared --variants --reps 10
     run_bench kimik2 --preset kimi-k2 --batch $S --layers 4 --no-shared --variants --reps 10
     run_bench qwen3 --preset qwen3-30b-a3b --batch $S --layers 8 --variants --reps 10
+fi
+
+# What a kernel that only reads the active experts' bytes achieves at the
+# sizes of DeepSeek-V4-Flash's B = 1 and B = 4 layers (tiles, grid and
+# loads of the expert kernels, no decode; tests/tools/cuda_readpat.cu):
+# the ceiling the expert kernels are compared with in docs/perf.md.
+if has readpat; then
+    echo "== read-pattern ceiling"
+    {
+        for a in "--experts 6" "--experts 6 --nrg 128 --nseg 16 --mats 2" "--experts 23 --occ 4" "--experts 23 --occ 6" \
+            "--experts 23 --nrg 128 --nseg 16 --mats 2 --occ 4" "--experts 23 --nrg 128 --nseg 16 --mats 2 --occ 6"; do
+            echo "-- cuda_readpat $a --scales sep"
+            timeout 60 "$BIN/cuda_readpat" $a --scales sep --reps 10
+        done
+    } > "$OUT/readpat.txt" 2>&1
+    { echo "-- read-pattern ceiling (cuda_readpat)"; cat "$OUT/readpat.txt"; } >> "$SUMMARY"
 fi
 
 if has cli; then

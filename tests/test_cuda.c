@@ -318,6 +318,52 @@ static void test_hash_duplicate_ids(void **state) {
     fm_moe_layer_free(hl);
 }
 
+/* Routing at k = 8 with batches of 4 - 8 (32 - 64 (token, expert) pairs:
+ * one selection block grouping in one warp at T * k <= 32, two blocks and
+ * the block-wide grouping above): the tiny presets' k raised to 8, so that
+ * their 16 experts take most of several tokens; DeepSeek-V4's hash layer too
+ * (its table may name an expert twice for a token). */
+static void test_grouping_k8(void **state) {
+    (void)state;
+    NEED_GPU();
+    const char *presets[] = {"tiny-deepseek-v4", "tiny-qwen3", "tiny-deepseek"};
+    const int Ts[] = {5, 8, 4}; /* 40, 64 and 32 pairs */
+    for (int pi = 0; pi < 3; pi++)
+        for (int hash = 0; hash < 2; hash++) {
+            fm_model_desc d;
+            assert_int_equal(fm_preset_desc(presets[pi], FM_QF_NONE, &d), FM_OK);
+            d.topk = 8;
+            if (d.n_group > 0 && d.topk_group > 0 && d.topk_group * (d.n_experts / d.n_group) < d.topk)
+                d.topk_group = d.n_group; /* the kept groups must hold k experts */
+            int L = first_moe_layer(&d, hash);
+            if (L < 0) continue;
+            fm_moe_layer *hl;
+            fm_cuda_layer *cl;
+            if (fm_moe_layer_random(&d, d.expert_format, 640 + pi * 2 + hash, L, &hl)) fail_msg("random layer: %s", fm_last_error());
+            if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+            for (int ti = 0; ti < 3; ti++) {
+                int T = Ts[ti], H = d.hidden;
+                uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+                float *xf = malloc(sizeof(float) * (size_t)T * H);
+                int32_t tok[8];
+                assert_non_null(xb); assert_non_null(xf);
+                make_x(77 + T, T, H, xb, xf);
+                for (int t = 0; t < T; t++) tok[t] = (int32_t)(fm_rng_u64(99, 5, (uint64_t)t) % (uint64_t)(d.vocab_size > 0 ? d.vocab_size : 1));
+                cmp_result r;
+                run_compare(&d, hl, cl, T, xb, tok, &r);
+                printf("# %-16s k=8 layer %d T=%d (%d pairs) rel %.2e ids %d weights %.1e\n", presets[pi], L, T, T * 8,
+                       r.rel, r.id_mismatch, r.wt_err);
+                assert_int_equal(r.nonfinite, 0);
+                assert_int_equal(r.id_mismatch, 0);
+                assert_true(r.wt_err < 1e-4);
+                assert_true(r.rel <= 5e-3);
+                free(xb); free(xf);
+            }
+            fm_cuda_layer_free(cl);
+            fm_moe_layer_free(hl);
+        }
+}
+
 /* Non-finite values: an input that is not finite is refused naming token and
  * feature; a NaN block scale (E4M3 0x7F, E8M0 0xFF) reaches the output
  * through the GPU's scale decode and fails the call, as the reference
@@ -377,9 +423,10 @@ static void test_forced_configs(void **state) {
         {FM_PATH_LARGE, 64, 1, 4, 3, 16, 1.5f}, {FM_PATH_LARGE, 64, 1, 4, 3, 32, 1.5f},
         {FM_PATH_SMALL, 32, 2, 4, 3, 16, 1.5f},
         /* the wgmma path (sm_90; elsewhere the large path runs instead):
-         * passes of 16 and 32 tokens, at T = 200 so that experts take
-         * several passes and every token count 8 .. 32 per pass occurs */
-        {FM_PATH_WGMMA, 64, 1, 4, 1, 16, 1.5f}, {FM_PATH_WGMMA, 64, 1, 4, 1, 32, 1.5f},
+         * passes of 8, 16 and 32 tokens, at T = 200 so that experts take
+         * several passes and every token count 1 .. 32 per pass occurs */
+        {FM_PATH_WGMMA, 64, 1, 4, 1, 8, 1.5f}, {FM_PATH_WGMMA, 64, 1, 4, 1, 16, 1.5f},
+        {FM_PATH_WGMMA, 64, 1, 4, 1, 32, 1.5f},
     };
     const char *presets[] = {"tiny-mixtral", "tiny-deepseek-v4"};
     for (int pi = 0; pi < 2; pi++)
@@ -715,6 +762,7 @@ int main(void) {
         cmocka_unit_test(test_bad_inputs),       cmocka_unit_test(test_bench_runs),
         cmocka_unit_test(test_dsv4_flash_shape), cmocka_unit_test(test_dsv4_clamp),
         cmocka_unit_test(test_input_dtypes),     cmocka_unit_test(test_launch_switches),
+        cmocka_unit_test(test_grouping_k8),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     /* without a usable GPU every test above skipped itself: exit 77 so that

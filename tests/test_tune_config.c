@@ -110,7 +110,7 @@ static void test_parse_malformed(void **st) {
         {"\"switch_tpe\": 1.5", "\"switch_tpe\": \"1.5\"", "switch_tpe: must be a number"},
         {"\"path\": \"large\"", "\"path\": \"medium\"", "unknown path 'medium'"},
         {"\"path\": \"large\", \"rows_per_block\": 64", "\"path\": \"wgmma\", \"rows_per_block\": 32",
-         "buckets[0].params.path: the wgmma path takes rows_per_block 64, k_split 1, warps 4 and tile_n 16 or 32, "
+         "buckets[0].params.path: the wgmma path takes rows_per_block 64, k_split 1, warps 4 and tile_n 8, 16 or 32, "
          "not 32, 1, 4 and 16"},
         {"\"path\": \"large\"", "\"path\": 1", "buckets[0].params.path: must be a string"},
         {"\"params\": {\"path\": \"large\"", "\"params\": [], \"x\": {\"path\": \"large\"", "params: must be an object"},
@@ -315,11 +315,11 @@ static void test_candidates(void **st) {
             paths[c[i].path]++;
             if (c[i].path == FM_PATH_WGMMA) /* one block shape */
                 assert_true(c[i].warps == 4 && c[i].k_split == 1 && c[i].rows_per_block == 64 &&
-                            (c[i].tile_n == 16 || c[i].tile_n == 32));
+                            (c[i].tile_n == 8 || c[i].tile_n == 16 || c[i].tile_n == 32));
             for (int j = 0; j < i; j++) assert_memory_not_equal(&c[i], &c[j], sizeof c[i]);
         }
-        /* every path is always a candidate, the wgmma one with both pass sizes */
-        assert_true(paths[0] > 0 && paths[1] > 0 && paths[2] == 2);
+        /* every path is always a candidate, the wgmma one with its three pass sizes */
+        assert_true(paths[0] > 0 && paths[1] > 0 && paths[2] == 3);
         fm_kernel_config few[3];
         assert_int_equal(fm_tune_candidates(&k, Ts[t], few, 3), 3);
         assert_memory_equal(few, c, 3 * sizeof c[0]);
@@ -342,11 +342,13 @@ static void test_config_ranges(void **st) {
     assert_non_null(strstr(why, "warps"));
     x = c; x.switch_tpe = NAN;
     assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 1);
-    /* the wgmma path: its block shape, passes of 16 or 32 tokens */
+    /* the wgmma path: its block shape, passes of 8, 16 or 32 tokens */
     fm_kernel_config w = fm_kernel_config_default(&k, 512);
     assert_int_equal(w.path, FM_PATH_WGMMA);
     assert_int_equal(fm_tune_config_invalid(&w, why, sizeof why), 0);
     x = w; x.tile_n = 8;
+    assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 0);
+    x = w; x.tile_n = 24;
     assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 1);
     assert_non_null(strstr(why, "wgmma path takes"));
     x = w; x.warps = 8; x.rows_per_block = 128;

@@ -193,7 +193,7 @@ typedef struct {
 #define FM_PIPE_CP_ASYNC 1
 #define FM_PIPE_REGS_XG 2
 /* the wgmma kernels (config path "wgmma", sm_90): a warpgroup of 64 rows,
- * nt 2 or 4 (16 or 32 tokens per pass) */
+ * nt 1, 2 or 4 (8, 16 or 32 tokens per pass) */
 #define FM_PIPE_WGMMA 3
 /* the expert kernel's template ST of FM_PIPE_REGS_XG: the register pipeline
  * with activations read per 32-wide K step (expert.cu, seg_compute_g) */

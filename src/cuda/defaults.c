@@ -41,7 +41,7 @@ const char *fm_kernel_path_name(fm_kernel_path p) {
  * - wgmma (sm_90): the large path's work split with Hopper warpgroup MMAs. A
  *   block is one warpgroup (4 warps, 64 rows, k_split 1); each warp decodes
  *   its 16 rows as above, and one wgmma.m64nNk16 per 16-wide K step
- *   multiplies the block's 64 rows by up to tile_n (16 or 32) tokens whose
+ *   multiplies the block's 64 rows by up to tile_n (8, 16 or 32) tokens whose
  *   activations the block stages once in shared memory, the weights two
  *   segments ahead through a shared-memory ring. It pays from FM_WGMMA_TPE
  *   tokens per expert (H200, DeepSeek-V4-Flash, B * k / E: 0.047 at B = 2,
@@ -111,7 +111,7 @@ static const struct {
     {"FP4MOE_CUDA_XG", "0|1|2|3"},
     {"FP4MOE_CUDA_DOWN", "nosplit|WxK"},
     {"FP4MOE_CUDA_WG", "0|1|2|3"},
-    {"FP4MOE_CUDA_WG_TOKENS", "16|32"},
+    {"FP4MOE_CUDA_WG_TOKENS", "8|16|32"},
 };
 
 /* v is one of the '|'-separated words of vals ("WxK": W warps 1..8 split

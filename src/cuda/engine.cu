@@ -241,7 +241,7 @@ static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kern
         }
     }
     if (cfg->path == FM_PATH_WGMMA) {
-        /* one block shape; passes of 16 or 32 tokens. Needs sm_90 and the
+        /* one block shape; passes of 8, 16 or 32 tokens. Needs sm_90 and the
          * v6 word order; elsewhere the mma.sync default runs, and says so. */
         const char *why = e->cc_major != 9 ? "needs sm_90"
                           : !e->wgmma      ? "is not in this build (no sm_90a code)"

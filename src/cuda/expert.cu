@@ -693,16 +693,24 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
 #endif
 static constexpr FM_HD int wg_step_bytes(int n8) { return n8 * 256 + 16; }
 static constexpr FM_HD int wg_stage_bytes(int n8) { return 8 * wg_step_bytes(n8); }
-/* Segments copied ahead (v16: two, for more blocks per SM than three
- * allowed; v19: three or more for down measured slower). */
-#define FM_WG_LA 2
+/* Segments copied ahead, for gate/up and for down (v16: two, for more
+ * blocks per SM than three allowed; v19 / v30: three or more measured
+ * slower; v33: one measured slower at B = 2 - 16, 4 - 17 %). Build-time
+ * knobs for such A/B builds (-DFM_WG_LA_GU=1 ...), not run-time switches. */
+#ifndef FM_WG_LA_GU
+#define FM_WG_LA_GU 2
+#endif
+#ifndef FM_WG_LA_DN
+#define FM_WG_LA_DN 2
+#endif
+static constexpr FM_HD int wg_la(bool gu) { return gu ? FM_WG_LA_GU : FM_WG_LA_DN; }
 /* One segment of one warp's weight ring: per matrix 1024 bytes of weights
  * and 128 of scales (64 used by MXFP4). */
 static constexpr FM_HD int wg_wstage_bytes(int nmat) { return nmat * 1152; }
 /* Down's blocks also keep the pass's token rows and routing weights (32
  * ints and 32 floats) after the weight rings, for the epilogue. */
 static constexpr FM_HD int wg_smem_bytes(int nmat, int nmax, bool down) {
-    return (FM_WG_LA + 1) * (wg_stage_bytes(nmax) + 4 * wg_wstage_bytes(nmat)) + (down ? 256 : 0);
+    return (wg_la(!down) + 1) * (wg_stage_bytes(nmax) + 4 * wg_wstage_bytes(nmat)) + (down ? 256 : 0);
 }
 
 #ifdef FM_HAVE_WGMMA
@@ -786,12 +794,12 @@ struct fm_wg_pass {
 #ifdef FM_HAVE_WGMMA
 /* Segment S's weights and scales into this warp's ring stage (cp.async, not
  * committed). */
-template <int NMAT, bool MX>
+template <int NMAT, bool MX, int NSTG>
 static __device__ __forceinline__ void wg_wcopy(const fm_wg_pass &w, uint32_t wr_s, int lane, int S, uint64_t wpol) {
     constexpr int WST = wg_wstage_bytes(NMAT), SPR = MX ? 4 : 8;
 #pragma unroll
     for (int m = 0; m < NMAT; m++) {
-        const uint32_t d_ = wr_s + (S % (FM_WG_LA + 1)) * WST + m * 1152;
+        const uint32_t d_ = wr_s + (S % NSTG) * WST + m * 1152;
         cp_async16_pol(d_ + lane * 16, w.pa[m] + (int64_t)S * 1024, wpol);
         cp_async16_pol(d_ + 512 + lane * 16, w.pb[m] + (int64_t)S * 1024, wpol);
         if (lane < SPR) cp_async16_pol(d_ + 1024 + lane * 16, w.st[m] + (int64_t)S * (16 * SPR) + lane * 16, wpol);
@@ -813,7 +821,7 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
     /* LA segments copied ahead (activations, weights, scales); the stage
      * refilled at segment s last held segment s - 1, whose MMAs every warp
      * retired before the barrier of segment s */
-    constexpr int LA = FM_WG_LA, NSTG = LA + 1, WST = wg_wstage_bytes(NMAT);
+    constexpr int LA = wg_la(GU), NSTG = LA + 1, WST = wg_wstage_bytes(NMAT);
     constexpr int SPR = MX ? 4 : 8;
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3, wi = tid >> 5;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
@@ -846,7 +854,7 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
     do {                                                                                                   \
         if ((S) < w.nseg) {                                                                                \
             const uint32_t st_ = sbase + ((S) % NSTG) * STAGE;                                             \
-            if (WEIGHTS) wg_wcopy<NMAT, MX>(w, wr_s, lane, (S), wpol);                                     \
+            if (WEIGHTS) wg_wcopy<NMAT, MX, NSTG>(w, wr_s, lane, (S), wpol);                                     \
             _Pragma("unroll") for (int k = 0; k < NIT; k++) {                                              \
                 const uint8_t *q_ = xsrc[k] ? xsrc[k] + (int64_t)(S) * (FM_KSEG * 2) : xsafe;              \
                 const bool v_ = xsrc[k] != NULL;                                                           \
@@ -1005,12 +1013,16 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
  * 64, see wg_pass_body); work items as in fm_expert_kernel (the launch sizes
  * the grid with passes of 8 * NMAX tokens). Needs sm_90a: elsewhere the
  * body is empty and the host never launches it (fm_cuda_wgmma_built). */
-/* NMAX: most 8-token groups per pass (2 or 4). One K step of MMAs in
+/* NMAX: most 8-token groups per pass (1, 2 or 4). One K step of MMAs in
  * flight and two segments copied ahead, for 4 gate/up and 6 down blocks per
- * SM where shared memory allows. */
-static constexpr int fm_wg_min_blocks(int nmat) { return nmat == 2 ? 4 : 6; }
+ * SM where shared memory allows; with passes of 8 tokens (NMAX 1, v32:
+ * config tile_n 8) 80 registers, so that the 128-row down and gate/up fit
+ * 6 blocks per SM too (the grids of batches 2 - 8 in one wave instead of
+ * ~1.4; H200: GLM-5 B = 1 -4 %, Qwen3-30B-A3B B = 8 -5 %, elsewhere level
+ * or slower, so the tuner decides per bucket; docs/perf.md). */
+static constexpr int fm_wg_min_blocks(int nmat, int nmax) { return nmat == 2 && nmax > 1 ? 4 : 6; }
 template <int NMAT, bool MX, int NMAX, bool D2>
-__global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT)) fm_expert_wg_kernel(fm_expert_params p, int W, int KS) {
+__global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT, NMAX)) fm_expert_wg_kernel(fm_expert_params p, int W, int KS) {
 #ifdef FM_HAVE_WGMMA
     extern __shared__ __align__(128) uint8_t wg_smem[];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, g = lane >> 2;
@@ -1069,16 +1081,17 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT)) fm_expert_wg_kern
         w.sb[1] += os;
         w.st[1] += os;
     }
-    w.wring_off = (uint32_t)((FM_WG_LA + 1) * wg_stage_bytes(NMAX));
+    constexpr int LA = wg_la(GU);
+    w.wring_off = (uint32_t)((LA + 1) * wg_stage_bytes(NMAX));
     w.pre = false;
     if (pre) {
         if (w.nseg > 0) {
             const uint32_t wr_s = (uint32_t)__cvta_generic_to_shared(wg_smem) + w.wring_off +
-                                  wi * ((FM_WG_LA + 1) * wg_wstage_bytes(NMAT));
+                                  wi * ((LA + 1) * wg_wstage_bytes(NMAT));
             const uint64_t wpol = l2_policy(p.l2first);
 #pragma unroll
-            for (int j = 0; j < FM_WG_LA; j++)
-                if (j < w.nseg) wg_wcopy<NMAT, MX>(w, wr_s, lane, j, wpol);
+            for (int j = 0; j < LA; j++)
+                if (j < w.nseg) wg_wcopy<NMAT, MX, LA + 1>(w, wr_s, lane, j, wpol);
             cp_async_commit();
             w.pre = true;
         }
@@ -1090,7 +1103,7 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT)) fm_expert_wg_kern
     for (int pass0 = it.pbeg; pass0 < it.pend; pass0 += 8 * NMAX) {
         w.pass0 = pass0;
         const int n8 = (min(8 * NMAX, it.pend - pass0) + 7) >> 3;
-        if (n8 == 1) wg_pass_body<1, NMAT, MX, D2>(p, w, wg_smem);
+        if (NMAX == 1 || n8 == 1) wg_pass_body<1, NMAT, MX, D2>(p, w, wg_smem);
         else if (n8 == 2 || NMAX == 2) wg_pass_body<2, NMAT, MX, D2>(p, w, wg_smem);
         else if (n8 == 3) wg_pass_body<NMAX == 2 ? 2 : 3, NMAT, MX, D2>(p, w, wg_smem);
         else wg_pass_body<NMAX == 2 ? 2 : 4, NMAT, MX, D2>(p, w, wg_smem);
@@ -1145,15 +1158,15 @@ static int use_xg(int nmat, int nt) {
 
 /* The wgmma kernels: FP4MOE_CUDA_WG = 1 down, 2 gate/up, 3 both (an
  * experiment switch while the path is measured; sm_90 with the v6 word
- * order only, see wg_applies); FP4MOE_CUDA_WG_TOKENS = 16 makes a pass 16
- * tokens instead of 32. Read once. */
+ * order only, see wg_applies); FP4MOE_CUDA_WG_TOKENS = 8 or 16 makes a pass
+ * 8 or 16 tokens instead of 32. Read once. */
 static int wg_env(int *nmax) {
     static int v = -1, nm = 4;
     if (v < 0) {
         const char *env = getenv("FP4MOE_CUDA_WG");
         v = env && *env ? atoi(env) & 3 : 0;
         env = getenv("FP4MOE_CUDA_WG_TOKENS");
-        nm = env && *env && atoi(env) <= 16 ? 2 : 4;
+        nm = env && *env ? (atoi(env) <= 8 ? 1 : atoi(env) <= 16 ? 2 : 4) : 4;
     }
     if (nmax) *nmax = nm;
     return v;
@@ -1162,16 +1175,15 @@ static int wg_env(int *nmax) {
 static int wg_applies(int nmat, int enc, int wgmma) { return (wg_env(NULL) & (nmat == 2 ? 2 : 1)) && enc && wgmma; }
 
 /* kind: 0 down (64 rows), 1 gate/up, 2 down in 128-row blocks (D2) */
+#define FM_WG3(NMAT, MX, D2) \
+    {fm_expert_wg_kernel<NMAT, MX, 1, D2>, fm_expert_wg_kernel<NMAT, MX, 2, D2>, fm_expert_wg_kernel<NMAT, MX, 4, D2>}
 static fm_kfn pick_wg(int kind, int mx, int nmax) {
-    static const fm_kfn k[3][2][2] = {
-        {{fm_expert_wg_kernel<1, false, 2, false>, fm_expert_wg_kernel<1, false, 4, false>},
-         {fm_expert_wg_kernel<1, true, 2, false>, fm_expert_wg_kernel<1, true, 4, false>}},
-        {{fm_expert_wg_kernel<2, false, 2, false>, fm_expert_wg_kernel<2, false, 4, false>},
-         {fm_expert_wg_kernel<2, true, 2, false>, fm_expert_wg_kernel<2, true, 4, false>}},
-        {{fm_expert_wg_kernel<2, false, 2, true>, fm_expert_wg_kernel<2, false, 4, true>},
-         {fm_expert_wg_kernel<2, true, 2, true>, fm_expert_wg_kernel<2, true, 4, true>}}};
-    return k[kind][mx ? 1 : 0][nmax > 2 ? 1 : 0];
+    static const fm_kfn k[3][2][3] = {{FM_WG3(1, false, false), FM_WG3(1, true, false)},
+                                      {FM_WG3(2, false, false), FM_WG3(2, true, false)},
+                                      {FM_WG3(2, false, true), FM_WG3(2, true, true)}};
+    return k[kind][mx ? 1 : 0][nmax > 2 ? 2 : nmax - 1];
 }
+#undef FM_WG3
 
 /* The wgmma down in 128-row blocks (D2: down's segments then carry gate/up's
  * bytes per barrier and per copy group; H200, DeepSeek-V4-Flash: down −12 to
@@ -1292,7 +1304,7 @@ static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nma
 }
 
 static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int nmat, cudaStream_t s) {
-    if (c->pipe == FM_PIPE_WGMMA) return launch_wg(p, nmat, c->pdl, c->nt > 2 ? 4 : 2, s);
+    if (c->pipe == FM_PIPE_WGMMA) return launch_wg(p, nmat, c->pdl, c->nt > 2 ? 4 : c->nt, s);
     if (wg_applies(nmat, (nmat == 2 ? &p->gate : &p->down)->enc, c->wgmma)) {
         int nmax = 4;
         wg_env(&nmax);
@@ -1359,7 +1371,7 @@ extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char
                  "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16 from registers x shared memory, "
                  "a warpgroup of 64 rows for gate/up, %d for down, each split over K by 2 blocks when its grid is under 5 "
                  "blocks per SM and K long enough, up to %d tokens per pass)",
-                 mx ? "mxfp4" : "nvfp4", wg_down2() ? 128 : 64, c->nt > 2 ? 32 : 16);
+                 mx ? "mxfp4" : "nvfp4", wg_down2() ? 128 : 64, c->nt > 2 ? 32 : 8 * c->nt);
         return buf;
     }
     int gu = c->pipe, dn = c->pipe;

@@ -11,8 +11,8 @@
  * at every batch and the switch point is tuned per bucket. tile_n stays
  * within a factor of two of the default's, which is sized from the tokens
  * per expert; stages and switch_tpe are kept from the default. The wgmma
- * path has one block shape (a warpgroup of 64 rows) and passes of 16 or 32
- * tokens: two candidates at every batch.
+ * path has one block shape (a warpgroup of 64 rows) and passes of 8, 16 or
+ * 32 tokens: three candidates at every batch.
  *
  * Candidates are ordered by distance from the default (in factors of two
  * per parameter), so a short time budget still covers the neighbourhood
@@ -65,8 +65,8 @@ int fm_tune_candidates(const fm_tune_key *key, int T, fm_kernel_config *out, int
                 if (!dup && n < FM_TUNE_GRID_MAX && !fm_tune_config_invalid(&x, why, sizeof why)) v[n++] = x;
             }
     /* the wgmma path: one shape (a warpgroup, 64 rows, k_split 1), passes of
-     * 16 or 32 tokens */
-    for (int tn = 16; tn <= 32; tn *= 2) {
+     * 8, 16 or 32 tokens (8: a kernel built for six blocks per SM) */
+    for (int tn = 8; tn <= 32; tn *= 2) {
         fm_kernel_config x = def;
         x.path = FM_PATH_WGMMA;
         x.warps = 4;

@@ -46,10 +46,10 @@ int fm_tune_path_from_token(const char *s) {
  * anything else in a file is an error, not a silent substitution. */
 static int wgmma_shape_bad(const fm_kernel_config *c, char *why, size_t cap) {
     if (c->path != FM_PATH_WGMMA ||
-        (c->rows_per_block == 64 && c->k_split == 1 && c->warps == 4 && (c->tile_n == 16 || c->tile_n == 32)))
+        (c->rows_per_block == 64 && c->k_split == 1 && c->warps == 4 && (c->tile_n == 8 || c->tile_n == 16 || c->tile_n == 32)))
         return 0;
     snprintf(why, cap,
-             "the wgmma path takes rows_per_block 64, k_split 1, warps 4 and tile_n 16 or 32, not %d, %d, %d and %d",
+             "the wgmma path takes rows_per_block 64, k_split 1, warps 4 and tile_n 8, 16 or 32, not %d, %d, %d and %d",
              c->rows_per_block, c->k_split, c->warps, c->tile_n);
     return 1;
 }

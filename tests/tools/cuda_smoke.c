@@ -23,11 +23,13 @@ int main(void) {
         for (int i = 0; i < T * H; i++) x[i] = (float)sin(i * 0.37);
         for (int t = 0; t < T; t++) tok[t] = t * 7;
         fm_moe_out o = {out, NULL, NULL};
-        for (int c = 0; c < 4; c++) {
-            /* register and cp.async pipelines, small and large paths */
+        for (int c = 0; c < 6; c++) {
+            /* register and cp.async pipelines, small and large paths; the
+             * wgmma path (sm_90) with passes of 8 and 16 tokens */
             int lg = c & 1;
             fm_kernel_config kc = {lg ? FM_PATH_LARGE : FM_PATH_SMALL, lg ? 64 : 16, lg ? 1 : 8, lg ? 4 : 8, c < 2 ? 1 : 3,
                                    lg ? 16 : 8, 0};
+            if (c >= 4) kc = (fm_kernel_config){FM_PATH_WGMMA, 64, 1, 4, 1, c == 4 ? 8 : 16, 0};
             fm_cuda_engine_set_config(e, &kc);
             if (fm_cuda_forward(e, &d, l, x, FM_DT_F32, T, tok, &o)) { fprintf(stderr, "%s: %s\n", presets[p], fm_last_error()); bad = 1; }
             for (int i = 0; i < T * H; i++) if (!isfinite(out[i])) { bad = 1; break; }
