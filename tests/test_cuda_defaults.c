@@ -85,7 +85,8 @@ static void test_env_check(void **state) {
                              {"FP4MOE_CUDA_L2HINT", "0"}, {"FP4MOE_CUDA_WG_DOWN2", "0"},
                              {"FP4MOE_CUDA_LOGITS", "simt"}, {"FP4MOE_CUDA_WG_DOWN_KS", "4"},
                              {"FP4MOE_CUDA_WG_GU_KS", "1"}, {"FP4MOE_CUDA_SH_FORK", "0"},
-                             {"FP4MOE_CUDA_PRE_WAIT", "0"}};
+                             {"FP4MOE_CUDA_PRE_WAIT", "0"}, {"FP4MOE_CUDA_SH_WIDE", "0"},
+                             {"FP4MOE_CUDA_WG_DOWN_TOKENS", "8"}, {"FP4MOE_CUDA_WG_TOKENS", "8"}};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         setenv(good[i][0], good[i][1], 1);
         if (fm_cuda_env_check() != FM_OK) fail_msg("%s=%s refused: %s", good[i][0], good[i][1], fm_last_error());

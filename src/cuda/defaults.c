@@ -102,6 +102,8 @@ static const struct {
     {"FP4MOE_CUDA_SH_PREFETCH", "0|1"},
     {"FP4MOE_CUDA_SH_EARLY", "0|1"},
     {"FP4MOE_CUDA_SH_FORK", "0|1"},
+    {"FP4MOE_CUDA_SH_WIDE", "0|1"},
+    {"FP4MOE_CUDA_WG_DOWN_TOKENS", "8|16|32"},
     {"FP4MOE_CUDA_PRE_WAIT", "0|1"},
     {"FP4MOE_CUDA_L2HINT", "0|1"},
     {"FP4MOE_CUDA_WG_DOWN2", "0|1"},

@@ -33,6 +33,7 @@ struct fm_cuda_engine {
     int sh_prefetch; /* shared expert prefetched into L2 during routing */
     int sh_early;    /* shared expert's gate/up not waiting on routing (v27) */
     int sh_fork;     /* shared expert on a branch of its own, beside the selection (v28) */
+    int sh_wide;     /* its wgmma launches with 32-token passes whatever the config's (v35) */
     int pre_wait;    /* first weight loads before griddepcontrol.wait where they can be named (v28) */
     int l2first;     /* weights read with an L2 evict-first policy */
     int fp4_enc;  /* weights of new layers stored for the v6 decode        */
@@ -135,6 +136,13 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
      * FP4MOE_CUDA_SH_FORK=0 keeps them in the routed launches */
     env = getenv("FP4MOE_CUDA_SH_FORK");
     e->sh_fork = !(env && !strcmp(env, "0"));
+    /* The shared expert's launches on that branch take passes of 32 tokens
+     * when the config's wgmma passes are narrower and the batch needs more
+     * than one of them: every token meets the shared expert, so each pass is
+     * a re-decode of its weights (v35); FP4MOE_CUDA_SH_WIDE=0 keeps the
+     * config's width */
+    env = getenv("FP4MOE_CUDA_SH_WIDE");
+    e->sh_wide = !(env && !strcmp(env, "0"));
     /* Down's blocks and the shared expert's issue their first two segments'
      * weight loads before griddepcontrol.wait (v28); FP4MOE_CUDA_PRE_WAIT=0
      * waits first */
@@ -790,9 +798,11 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
         fm_expert_params sp = ep;
         sp.max_active = 0; /* the shared expert's items only */
         fm_launch_cfg slc = *lc;
+        if (e->sh_wide && slc.pipe == FM_PIPE_WGMMA && slc.nt < 4 && T > 8 * slc.nt) slc.nt = 4;
+        fm_launch_cfg sdc = slc;
         slc.pdl = 0; /* its first launch waits on an event, not on a kernel */
         if ((s = fm_cuda_launch_gateup(&sp, &slc, e->side))) return s;
-        if ((s = fm_cuda_launch_down(&sp, lc, e->side))) return s;
+        if ((s = fm_cuda_launch_down(&sp, &sdc, e->side))) return s;
         FM_CU(cudaEventRecord(e->join_ev, e->side));
         ep.sgate.n = ep.sup.n = ep.sdown.n = 0; /* the routed experts only */
         if ((s = fm_cuda_launch_gateup(&ep, lc, e->stream))) return s;
@@ -990,6 +1000,11 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
     choose_cfg(e, layers[0], T, &cfg, &lc, r->config_source, sizeof r->config_source);
     r->cfg = cfg;
     fm_cuda_kernel_names(&lc, layers[0]->fmt == FM_QF_MXFP4, r->kernel, sizeof r->kernel);
+    if (e->shared_enabled && e->sh_fork && e->sh_wide && lc.pipe == FM_PIPE_WGMMA && lc.nt < 4 && T > 8 * lc.nt &&
+        layers[0]->SIp > 0) {
+        size_t n = strlen(r->kernel);
+        snprintf(r->kernel + n, sizeof r->kernel - n, "; shared expert 32 tokens per pass");
+    }
 
     const int pdl0 = lc.pdl;
     s = graph_time(e, layers, n_layers, T, &lc, FM_ROUTE_PARTS_ALL, reps, &r->us_per_layer, &r->us_min, &r->us_max);

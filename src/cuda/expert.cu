@@ -1303,8 +1303,21 @@ static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nma
                        nmat == 2 ? "fm_expert_wg_kernel (gate/up)" : "fm_expert_wg_kernel (down)");
 }
 
+/* FP4MOE_CUDA_WG_DOWN_TOKENS = 8 | 16 | 32: the wgmma down's passes at that
+ * width whatever the config's (an A/B switch, v36). Read once; 0: unset. */
+static int wg_down_nmax(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *env = getenv("FP4MOE_CUDA_WG_DOWN_TOKENS");
+        const int t = env && *env ? atoi(env) : 0;
+        v = t == 8 ? 1 : t == 16 ? 2 : t == 32 ? 4 : 0;
+    }
+    return v;
+}
+
 static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int nmat, cudaStream_t s) {
-    if (c->pipe == FM_PIPE_WGMMA) return launch_wg(p, nmat, c->pdl, c->nt > 2 ? 4 : c->nt, s);
+    if (c->pipe == FM_PIPE_WGMMA)
+        return launch_wg(p, nmat, c->pdl, nmat == 1 && wg_down_nmax() ? wg_down_nmax() : c->nt > 2 ? 4 : c->nt, s);
     if (wg_applies(nmat, (nmat == 2 ? &p->gate : &p->down)->enc, c->wgmma)) {
         int nmax = 4;
         wg_env(&nmax);
@@ -1368,10 +1381,15 @@ static const char *pipe_name(int pipe) {
 extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char *buf, size_t cap) {
     if (c->pipe == FM_PIPE_WGMMA) {
         snprintf(buf, cap,
-                 "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16 from registers x shared memory, "
-                 "a warpgroup of 64 rows for gate/up, %d for down, each split over K by 2 blocks when its grid is under 5 "
-                 "blocks per SM and K long enough, up to %d tokens per pass)",
+                 "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16, A in registers, B in shared memory; "
+                 "64-row gate/up and %d-row down blocks, K split in 2 where a grid is under 5 blocks per SM; "
+                 "up to %d tokens per pass)",
                  mx ? "mxfp4" : "nvfp4", wg_down2() ? 128 : 64, c->nt > 2 ? 32 : 8 * c->nt);
+        if (wg_down_nmax()) {
+            size_t n = strlen(buf);
+            snprintf(buf + n, cap > n ? cap - n : 0, "; down %d tokens per pass (FP4MOE_CUDA_WG_DOWN_TOKENS)",
+                     8 * wg_down_nmax());
+        }
         return buf;
     }
     int gu = c->pipe, dn = c->pipe;

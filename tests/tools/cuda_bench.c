@@ -11,6 +11,7 @@
  *              [--config WARPS,KSPLIT,TILE_N] [--variants] [--json FILE]
  */
 #include "fp4moe.h"
+#include "util/util.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,11 +102,14 @@ int main(int argc, char **argv) {
             if (!variants) {
                 printf("      routing alone in a graph: %.1f us (logits kernel %.1f us, selection + grouping %.1f us)\n",
                        r.route_us, r.logits_us, r.route_us - r.logits_us);
-                /* per-kernel split of one layer (events around each launch, no graph) */
+                /* per-kernel split of one layer (events around each launch, no graph);
+                 * activations N(0, 1) and independent per token, as in the timed
+                 * graph, so that the tokens spread over as many experts (a
+                 * periodic pattern sent the tokens of a batch to a few experts) */
                 int T = batches[bi], H = d.hidden;
                 float *x = malloc(sizeof(float) * (size_t)T * H), *out = malloc(sizeof(float) * (size_t)T * H);
                 int32_t *tok = malloc(sizeof(int32_t) * (size_t)T);
-                for (int64_t i = 0; i < (int64_t)T * H; i++) x[i] = (float)((i * 2654435761u % 2001) / 1000.0 - 1.0);
+                for (int64_t i = 0; i < (int64_t)T * H; i++) x[i] = fm_rng_normal(77, 5, (uint64_t)i);
                 for (int t = 0; t < T; t++) tok[t] = t * 13;
                 fm_phase_times pt;
                 memset(&pt, 0, sizeof pt);
