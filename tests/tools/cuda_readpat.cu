@@ -218,6 +218,17 @@ static int arg_int(int argc, char **argv, const char *name, int def) {
 }
 
 int main(int argc, char **argv) {
+    static const char *known[] = {"--experts", "--nrg", "--nseg", "--mats", "--layers",
+                                  "--reps", "--occ", "--scales", "--json"};
+    for (int i = 1; i < argc; i += 2) {
+        bool ok = false;
+        for (const char *k : known) ok = ok || !strcmp(argv[i], k);
+        if (!ok || i + 1 >= argc) {
+            fprintf(stderr, "cuda_readpat: %s '%s' (flags: --experts --nrg --nseg --mats --layers --reps --occ "
+                    "--scales --json, each with a value)\n", ok ? "no value for" : "unknown argument", argv[i]);
+            return 2;
+        }
+    }
     const int experts = arg_int(argc, argv, "--experts", 6), nrg = arg_int(argc, argv, "--nrg", 128),
               nseg = arg_int(argc, argv, "--nseg", 32), nmat = arg_int(argc, argv, "--mats", 2),
               layers = arg_int(argc, argv, "--layers", 8), reps = arg_int(argc, argv, "--reps", 20);
@@ -240,6 +251,17 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--json")) json = argv[i + 1];
     if (nmat > 2 || nrg % 4) {
         fprintf(stderr, "cuda_readpat: --mats is 1 or 2 and --nrg a multiple of 4\n");
+        return 2;
+    }
+    if (occ > 32) {
+        fprintf(stderr, "cuda_readpat: --occ %d: at most 32 blocks per SM\n", occ);
+        return 2;
+    }
+    /* the layers' bytes must fit the device: refuse sizes past 256 GiB
+     * before any product can overflow */
+    if ((double)nrg * nseg * 1152.0 * nmat * experts * layers > 256.0 * (1 << 30)) {
+        fprintf(stderr, "cuda_readpat: %d layers x %d experts x %d matrices of %d x %d tiles is more than 256 GiB\n",
+                layers, experts, nmat, nrg, nseg);
         return 2;
     }
     int dev = 0, sms = 0;
@@ -288,11 +310,10 @@ int main(int argc, char **argv) {
         {"seg 4w d2 ks4", 0, 2, 4, 4, 1, 0}, {"seg 4w d4 ks4", 0, 4, 4, 4, 1, 0}, {"seg 8w d2 ks2", 0, 2, 8, 2, 1, 0},
         {"probe 8/SM", 1, 0, 0, 0, 0, 0},  {"probe 4/SM", 1, 0, 0, 0, 0, -4}, {"probe 16/SM", 1, 0, 0, 0, 0, -16},
     };
-    FILE *jf = json ? fopen(json, "w") : NULL;
-    if (json && !jf) {
-        fprintf(stderr, "cuda_readpat: cannot write %s\n", json);
-        return 1;
-    }
+    /* the JSON lines are kept until every variant ran, then written to a
+     * temporary file renamed over --json: no partial file on a failure */
+    static char jbuf[64][256];
+    int nj = 0;
     printf("%-16s %10s %10s %8s %8s %6s\n", "variant", "grid", "us/layer", "GB/s", "% bw", "check");
     int bad = 0;
     for (const variant &v0 : vs) {
@@ -307,13 +328,25 @@ int main(int argc, char **argv) {
         double gbs = lbytes / (us * 1e-6) / 1e9;
         printf("%-16s %10d %10.2f %8.0f %8.1f %6s\n", v.name, grid, us, gbs, 100.0 * gbs * 1e9 / bw, ok ? "ok" : "BAD");
         if (!ok) bad++;
-        if (jf)
-            fprintf(jf,
-                    "{\"variant\":\"%s\",\"experts\":%d,\"nrg\":%d,\"nseg\":%d,\"mats\":%d,\"grid\":%d,\"us\":%.3f,"
-                    "\"gbs\":%.1f,\"bw_gbs\":%.1f}\n",
-                    v.name, experts, nrg, nseg, nmat, grid, us, gbs, bw / 1e9);
+        if (nj < 64)
+            snprintf(jbuf[nj++], sizeof jbuf[0],
+                     "{\"variant\":\"%s\",\"experts\":%d,\"nrg\":%d,\"nseg\":%d,\"mats\":%d,\"grid\":%d,\"us\":%.3f,"
+                     "\"gbs\":%.1f,\"bw_gbs\":%.1f,\"ok\":%s}\n",
+                     v.name, experts, nrg, nseg, nmat, grid, us, gbs, bw / 1e9, ok ? "true" : "false");
     }
-    if (jf) fclose(jf);
+    if (json) {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", json);
+        FILE *jf = fopen(tmp, "w");
+        int werr = !jf;
+        for (int i = 0; jf && i < nj; i++) werr |= fputs(jbuf[i], jf) < 0;
+        if (jf) werr |= fclose(jf) != 0;
+        if (werr || rename(tmp, json) != 0) {
+            remove(tmp);
+            fprintf(stderr, "cuda_readpat: cannot write %s\n", json);
+            return 1;
+        }
+    }
     cudaFree(buf);
     cudaFree(sink);
     return bad ? 1 : 0;
