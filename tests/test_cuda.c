@@ -100,6 +100,23 @@ static void run_compare(const fm_model_desc *d, const fm_moe_layer *hl, fm_cuda_
     run_compare_dt(d, hl, cl, T, xb, FM_DT_BF16, tok, r);
 }
 
+/* The checks of every comparison with the reference, after a line naming the
+ * case (printf format and arguments) with its figures: no non-finite
+ * output, identical top-k ids, the routing weights to 1e-4 (check_weights),
+ * relative error at most 5e-3. */
+static void check_ref(const cmp_result *r, int check_weights, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("# ");
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf(" rel %.2e ids %d weights %.1e\n", r->rel, r->id_mismatch, r->wt_err);
+    assert_int_equal(r->nonfinite, 0);
+    assert_int_equal(r->id_mismatch, 0);
+    if (check_weights) assert_true(r->wt_err < 1e-4);
+    assert_true(r->rel <= 5e-3);
+}
+
 static int first_moe_layer(const fm_model_desc *d, int want_hash) {
     for (int L = 0; L < d->n_layers; L++) {
         if (!fm_model_is_moe_layer(d, L)) continue;
@@ -142,12 +159,7 @@ static void test_vs_reference(void **state) {
                     for (int t = 0; t < T; t++) tok[t] = (int32_t)(fm_rng_u64(seed, 5, (uint64_t)t) % (uint64_t)(d.vocab_size > 0 ? d.vocab_size : 1));
                     cmp_result r;
                     run_compare(&d, hl, cl, T, xb, tok, &r);
-                    printf("# %-16s %s layer %d T=%3d rel %.2e ids %d weights %.1e\n", k_tiny[pi],
-                           fm_qformat_name(fmts[fi]), L, T, r.rel, r.id_mismatch, r.wt_err);
-                    assert_int_equal(r.nonfinite, 0);
-                    assert_int_equal(r.id_mismatch, 0);
-                    assert_true(r.wt_err < 1e-4);
-                    assert_true(r.rel <= 5e-3);
+                    check_ref(&r, 1, "%-16s %s layer %d T=%3d", k_tiny[pi], fm_qformat_name(fmts[fi]), L, T);
                     free(xb); free(xf); free(tok);
                 }
                 fm_cuda_layer_free(cl);
@@ -188,12 +200,7 @@ static void test_input_dtypes(void **state) {
             for (int di = 0; di < 2; di++) {
                 cmp_result r;
                 run_compare_dt(&d, hl, cl, T, xs[di], dts[di], NULL, &r);
-                printf("# %-16s %s input T=%3d rel %.2e ids %d weights %.1e\n", presets[pi], di ? "F16" : "F32", T,
-                       r.rel, r.id_mismatch, r.wt_err);
-                assert_int_equal(r.nonfinite, 0);
-                assert_int_equal(r.id_mismatch, 0);
-                assert_true(r.wt_err < 1e-4);
-                assert_true(r.rel <= 5e-3);
+                check_ref(&r, 1, "%-16s %s input T=%3d", presets[pi], di ? "F16" : "F32", T);
             }
             free(xf); free(xh);
         }
@@ -241,12 +248,7 @@ static void test_launch_switches(void **state) {
                 make_x(300 + pi * 7 + T, T, H, xb, xf);
                 cmp_result r;
                 run_compare(&d, hl, cl, T, xb, NULL, &r);
-                printf("# SH_FORK=%s PRE_WAIT=%s %-16s T=%3d rel %.2e ids %d weights %.1e\n", sets[si][0],
-                       sets[si][1], presets[pi], T, r.rel, r.id_mismatch, r.wt_err);
-                assert_int_equal(r.nonfinite, 0);
-                assert_int_equal(r.id_mismatch, 0);
-                assert_true(r.wt_err < 1e-4);
-                assert_true(r.rel <= 5e-3);
+                check_ref(&r, 1, "SH_FORK=%s PRE_WAIT=%s %-16s T=%3d", sets[si][0], sets[si][1], presets[pi], T);
                 free(xb); free(xf);
             }
             fm_cuda_layer_free(cl);
@@ -278,10 +280,7 @@ static void test_all_on_one_expert(void **state) {
         for (int t = 1; t < T; t++) memcpy(xb + (size_t)t * H, xb, sizeof(uint16_t) * (size_t)H);
         cmp_result r;
         run_compare(&d, hl, cl, T, xb, NULL, &r);
-        printf("# %-16s identical tokens T=%d rel %.2e\n", presets[pi], T, r.rel);
-        assert_int_equal(r.nonfinite, 0);
-        assert_int_equal(r.id_mismatch, 0);
-        assert_true(r.rel <= 5e-3);
+        check_ref(&r, 0, "%-16s identical tokens T=%d", presets[pi], T);
         free(xb); free(xf);
         fm_cuda_layer_free(cl);
         fm_moe_layer_free(hl);
@@ -351,12 +350,7 @@ static void test_grouping_k8(void **state) {
                 for (int t = 0; t < T; t++) tok[t] = (int32_t)(fm_rng_u64(99, 5, (uint64_t)t) % (uint64_t)(d.vocab_size > 0 ? d.vocab_size : 1));
                 cmp_result r;
                 run_compare(&d, hl, cl, T, xb, tok, &r);
-                printf("# %-16s k=8 layer %d T=%d (%d pairs) rel %.2e ids %d weights %.1e\n", presets[pi], L, T, T * 8,
-                       r.rel, r.id_mismatch, r.wt_err);
-                assert_int_equal(r.nonfinite, 0);
-                assert_int_equal(r.id_mismatch, 0);
-                assert_true(r.wt_err < 1e-4);
-                assert_true(r.rel <= 5e-3);
+                check_ref(&r, 1, "%-16s k=8 layer %d T=%d (%d pairs)", presets[pi], L, T, T * 8);
                 free(xb); free(xf);
             }
             fm_cuda_layer_free(cl);
@@ -446,12 +440,9 @@ static void test_forced_configs(void **state) {
             cmp_result r;
             run_compare(&d, hl, cl, T, xb, NULL, &r);
             fm_cuda_engine_set_config(g_eng, NULL);
-            printf("# %-16s cfg %zu (%s, warps %d, k_split %d, tile_n %d, stages %d) T=%d rel %.2e\n", presets[pi], c,
-                   fm_kernel_path_name(cfgs[c].path), cfgs[c].warps, cfgs[c].k_split, cfgs[c].tile_n, cfgs[c].stages, T,
-                   r.rel);
-            assert_int_equal(r.nonfinite, 0);
-            assert_int_equal(r.id_mismatch, 0);
-            assert_true(r.rel <= 5e-3);
+            check_ref(&r, 0, "%-16s cfg %zu (%s, warps %d, k_split %d, tile_n %d, stages %d) T=%d", presets[pi], c,
+                      fm_kernel_path_name(cfgs[c].path), cfgs[c].warps, cfgs[c].k_split, cfgs[c].tile_n, cfgs[c].stages,
+                      T);
             free(xb); free(xf);
             fm_cuda_layer_free(cl);
             fm_moe_layer_free(hl);
