@@ -748,6 +748,13 @@ static float route_scaling(const fm_model_desc *d) {
     return 1.0f;
 }
 
+/* The shared expert's pass width on its own branch (v35): 32 tokens where
+ * the config's wgmma passes are narrower and T needs more than one of them
+ * (every pass re-decodes its weights), else the config's. */
+static int shared_nt(const fm_cuda_engine *e, const fm_launch_cfg *lc, int T) {
+    return e->sh_wide && lc->pipe == FM_PIPE_WGMMA && lc->nt < 4 && T > 8 * lc->nt ? 4 : lc->nt;
+}
+
 /* The three launches of one layer on e->stream; x_dev is [T][H] of xdt. */
 static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, const void *x_dev, int xdt,
                            const int32_t *tok_dev, int *stat, const fm_launch_cfg *lc, cudaEvent_t *ev, int parts) {
@@ -798,7 +805,7 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
         fm_expert_params sp = ep;
         sp.max_active = 0; /* the shared expert's items only */
         fm_launch_cfg slc = *lc;
-        if (e->sh_wide && slc.pipe == FM_PIPE_WGMMA && slc.nt < 4 && T > 8 * slc.nt) slc.nt = 4;
+        slc.nt = shared_nt(e, lc, T);
         fm_launch_cfg sdc = slc;
         slc.pdl = 0; /* its first launch waits on an event, not on a kernel */
         if ((s = fm_cuda_launch_gateup(&sp, &slc, e->side))) return s;
@@ -1000,8 +1007,7 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
     choose_cfg(e, layers[0], T, &cfg, &lc, r->config_source, sizeof r->config_source);
     r->cfg = cfg;
     fm_cuda_kernel_names(&lc, layers[0]->fmt == FM_QF_MXFP4, r->kernel, sizeof r->kernel);
-    if (e->shared_enabled && e->sh_fork && e->sh_wide && lc.pipe == FM_PIPE_WGMMA && lc.nt < 4 && T > 8 * lc.nt &&
-        layers[0]->SIp > 0) {
+    if (e->shared_enabled && e->sh_fork && layers[0]->SIp > 0 && shared_nt(e, &lc, T) != lc.nt) {
         size_t n = strlen(r->kernel);
         snprintf(r->kernel + n, sizeof r->kernel - n, "; shared expert 32 tokens per pass");
     }
