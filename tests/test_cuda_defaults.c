@@ -75,6 +75,30 @@ static void test_switch_points(void **state) {
     assert_true(c.warps >= 1);
 }
 
+/* src/cuda/defaults.c (declared in cuda_internal.h, which needs the CUDA
+ * headers): the switches' reader. */
+int fm_cuda_env_is(const char *name, const char *word);
+
+/* A switch reads as set only to exactly its word: unset, empty, a prefix or
+ * a longer value do not match. */
+static void test_env_is(void **state) {
+    (void)state;
+    const char *n = "FP4MOE_CUDA_SH_FORK";
+    unsetenv(n);
+    assert_int_equal(fm_cuda_env_is(n, "0"), 0);
+    setenv(n, "", 1);
+    assert_int_equal(fm_cuda_env_is(n, "0"), 0);
+    setenv(n, "0", 1);
+    assert_int_equal(fm_cuda_env_is(n, "0"), 1);
+    assert_int_equal(fm_cuda_env_is(n, "1"), 0);
+    setenv(n, "01", 1);
+    assert_int_equal(fm_cuda_env_is(n, "0"), 0);
+    setenv(n, "simt", 1);
+    assert_int_equal(fm_cuda_env_is(n, "sim"), 0);
+    assert_int_equal(fm_cuda_env_is(n, "simt"), 1);
+    unsetenv(n);
+}
+
 /* The FP4MOE_CUDA_* switches: unset, empty and accepted values pass; an
  * unknown name or a value the switch does not take is an error naming it. */
 static void test_env_check(void **state) {
@@ -130,6 +154,7 @@ int main(void) {
         cmocka_unit_test(test_switch_points),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_env_check),
+        cmocka_unit_test(test_env_is),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -228,6 +228,9 @@ const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char *buf, size
  * (sm_90a); the first call runs a one-thread probe (engine creation, never
  * inside a stream capture), later calls return its answer. */
 int fm_cuda_wgmma_built(void);
+/* 1 when the environment variable `name` (an FP4MOE_CUDA_* switch, checked
+ * by fm_cuda_env_check when an engine is made) is set to exactly `word`. */
+int fm_cuda_env_is(const char *name, const char *word);
 /* Streaming-read kernel for the bandwidth measurement; returns seconds. */
 fm_status fm_cuda_stream_read(const void *buf, size_t bytes, cudaStream_t s, int reps, double *best_s);
 #ifdef __cplusplus

@@ -135,6 +135,11 @@ static int env_value_ok(const char *v, const char *vals) {
     return 0;
 }
 
+int fm_cuda_env_is(const char *name, const char *word) {
+    const char *v = getenv(name);
+    return v && !strcmp(v, word);
+}
+
 fm_status fm_cuda_env_check(void) {
     extern char **environ;
     static const char pre[] = "FP4MOE_CUDA_";

@@ -124,38 +124,31 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
      * (kept to measure the two against each other) */
     /* FP4MOE_CUDA_SH_PREFETCH=1: the shared expert's weights are prefetched
      * into L2 while routing runs (needs PDL) */
-    env = getenv("FP4MOE_CUDA_SH_PREFETCH");
-    e->sh_prefetch = env && !strcmp(env, "1");
+    e->sh_prefetch = fm_cuda_env_is("FP4MOE_CUDA_SH_PREFETCH", "1");
     /* FP4MOE_CUDA_SH_EARLY=1: the shared expert's gate/up runs during the
      * selection (needs PDL; v27) */
-    env = getenv("FP4MOE_CUDA_SH_EARLY");
-    e->sh_early = env && !strcmp(env, "1");
+    e->sh_early = fm_cuda_env_is("FP4MOE_CUDA_SH_EARLY", "1");
     /* The shared expert's two launches go on a second stream forked after
      * the logits kernel and joined at the layer's end, so that they run
      * beside the selection and the routed experts (v28);
      * FP4MOE_CUDA_SH_FORK=0 keeps them in the routed launches */
-    env = getenv("FP4MOE_CUDA_SH_FORK");
-    e->sh_fork = !(env && !strcmp(env, "0"));
+    e->sh_fork = !fm_cuda_env_is("FP4MOE_CUDA_SH_FORK", "0");
     /* The shared expert's launches on that branch take passes of 32 tokens
      * when the config's wgmma passes are narrower and the batch needs more
      * than one of them: every token meets the shared expert, so each pass is
      * a re-decode of its weights (v35); FP4MOE_CUDA_SH_WIDE=0 keeps the
      * config's width */
-    env = getenv("FP4MOE_CUDA_SH_WIDE");
-    e->sh_wide = !(env && !strcmp(env, "0"));
+    e->sh_wide = !fm_cuda_env_is("FP4MOE_CUDA_SH_WIDE", "0");
     /* Down's blocks and the shared expert's issue their first two segments'
      * weight loads before griddepcontrol.wait (v28); FP4MOE_CUDA_PRE_WAIT=0
      * waits first */
-    env = getenv("FP4MOE_CUDA_PRE_WAIT");
-    e->pre_wait = !(env && !strcmp(env, "0"));
+    e->pre_wait = !fm_cuda_env_is("FP4MOE_CUDA_PRE_WAIT", "0");
     /* Weights and router rows are read with an L2 evict-first policy
      * (docs/perf.md, v18); FP4MOE_CUDA_L2HINT=0 reads them at the default
      * priority, for comparisons */
-    env = getenv("FP4MOE_CUDA_L2HINT");
-    e->l2first = !(env && !strcmp(env, "0"));
+    e->l2first = !fm_cuda_env_is("FP4MOE_CUDA_L2HINT", "0");
     e->fp4_enc = 1;
-    env = getenv("FP4MOE_CUDA_FP4_DECODE");
-    if (env && !strcmp(env, "v5")) e->fp4_enc = 0;
+    if (fm_cuda_env_is("FP4MOE_CUDA_FP4_DECODE", "v5")) e->fp4_enc = 0;
     snprintf(e->desc, sizeof e->desc, "%s, %d SMs, sm_%d%d, CUDA %d.%d, driver %d.%d, %.0f GB", e->name, e->sm_count,
              e->cc_major, e->cc_minor, e->rt_ver / 1000, (e->rt_ver % 1000) / 10, e->drv_ver / 1000,
              (e->drv_ver % 1000) / 10, (double)prop.totalGlobalMem / 1e9);

@@ -1191,11 +1191,7 @@ static fm_kfn pick_wg(int kind, int mx, int nmax) {
  * docs/perf.md, v22). FP4MOE_CUDA_WG_DOWN2=0 keeps 64-row blocks (A/B).
  * Read once. */
 static int wg_down2(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *env = getenv("FP4MOE_CUDA_WG_DOWN2");
-        v = !(env && !strcmp(env, "0"));
-    }
+    static const int v = !fm_cuda_env_is("FP4MOE_CUDA_WG_DOWN2", "0");
     return v;
 }
 

@@ -1043,11 +1043,7 @@ extern "C" fm_status fm_cuda_route_prepare(size_t smem) {
 /* FP4MOE_CUDA_ROUTE_WARPGROUP=0 keeps the block-wide grouping at T * k <=
  * 32 (for comparisons). */
 static int route_warp_group_enabled(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *env = getenv("FP4MOE_CUDA_ROUTE_WARPGROUP");
-        v = !(env && strcmp(env, "0") == 0);
-    }
+    static const int v = !fm_cuda_env_is("FP4MOE_CUDA_ROUTE_WARPGROUP", "0");
     return v;
 }
 
@@ -1055,25 +1051,17 @@ static int route_warp_group_enabled(void) {
  * default) or the FP32 FMA SGEMM (before v24; FP4MOE_CUDA_LOGITS=simt|mma).
  * Read once. */
 static int route_logits_mma(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *env = getenv("FP4MOE_CUDA_LOGITS");
-        v = !(env && !strcmp(env, "simt"));
-    }
+    static const int v = !fm_cuda_env_is("FP4MOE_CUDA_LOGITS", "simt");
     return v;
 }
 
 /* FP4MOE_CUDA_ROUTE_FUSE=0 keeps the separate selection kernel at few
  * tokens (the v7 routing), for comparisons. */
 static int route_fuse_enabled(void) {
-    static int v = -1;
-    if (v < 0) {
-        /* Off by default: on the H200 the fused path measured no faster
-         * than two launches (B = 1: 66.5 vs 63.6 us in one call, within the
-         * call-to-call spread); FP4MOE_CUDA_ROUTE_FUSE=1 turns it on. */
-        const char *env = getenv("FP4MOE_CUDA_ROUTE_FUSE");
-        v = env && strcmp(env, "1") == 0;
-    }
+    /* Off by default: on the H200 the fused path measured no faster than
+     * two launches (B = 1: 66.5 vs 63.6 us in one call, within the
+     * call-to-call spread); FP4MOE_CUDA_ROUTE_FUSE=1 turns it on. */
+    static const int v = fm_cuda_env_is("FP4MOE_CUDA_ROUTE_FUSE", "1");
     return v;
 }
 
