@@ -534,6 +534,19 @@ static __device__ __forceinline__ float4 ld_quad(const float *v, int e, int E) {
     return r;
 }
 
+/* The bias quad of experts e .. e + 3 (e = 128 c + 4 lane): from the
+ * registers rb where the lane holds chunk c (the first SEL_RB chunks),
+ * else from v. */
+static __device__ __forceinline__ float4 bias_quad(const float4 (&rb)[SEL_RB], const float *v, int e, int E) {
+    const int c = e >> 7;
+    float4 b = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int q = 0; q < SEL_RB; q++)
+        if (q == c) b = rb[q];
+    if (c >= SEL_RB) b = ld_quad(v, e, E);
+    return b;
+}
+
 /*
  * Selection and grouping: one warp per token (RS_WARPS tokens per block).
  * The warp adds the K slices of its token's logits in slice order, applies
@@ -607,12 +620,7 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
                 float4 v = h ? vb : va;
                 if (e < E) {
                     if (p.router_bias) {
-                        const int c = e >> 7;
-                        float4 b = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-                        for (int q = 0; q < SEL_RB; q++)
-                            if (q == c) b = rbias[q];
-                        if (c >= SEL_RB) b = ld_quad(p.router_bias, e, E);
+                        const float4 b = bias_quad(rbias, p.router_bias, e, E);
                         v.x += b.x; v.y += b.y; v.z += b.z; v.w += b.w;
                     }
                     *(float4 *)&lg[e] = v;
@@ -673,12 +681,7 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
                 }
                 *(float4 *)&wsc[e] = sc;
                 if (p.score_bias) {
-                    const int c = e >> 7;
-                    float4 b = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-                    for (int q = 0; q < SEL_RB; q++)
-                        if (q == c) b = sbias[q];
-                    if (c >= SEL_RB) b = ld_quad(p.score_bias, e, E);
+                    const float4 b = bias_quad(sbias, p.score_bias, e, E);
                     sc.x += b.x; sc.y += b.y; sc.z += b.z; sc.w += b.w;
                 }
                 *(float4 *)&sel[e] = sc;
