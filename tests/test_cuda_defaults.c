@@ -129,6 +129,9 @@ static void test_env_check(void **state) {
                             {"FP4MOE_CUDA_WG_GU_KS", "8", "FP4MOE_CUDA_WG_GU_KS='8': expected 1|2|4"},
                             {"FP4MOE_CUDA_SH_FORK", "2", "FP4MOE_CUDA_SH_FORK='2': expected 0|1"},
                             {"FP4MOE_CUDA_PRE_WAIT", "2", "FP4MOE_CUDA_PRE_WAIT='2': expected 0|1"},
+                            {"FP4MOE_CUDA_SH_WIDE", "on", "FP4MOE_CUDA_SH_WIDE='on': expected 0|1"},
+                            {"FP4MOE_CUDA_WG_DOWN_TOKENS", "24", "FP4MOE_CUDA_WG_DOWN_TOKENS='24': expected 8|16|32"},
+                            {"FP4MOE_CUDA_WG_TOKENS", "4", "FP4MOE_CUDA_WG_TOKENS='4': expected 8|16|32"},
                             {"FP4MOE_CUDA_WG_OCC", "0", "unknown environment variable FP4MOE_CUDA_WG_OCC"},
                             {"FP4MOE_CUDA_WGG", "1", "unknown environment variable FP4MOE_CUDA_WGG"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
