@@ -1160,13 +1160,19 @@ static int use_xg(int nmat, int nt) {
  * experiment switch while the path is measured; sm_90 with the v6 word
  * order only, see wg_applies); FP4MOE_CUDA_WG_TOKENS = 8 or 16 makes a pass
  * 8 or 16 tokens instead of 32. Read once. */
+/* 8-token groups per pass (the wgmma kernels' NMAX) of a pass width read
+ * from an FP4MOE_CUDA_* switch (8, 16 or 32 tokens; dflt when unset). */
+static int wg_nmax_env(const char *name, int dflt) {
+    const char *env = getenv(name);
+    const int t = env && *env ? atoi(env) : 0;
+    return t == 8 ? 1 : t == 16 ? 2 : t == 32 ? 4 : dflt;
+}
 static int wg_env(int *nmax) {
     static int v = -1, nm = 4;
     if (v < 0) {
         const char *env = getenv("FP4MOE_CUDA_WG");
         v = env && *env ? atoi(env) & 3 : 0;
-        env = getenv("FP4MOE_CUDA_WG_TOKENS");
-        nm = env && *env ? (atoi(env) <= 8 ? 1 : atoi(env) <= 16 ? 2 : 4) : 4;
+        nm = wg_nmax_env("FP4MOE_CUDA_WG_TOKENS", 4);
     }
     if (nmax) *nmax = nm;
     return v;
@@ -1302,12 +1308,7 @@ static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nma
 /* FP4MOE_CUDA_WG_DOWN_TOKENS = 8 | 16 | 32: the wgmma down's passes at that
  * width whatever the config's (an A/B switch, v36). Read once; 0: unset. */
 static int wg_down_nmax(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *env = getenv("FP4MOE_CUDA_WG_DOWN_TOKENS");
-        const int t = env && *env ? atoi(env) : 0;
-        v = t == 8 ? 1 : t == 16 ? 2 : t == 32 ? 4 : 0;
-    }
+    static const int v = wg_nmax_env("FP4MOE_CUDA_WG_DOWN_TOKENS", 0);
     return v;
 }
 
