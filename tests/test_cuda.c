@@ -358,6 +358,51 @@ static void test_grouping_k8(void **state) {
         }
 }
 
+/* Routing of few tokens over many experts: every routing family with E =
+ * 300 (three partial 128-expert chunks per selection lane, four groups of 75
+ * for the group limit) and E = 512 (the four chunks a lane keeps in
+ * registers), T = 1, 3, 5 and 8 (one and two selection blocks), the preset's
+ * k and k = 9 (72 pairs at T = 8: the block-wide grouping) against the
+ * float64 reference; DeepSeek-V4's hash layer too. */
+static void test_route_many_experts(void **state) {
+    (void)state;
+    NEED_GPU();
+    const char *presets[] = {"tiny-deepseek", "tiny-qwen3", "tiny-gptoss", "tiny-deepseek-v4"};
+    const int Es[] = {300, 512}, Ts[] = {1, 3, 5, 8};
+    for (int pi = 0; pi < 4; pi++)
+        for (int ei = 0; ei < 2; ei++)
+            for (int ki = 0; ki < 2; ki++)
+                for (int hash = 0; hash < 2; hash++) {
+                    fm_model_desc d;
+                    assert_int_equal(fm_preset_desc(presets[pi], FM_QF_NONE, &d), FM_OK);
+                    d.n_experts = Es[ei];
+                    if (ki) d.topk = 9;
+                    int L = first_moe_layer(&d, hash);
+                    if (L < 0) continue;
+                    fm_moe_layer *hl;
+                    fm_cuda_layer *cl;
+                    if (fm_moe_layer_random(&d, d.expert_format, 700 + pi * 8 + ei * 4 + ki * 2 + hash, L, &hl))
+                        fail_msg("random layer: %s", fm_last_error());
+                    if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+                    for (int ti = 0; ti < 4; ti++) {
+                        int T = Ts[ti], H = d.hidden;
+                        uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+                        float *xf = malloc(sizeof(float) * (size_t)T * H);
+                        int32_t tok[8];
+                        assert_non_null(xb); assert_non_null(xf);
+                        make_x(31 + T + ei, T, H, xb, xf);
+                        for (int t = 0; t < T; t++)
+                            tok[t] = (int32_t)(fm_rng_u64(98, 5, (uint64_t)t) % (uint64_t)(d.vocab_size > 0 ? d.vocab_size : 1));
+                        cmp_result r;
+                        run_compare(&d, hl, cl, T, xb, tok, &r);
+                        check_ref(&r, 1, "%-16s E=%d k=%d layer %d T=%d", presets[pi], d.n_experts, d.topk, L, T);
+                        free(xb); free(xf);
+                    }
+                    fm_cuda_layer_free(cl);
+                    fm_moe_layer_free(hl);
+                }
+}
+
 /* Non-finite values: an input that is not finite is refused naming token and
  * feature; a NaN block scale (E4M3 0x7F, E8M0 0xFF) reaches the output
  * through the GPU's scale decode and fails the call, as the reference
@@ -753,7 +798,7 @@ int main(void) {
         cmocka_unit_test(test_bad_inputs),       cmocka_unit_test(test_bench_runs),
         cmocka_unit_test(test_dsv4_flash_shape), cmocka_unit_test(test_dsv4_clamp),
         cmocka_unit_test(test_input_dtypes),     cmocka_unit_test(test_launch_switches),
-        cmocka_unit_test(test_grouping_k8),
+        cmocka_unit_test(test_grouping_k8),      cmocka_unit_test(test_route_many_experts),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     /* without a usable GPU every test above skipped itself: exit 77 so that
