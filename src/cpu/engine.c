@@ -147,9 +147,10 @@ fm_status fm_cpu_engine_new(fm_cpu_isa isa, int n_threads, fm_cpu_engine **out) 
     const fm_cpu_kernels *k;
     switch (isa) {
     case FM_CPU_AUTO:
-        /* AVX2 even where AVX-512 exists: its decode measured faster at
-         * decode batch sizes (docs/perf.md); --isa avx512 forces the other. */
-        return fm_cpu_engine_new(have_avx2() ? FM_CPU_AVX2 : FM_CPU_SCALAR, n_threads, out);
+        /* the widest the processor has: the AVX-512 kernels (the AVX2
+         * decode on 512-bit vectors) measured 7 - 25 % faster than AVX2 at
+         * batch 1 - 16 on a Xeon (docs/perf.md, CPU round 4) */
+        return fm_cpu_engine_new(fm_cpu_isa_detect(), n_threads, out);
     case FM_CPU_SCALAR: k = &fm_cpu_kern_scalar; break;
     case FM_CPU_AVX2:
         if (!have_avx2()) return fm_error(FM_E_UNSUPPORTED, "CPU lacks AVX2/FMA");

@@ -2,146 +2,258 @@
  * AVX-512 (F/BW/VL/DQ) kernels (this file alone is compiled with those
  * flags; the engine calls it only when the processor has them).
  *
- * FP4 decode, one 16-weight unit per vector: the unit's 8 bytes give 8 low
- * and 8 high nibbles, which in the split-16 activation layout (kern.h) are
- * already in order; widened to 16 indices they select twice the E2M1 value
- * from a 16-entry float table (vpermps), then one multiply applies the
- * block scale (x 0.5, from a table). Accumulation structure as in the AVX2
- * kernels: one accumulator per (row, token), groups of rows/tokens so that
- * eight FMA chains run side by side.
+ * The AVX2 kernels' decode (kern_avx2.c) on 512-bit vectors: 64 packed bytes
+ * (128 weights) are split into low and high nibbles; byte shuffles (within
+ * each 128-bit lane, as on AVX2) look up the high and low bytes of each
+ * code's exact BF16 value; byte unpacks pair them into BF16 words, and a
+ * shift / a mask turn each pair of words of a 32-bit lane into two floats.
+ * 8 shuffles and 11 other operations per 128 weights, against 16 and 22 on
+ * AVX2. The weights come out in a fixed order inside each 128-element chunk;
+ * the activations are permuted once per call into that order ("chunk-128"
+ * layout, pos_avx512), the last cols % 128 elements stay in natural order
+ * and are done in scalar code.
+ *
+ * A 128-bit lane of a decoded vector only ever holds elements of one block
+ * (NVFP4: lane L of half hf holds block 2 L + hf of the chunk; MXFP4: block
+ * L), so the products of a half are summed first and multiplied by the
+ * lanes' scales once (gathered from the scale table, spread by a permute).
+ *
+ * Each (row, token) pair owns one accumulator and one fixed sequence of
+ * operations whatever the number of tokens processed together (groups of up
+ * to four per decode of a row), so a token's result does not depend on the
+ * rest of the batch; down at one or two tokens runs two rows per loop; the
+ * activation runs on eight rows at a time (kern_avx_act.h).
  */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "cpu/kern.h"
+#include "cpu/kern_avx_act.h"
 
-#define INL static inline __attribute__((always_inline))
-
-INL float hsum(__m512 v) {
-    /* Fixed tree: halves, then the AVX2-style reduction of 8 lanes. */
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    a = _mm_add_ss(a, _mm_movehdup_ps(a));
-    return _mm_cvtss_f32(a);
-}
-
-INL __m512 fp4_unit(__m128i nib16, __m512 tab, __m512 s) {
-    return _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(nib16), tab), s);
-}
-
-INL __m512 bf16_unit(const uint8_t *p) {
-    __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-/* Units u and u+1 (32 weights): w[q] pairs with x[16(u+q)]. */
-INL void dec2(const int FMT, const uint8_t *p, const uint8_t *s, const float *lut, int64_t u,
-              __m512 w[2]) {
-    if (FMT == FM_QF_BF16) {
-        w[0] = bf16_unit(p + 32 * u);
-        w[1] = bf16_unit(p + 32 * u + 32);
-        return;
+/* ---- layout: position of element c of a cols-long row */
+static int64_t pos_avx512(fm_qformat f, int64_t cols, int64_t c) {
+    const int64_t base = c & ~(int64_t)127;
+    if (base + 128 > cols) return c; /* tail: natural order */
+    const int e = (int)(c & 127);
+    int v, lane;
+    if (f == FM_QF_BF16) { /* 32 BF16 per 64-byte load q; lane d holds elements 2d, 2d+1 */
+        const int q = e >> 5, d = (e & 31) >> 1, part = e & 1;
+        v = 2 * q + part;
+        lane = d;
+    } else {
+        /* 128-bit lane L: bytes 16 L .. 16 L + 15 = elements 32 L ..; half hf
+         * its bytes 8 hf ..; in a half, 32-bit lane d holds bytes 2d, 2d + 1:
+         * F0 / F1 their low nibbles, F2 / F3 their high ones */
+        const int L = e >> 5, rem = e & 31, hf = rem >> 4, r2 = rem & 15, d = r2 >> 2, q = r2 & 3;
+        const int fi = (q & 1) * 2 + (q >> 1);
+        v = 4 * hf + fi;
+        lane = 4 * L + d;
     }
-    const __m512 tab = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, -0.0f, -1, -2, -3, -4, -6, -8, -12);
-    const __m128i m = _mm_set1_epi8(0x0F);
-    __m128i v = _mm_loadu_si128((const __m128i *)(p + 8 * u));
-    __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
-    __m512 s0, s1;
+    return base + 16 * v + lane;
+}
+
+/* ---- decode of one 128-weight chunk in two halves of 64 */
+
+typedef struct {
+    __m512 F[4];
+    __m512 S; /* the lanes' block scales (NVFP4, MXFP4) */
+} half;
+
+typedef struct {
+    __m512i hl, ll, hh, lh;
+    __m512 S0, S1; /* scales of half 0 and half 1 */
+} nib;
+
+INL void decode_nib(const int FMT, const uint8_t *p, const uint8_t *s, const float *lut, int64_t ch, nib *o) {
+    const __m512i m = _mm512_set1_epi8(0x0F);
+    /* high / low byte of the BF16 encoding of each E2M1 code, per 128-bit lane */
+    const __m512i th = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, (char)0x80,
+                                                            (char)0xBF, (char)0xBF, (char)0xBF, (char)0xC0,
+                                                            (char)0xC0, (char)0xC0, (char)0xC0));
+    const __m512i tl = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, (char)0x80, (char)0xC0, 0, 0x40, (char)0x80,
+                                                            (char)0xC0, 0, 0, (char)0x80, (char)0xC0, 0, 0x40,
+                                                            (char)0x80, (char)0xC0));
+    __m512i v = _mm512_loadu_si512((const void *)(p + 64 * ch));
+    __m512i lo = _mm512_and_si512(v, m), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m);
+    o->hl = _mm512_shuffle_epi8(th, lo);
+    o->ll = _mm512_shuffle_epi8(tl, lo);
+    o->hh = _mm512_shuffle_epi8(th, hi);
+    o->lh = _mm512_shuffle_epi8(tl, hi);
     if (FMT == FM_QF_NVFP4) {
-        s0 = _mm512_set1_ps(lut[s[u]]);
-        s1 = _mm512_set1_ps(lut[s[u + 1]]);
-    } else { /* MXFP4: one scale per 32 elements, u is even */
-        s0 = s1 = _mm512_set1_ps(lut[s[u >> 1]]);
+        /* blocks 0 .. 7 of the chunk; half hf, lane L: block 2 L + hf */
+        const __m256 sc = _mm256_i32gather_ps(lut, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s + 8 * ch))), 4);
+        const __m512 s8 = _mm512_castps256_ps512(sc);
+        o->S0 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6), s8);
+        o->S1 = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7), s8);
+    } else {
+        /* MXFP4: blocks 0 .. 3 of the chunk; lane L: block L */
+        uint32_t b4;
+        memcpy(&b4, s + 4 * ch, 4);
+        const __m128 sc = _mm_i32gather_ps(lut, _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)b4)), 4);
+        o->S0 = o->S1 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                              _mm512_castps128_ps512(sc));
     }
-    w[0] = fp4_unit(_mm_unpacklo_epi64(lo, hi), tab, s0);
-    w[1] = fp4_unit(_mm_unpackhi_epi64(lo, hi), tab, s1);
 }
 
-/* One unit (16 weights). */
-INL void dec1(const int FMT, const uint8_t *p, const uint8_t *s, const float *lut, int64_t u,
-              __m512 w[1]) {
+INL void split_words(__m512i w, __m512 *a, __m512 *b) {
+    *a = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    *b = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+INL void decode_half(const int FMT, const uint8_t *p, int64_t ch, const nib *n, int hf, half *o) {
     if (FMT == FM_QF_BF16) {
-        w[0] = bf16_unit(p + 32 * u);
+        /* half 0: loads 0 and 2 (v = 0, 1, 4, 5), half 1: loads 1 and 3 */
+        __m512i w0 = _mm512_loadu_si512((const void *)(p + 256 * ch + 64 * hf));
+        __m512i w1 = _mm512_loadu_si512((const void *)(p + 256 * ch + 128 + 64 * hf));
+        split_words(w0, &o->F[0], &o->F[1]);
+        split_words(w1, &o->F[2], &o->F[3]);
         return;
     }
-    const __m512 tab = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, -0.0f, -1, -2, -3, -4, -6, -8, -12);
-    const __m128i m = _mm_set1_epi8(0x0F);
-    __m128i v = _mm_loadl_epi64((const __m128i *)(p + 8 * u));
-    __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
-    __m512 s0 = _mm512_set1_ps(lut[s[FMT == FM_QF_NVFP4 ? u : u >> 1]]);
-    w[0] = fp4_unit(_mm_unpacklo_epi64(lo, hi), tab, s0);
+    __m512i wa = hf ? _mm512_unpackhi_epi8(n->ll, n->hl) : _mm512_unpacklo_epi8(n->ll, n->hl);
+    __m512i wb = hf ? _mm512_unpackhi_epi8(n->lh, n->hh) : _mm512_unpacklo_epi8(n->lh, n->hh);
+    split_words(wa, &o->F[0], &o->F[1]);
+    split_words(wb, &o->F[2], &o->F[3]);
+    o->S = hf ? n->S1 : n->S0;
+}
+
+/* acc += half . x, x: the chunk's 128 activations in layout order. */
+INL __m512 half_dot(const int FMT, const half *h, const float *x, int hf, __m512 acc) {
+    if (FMT == FM_QF_BF16) {
+        const float *xa = x + 32 * hf, *xb = x + 64 + 32 * hf;
+        acc = _mm512_fmadd_ps(h->F[0], _mm512_loadu_ps(xa), acc);
+        acc = _mm512_fmadd_ps(h->F[1], _mm512_loadu_ps(xa + 16), acc);
+        acc = _mm512_fmadd_ps(h->F[2], _mm512_loadu_ps(xb), acc);
+        return _mm512_fmadd_ps(h->F[3], _mm512_loadu_ps(xb + 16), acc);
+    }
+    const float *xa = x + 64 * hf;
+    __m512 t = _mm512_mul_ps(h->F[0], _mm512_loadu_ps(xa));
+    t = _mm512_fmadd_ps(h->F[1], _mm512_loadu_ps(xa + 16), t);
+    t = _mm512_fmadd_ps(h->F[2], _mm512_loadu_ps(xa + 32), t);
+    t = _mm512_fmadd_ps(h->F[3], _mm512_loadu_ps(xa + 48), t);
+    return _mm512_fmadd_ps(t, h->S, acc);
+}
+
+INL float hsum16(__m512 v) {
+    /* fixed tree: the halves, then the 8-lane sum */
+    return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+static const float k_e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+
+/* The last cols % 128 elements, natural order, sequential FP32. */
+static float tail_dot(const fm_qmatrix *m, const uint8_t *p, const uint8_t *s, const float *lut, const float *x) {
+    const int64_t c0 = m->cols & ~(int64_t)127;
+    float sum = 0.0f;
+    for (int64_t c = c0; c < m->cols; c++) {
+        float w;
+        if (m->fmt == FM_QF_BF16) {
+            uint16_t h;
+            memcpy(&h, p + 2 * c, 2);
+            uint32_t u = (uint32_t)h << 16;
+            memcpy(&w, &u, 4);
+        } else {
+            uint8_t b = p[c >> 1];
+            int64_t blk = m->fmt == FM_QF_NVFP4 ? c >> 4 : c >> 5;
+            w = k_e2m1[(c & 1) ? b >> 4 : b & 15] * lut[s[blk]];
+        }
+        sum += w * x[c];
+    }
+    return sum;
 }
 
 INL const float *lut_of(const int FMT) {
-    return FMT == FM_QF_NVFP4 ? fm_cpu_lut_e4m3_half : fm_cpu_lut_e8m0_half;
+    return FMT == FM_QF_NVFP4 ? fm_cpu_lut_e4m3 : fm_cpu_lut_e8m0;
 }
 
-/* acc[i][j] += row (r+i) of m . x_j, over the whole row. */
-#define MAXR 8
 #define MAXT 4
-INL void rows_dot(const int FMT, const int R, const int NT, const fm_qmatrix *m, int64_t r,
-                  const float *const *x, __m512 acc[MAXR][MAXT]) {
-    const float *lut = lut_of(FMT);
-    const int64_t nu = m->cols / 16;
-    const uint8_t *p[MAXR], *s[MAXR];
-    for (int i = 0; i < R; i++) {
-        p[i] = m->packed + (r + i) * m->row_stride;
-        s[i] = FMT == FM_QF_BF16 ? NULL : m->scales + (r + i) * m->scale_stride;
-    }
-    int64_t u = 0;
-    for (; u + 2 <= nu; u += 2)
-        for (int i = 0; i < R; i++) {
-            __m512 w[2];
-            dec2(FMT, p[i], s[i], lut, u, w);
-            for (int j = 0; j < NT; j++)
-                for (int q = 0; q < 2; q++)
-                    acc[i][j] = _mm512_fmadd_ps(w[q], _mm512_loadu_ps(x[j] + 16 * u + 16 * q), acc[i][j]);
-        }
-    if (u < nu)
-        for (int i = 0; i < R; i++) {
-            __m512 w[1];
-            dec1(FMT, p[i], s[i], lut, u, w);
-            for (int j = 0; j < NT; j++)
-                acc[i][j] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x[j] + 16 * u), acc[i][j]);
-        }
+
+typedef struct {
+    const fm_qmatrix *m;
+    const float *lut;
+    int64_t nch;  /* full 128-element chunks per row */
+    int tail;     /* cols % 128 != 0                 */
+} mat;
+
+INL mat mat_of(const int FMT, const fm_qmatrix *m) {
+    return (mat){m, lut_of(FMT), m->cols >> 7, (m->cols & 127) != 0};
 }
 
-INL void gu_group(const fm_gu_task *t, const int FMT, const int R, const int NT, int64_t r, int i0) {
-    __m512 ag[MAXR][MAXT], au[MAXR][MAXT];
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < NT; j++) ag[i][j] = au[i][j] = _mm512_setzero_ps();
-    rows_dot(FMT, R, NT, t->gate, r, t->x + i0, ag);
-    rows_dot(FMT, R, NT, t->up, r, t->x + i0, au);
-    const float sg = fm_cpu_row_scale(t->gate), su = fm_cpu_row_scale(t->up);
+/* dot[i][j] = row r + i of a . x_j (without the per-tensor factor), for
+ * R = 1 or 2 rows in one loop; each (row, token) follows the same
+ * operations whatever R. */
+INL void rows_dot(const int FMT, const int R, const int NT, const mat *a, int64_t r, const float *const *x,
+                  float dot[2][MAXT]) {
+    const uint8_t *p[2], *s[2];
+    __m512 acc[2][MAXT];
     for (int i = 0; i < R; i++) {
-        const float bg = t->gate->bias ? t->gate->bias[r + i] : 0.0f;
-        const float bu = t->up->bias ? t->up->bias[r + i] : 0.0f;
-        const int64_t pos = fm_cpu_layout_pos(t->h_fmt, r + i);
-        for (int j = 0; j < NT; j++) {
-            float g = hsum(ag[i][j]) * sg + bg;
-            float u = hsum(au[i][j]) * su + bu;
-            t->h[(i0 + j) * t->ldh + pos] = fm_cpu_act(t->act, g, u, t->alpha, t->limit);
+        p[i] = a->m->packed + (r + i) * a->m->row_stride;
+        s[i] = FMT == FM_QF_BF16 ? NULL : a->m->scales + (r + i) * a->m->scale_stride;
+        for (int j = 0; j < NT; j++) acc[i][j] = _mm512_setzero_ps();
+    }
+    for (int64_t ch = 0; ch < a->nch; ch++)
+        for (int i = 0; i < R; i++) {
+            nib n;
+            if (FMT != FM_QF_BF16) decode_nib(FMT, p[i], s[i], a->lut, ch, &n);
+            for (int hf = 0; hf < 2; hf++) {
+                half h;
+                decode_half(FMT, p[i], ch, &n, hf, &h);
+                for (int j = 0; j < NT; j++) acc[i][j] = half_dot(FMT, &h, x[j] + 128 * ch, hf, acc[i][j]);
+            }
         }
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < NT; j++)
+            dot[i][j] = hsum16(acc[i][j]) + (a->tail ? tail_dot(a->m, p[i], s[i], a->lut, x[j]) : 0.0f);
+}
+
+INL void row_dot(const int FMT, const int NT, const mat *a, int64_t r, const float *const *x, float *dot) {
+    float d[2][MAXT];
+    rows_dot(FMT, 1, NT, a, r, x, d);
+    for (int j = 0; j < NT; j++) dot[j] = d[0][j];
+}
+
+/* ---- gate + up + activation: rows in groups of eight (the activation's
+ * vector), each row decoded once per group of up to four tokens */
+INL void gu_rows8(const fm_gu_task *t, const int FMT, const int NT, const mat *g, const mat *u, int64_t r0, int nr,
+                  int i0) {
+    float dg[MAXT][8], du[MAXT][8];
+    memset(dg, 0, sizeof dg);
+    memset(du, 0, sizeof du);
+    for (int i = 0; i < nr; i++) {
+        float a[MAXT], b[MAXT];
+        row_dot(FMT, NT, g, r0 + i, t->x + i0, a);
+        row_dot(FMT, NT, u, r0 + i, t->x + i0, b);
+        for (int j = 0; j < NT; j++) {
+            dg[j][i] = a[j];
+            du[j][i] = b[j];
+        }
+    }
+    float bg[8] = {0}, bu[8] = {0};
+    for (int i = 0; i < nr; i++) {
+        if (t->gate->bias) bg[i] = t->gate->bias[r0 + i];
+        if (t->up->bias) bu[i] = t->up->bias[r0 + i];
+    }
+    const __m256 sg = _mm256_set1_ps(fm_cpu_row_scale(t->gate)), su = _mm256_set1_ps(fm_cpu_row_scale(t->up));
+    for (int j = 0; j < NT; j++) {
+        __m256 gv = _mm256_fmadd_ps(_mm256_loadu_ps(dg[j]), sg, _mm256_loadu_ps(bg));
+        __m256 uv = _mm256_fmadd_ps(_mm256_loadu_ps(du[j]), su, _mm256_loadu_ps(bu));
+        float hv[8];
+        _mm256_storeu_ps(hv, act8(t->act, gv, uv, t->alpha, t->limit));
+        float *h = t->h + (i0 + j) * t->ldh;
+        for (int i = 0; i < nr; i++) h[pos_avx512(t->h_fmt, t->ldh, r0 + i)] = hv[i];
     }
 }
 
 INL void gu_fmt(const fm_gu_task *t, const int FMT) {
-    int64_t r = t->r0;
-    if (t->n == 1) {
-        for (; r + 4 <= t->r1; r += 4) gu_group(t, FMT, 4, 1, r, 0);
-    } else if (t->n == 2) {
-        for (; r + 2 <= t->r1; r += 2) gu_group(t, FMT, 2, 2, r, 0);
-    }
-    for (; r < t->r1; r++) {
-        int i0 = 0;
-        for (; i0 + 4 <= t->n; i0 += 4) gu_group(t, FMT, 1, 4, r, i0);
-        switch (t->n - i0) {
-        case 3: gu_group(t, FMT, 1, 3, r, i0); break;
-        case 2: gu_group(t, FMT, 1, 2, r, i0); break;
-        case 1: gu_group(t, FMT, 1, 1, r, i0); break;
-        default: break;
-        }
+    const mat g = mat_of(FMT, t->gate), u = mat_of(FMT, t->up);
+    for (int64_t r = t->r0; r < t->r1; r += 8) {
+        const int nr = t->r1 - r < 8 ? (int)(t->r1 - r) : 8;
+        for (int i0 = 0; i0 < t->n; i0 += MAXT) switch (t->n - i0 < MAXT ? t->n - i0 : MAXT) {
+            case 4: gu_rows8(t, FMT, 4, &g, &u, r, nr, i0); break;
+            case 3: gu_rows8(t, FMT, 3, &g, &u, r, nr, i0); break;
+            case 2: gu_rows8(t, FMT, 2, &g, &u, r, nr, i0); break;
+            default: gu_rows8(t, FMT, 1, &g, &u, r, nr, i0); break;
+            }
     }
 }
 
@@ -154,51 +266,43 @@ static void gate_up(const fm_gu_task *t) {
     }
 }
 
-INL void down_group(const fm_down_task *t, const int FMT, const int R, const int NT, int64_t r, int i0) {
-    __m512 acc[MAXR][MAXT];
+/* ---- down, weighted, accumulated into the output rows */
+
+INL void down_store(const fm_down_task *t, int64_t r, int i0, int NT, const float *y, float sd) {
+    const float b = t->down->bias ? t->down->bias[r] : 0.0f;
+    for (int j = 0; j < NT; j++) t->out[i0 + j][r] += (t->w ? t->w[i0 + j] : 1.0f) * (y[j] * sd + b);
+}
+
+INL void down_group(const fm_down_task *t, const int FMT, const int NT, const mat *d, int64_t r, int i0, float sd) {
     const float *x[MAXT];
     for (int j = 0; j < NT; j++) x[j] = t->h + (i0 + j) * t->ldh;
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < NT; j++) acc[i][j] = _mm512_setzero_ps();
-    rows_dot(FMT, R, NT, t->down, r, x, acc);
-    const float sd = fm_cpu_row_scale(t->down);
-    for (int i = 0; i < R; i++) {
-        const float b = t->down->bias ? t->down->bias[r + i] : 0.0f;
-        for (int j = 0; j < NT; j++) {
-            float y = hsum(acc[i][j]) * sd + b;
-            t->out[i0 + j][r + i] += (t->w ? t->w[i0 + j] : 1.0f) * y;
-        }
-    }
+    float y[MAXT];
+    row_dot(FMT, NT, d, r, x, y);
+    down_store(t, r, i0, NT, y, sd);
 }
 
 INL void down_fmt(const fm_down_task *t, const int FMT) {
+    const mat d = mat_of(FMT, t->down);
+    const float sd = fm_cpu_row_scale(t->down);
     int64_t r = t->r0;
-    if (t->n == 1) {
-        for (; r + 8 <= t->r1; r += 8) down_group(t, FMT, 8, 1, r, 0);
-    } else if (t->n == 2) {
-        for (; r + 4 <= t->r1; r += 4) down_group(t, FMT, 4, 2, r, 0);
-    } else {
-        for (; r + 2 <= t->r1; r += 2) {
-            int i0 = 0;
-            for (; i0 + 4 <= t->n; i0 += 4) down_group(t, FMT, 2, 4, r, i0);
-            switch (t->n - i0) {
-            case 3: down_group(t, FMT, 2, 3, r, i0); break;
-            case 2: down_group(t, FMT, 2, 2, r, i0); break;
-            case 1: down_group(t, FMT, 2, 1, r, i0); break;
-            default: break;
+    if (t->n <= 2) { /* rows in pairs: half the loop restarts */
+        const float *x[MAXT];
+        for (int j = 0; j < t->n; j++) x[j] = t->h + j * t->ldh;
+        for (; r + 1 < t->r1; r += 2) {
+            float y[2][MAXT];
+            if (t->n == 1) rows_dot(FMT, 2, 1, &d, r, x, y);
+            else rows_dot(FMT, 2, 2, &d, r, x, y);
+            down_store(t, r, 0, t->n, y[0], sd);
+            down_store(t, r + 1, 0, t->n, y[1], sd);
+        }
+    }
+    for (; r < t->r1; r++)
+        for (int i0 = 0; i0 < t->n; i0 += MAXT) switch (t->n - i0 < MAXT ? t->n - i0 : MAXT) {
+            case 4: down_group(t, FMT, 4, &d, r, i0, sd); break;
+            case 3: down_group(t, FMT, 3, &d, r, i0, sd); break;
+            case 2: down_group(t, FMT, 2, &d, r, i0, sd); break;
+            default: down_group(t, FMT, 1, &d, r, i0, sd); break;
             }
-        }
-    }
-    for (; r < t->r1; r++) {
-        int i0 = 0;
-        for (; i0 + 4 <= t->n; i0 += 4) down_group(t, FMT, 1, 4, r, i0);
-        switch (t->n - i0) {
-        case 3: down_group(t, FMT, 1, 3, r, i0); break;
-        case 2: down_group(t, FMT, 1, 2, r, i0); break;
-        case 1: down_group(t, FMT, 1, 1, r, i0); break;
-        default: break;
-        }
-    }
 }
 
 static void down(const fm_down_task *t) {
@@ -210,9 +314,4 @@ static void down(const fm_down_task *t) {
     }
 }
 
-static int64_t pos_split16(fm_qformat f, int64_t cols, int64_t c) {
-    (void)cols;
-    return fm_cpu_layout_pos(f, c);
-}
-
-const fm_cpu_kernels fm_cpu_kern_avx512 = {"avx512", gate_up, down, pos_split16};
+const fm_cpu_kernels fm_cpu_kern_avx512 = {"avx512", gate_up, down, pos_avx512};

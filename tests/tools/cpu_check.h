@@ -52,10 +52,14 @@ static double cpu_check_rel(const float *a, const float *ref, int T, int64_t H) 
     return worst;
 }
 
-/* One case. Returns 0 when within tolerance with identical ids, 1 on a
- * mismatch, -1 when something failed to run; msg says which. */
+/* One case. wide: the preset's hidden size and expert widths replaced by
+ * 416 and 288 (3 and 2 full 128-element chunks of the AVX-512 kernels and
+ * a 32-element tail; 6 and 4 chunks of the AVX2 ones and a tail), so that
+ * every kernel runs its vector loop several times per row. Returns 0 when
+ * within tolerance with identical ids, 1 on a mismatch, -1 when something
+ * failed to run; msg says which. */
 static int cpu_check_case(fm_cpu_engine *eng, const char *preset, fm_qformat fmt, int layer, int T, fm_dtype xdt,
-                          uint64_t seed, double *rel_out, char *msg, size_t cap) {
+                          uint64_t seed, int wide, double *rel_out, char *msg, size_t cap) {
     fm_model_desc d;
     fm_moe_layer *l = NULL;
     int rc = -1;
@@ -63,6 +67,11 @@ static int cpu_check_case(fm_cpu_engine *eng, const char *preset, fm_qformat fmt
     float *of = NULL, *orf = NULL, *wf = NULL, *wr = NULL;
     int32_t *idf = NULL, *idr = NULL, *tok = NULL;
     fm_status st = fm_preset_desc(preset, fmt, &d);
+    if (!st && wide) {
+        d.hidden = 416;
+        d.shared_inter = d.shared_inter > 0 ? 288 : 0;
+        d.moe_inter = 288;
+    }
     if (!st) {
         if (layer < 0) layer = d.n_layers + layer;
         st = fm_moe_layer_random(&d, fmt, seed, layer, &l);
@@ -90,21 +99,22 @@ static int cpu_check_case(fm_cpu_engine *eng, const char *preset, fm_qformat fmt
     st = fm_moe_forward_ref(&d, l, x, xdt, T, tok, &oref);
     if (!st) st = fm_cpu_forward(eng, &d, l, x, xdt, T, tok, &ofast);
     if (st) {
-        snprintf(msg, cap, "%s/%s layer %d T=%d: %s", preset, fm_qformat_name(fmt), layer, T, fm_last_error());
+        snprintf(msg, cap, "%s%s/%s layer %d T=%d: %s", preset, wide ? " (wide)" : "", fm_qformat_name(fmt), layer, T,
+                 fm_last_error());
         goto done;
     }
     rc = 0;
     if (memcmp(idf, idr, sizeof(int32_t) * (size_t)(T * k)) != 0 ||
         memcmp(wf, wr, sizeof(float) * (size_t)(T * k)) != 0) {
-        snprintf(msg, cap, "%s/%s layer %d T=%d: top-k ids/weights differ from the reference", preset,
-                 fm_qformat_name(fmt), layer, T);
+        snprintf(msg, cap, "%s%s/%s layer %d T=%d: top-k ids/weights differ from the reference", preset,
+                 wide ? " (wide)" : "", fm_qformat_name(fmt), layer, T);
         rc = 1;
     }
     double rel = cpu_check_rel(of, orf, T, H);
     if (rel_out) *rel_out = rel;
     if (!(rel <= CPU_CHECK_TOL) && rc == 0) {
-        snprintf(msg, cap, "%s/%s layer %d T=%d %s: relative error %.3g > %.0e", preset, fm_qformat_name(fmt), layer, T,
-                 fm_dtype_name(xdt), rel, CPU_CHECK_TOL);
+        snprintf(msg, cap, "%s%s/%s layer %d T=%d %s: relative error %.3g > %.0e", preset, wide ? " (wide)" : "",
+                 fm_qformat_name(fmt), layer, T, fm_dtype_name(xdt), rel, CPU_CHECK_TOL);
         rc = 1;
     }
 done:
@@ -113,9 +123,10 @@ done:
     return rc;
 }
 
-/* Every preset x format x {first MoE layer, last layer} x a few batch sizes
- * (fewer when quick) and input dtypes on one engine. Returns the number of failures; prints
- * each; *worst gets the largest relative error seen. */
+/* Every preset x format x {first MoE layer, last layer, first MoE layer in
+ * the wide shape} x a few batch sizes (fewer when quick) and input dtypes on
+ * one engine. Returns the number of failures; prints each; *worst gets the
+ * largest relative error seen. */
 static int cpu_check_all(fm_cpu_engine *eng, double *worst, int verbose, int quick) {
     static const int Ts_all[] = {1, 2, 3, 5, 9, 17}, Ts_quick[] = {1, 3, 17};
     const int *Ts = quick ? Ts_quick : Ts_all;
@@ -133,22 +144,28 @@ static int cpu_check_all(fm_cpu_engine *eng, double *worst, int verbose, int qui
             }
             int layers[2] = {0, d.n_layers - 1};
             while (!fm_model_is_moe_layer(&d, layers[0])) layers[0]++;
-            for (int li = 0; li < 2; li++)
+            /* the preset's shape on both layers, then the wide shape on the
+             * first MoE layer */
+            for (int li = 0; li < 3; li++)
                 for (size_t ti = 0; ti < nT; ti++) {
-                    if (quick && (li == 0) != (ti != 2)) continue; /* first layer: T 1, 3; last: T 17 */
+                    const int wide = li == 2;
+                    if (quick && !wide && (li == 0) != (ti != 2)) continue; /* first layer: T 1, 3; last: T 17 */
+                    if (quick && wide && ti != 0) continue;                 /* wide: T 1 */
                     char msg[512] = "";
                     double rel = 0;
-                    fm_dtype dt = dts[(p + f + ti) % 3];
-                    int rc = cpu_check_case(eng, cpu_check_presets[p], cpu_check_formats[f], layers[li], Ts[ti], dt,
-                                            1000 + 17 * p + 5 * f + ti, &rel, msg, sizeof msg);
+                    fm_dtype dt = dts[(p + f + ti + wide) % 3];
+                    int rc = cpu_check_case(eng, cpu_check_presets[p], cpu_check_formats[f], layers[wide ? 0 : li],
+                                            Ts[ti], dt, 1000 + 17 * p + 5 * f + ti + 101 * wide, wide, &rel, msg,
+                                            sizeof msg);
                     n++;
                     if (rel > *worst) *worst = rel;
                     if (rc) {
                         printf("FAIL %s\n", msg);
                         fails++;
                     } else if (verbose) {
-                        printf("ok   %-16s %-5s layer %d T=%-2d %-4s rel %.2e\n", cpu_check_presets[p],
-                               fm_qformat_name(cpu_check_formats[f]), layers[li], Ts[ti], fm_dtype_name(dt), rel);
+                        printf("ok   %-16s %-5s layer %d%s T=%-2d %-4s rel %.2e\n", cpu_check_presets[p],
+                               fm_qformat_name(cpu_check_formats[f]), layers[wide ? 0 : li], wide ? " (wide)" : "",
+                               Ts[ti], fm_dtype_name(dt), rel);
                     }
                 }
         }
