@@ -5,12 +5,14 @@
  * comparison the way separate `fp4moe bench` runs would:
  *
  *   cpu_ab [--preset NAME] [--isa A,B] [--threads N] [--batch 1,16]
- *          [--rounds R] [--time-ms MS] [--layers L]
+ *          [--rounds R] [--time-ms MS] [--layers L] [--env-b NAME=VALUE]
  *
  * For each batch size, R rounds of fm_cpu_bench on engine A then engine B
  * (at least MS each); prints the median over rounds of each engine's
  * per-layer median, their ratio B / A, and the probe's bandwidth at the
- * start. Exits 77 (skipped) when the CPU lacks one of the ISAs.
+ * start. --env-b sets an environment variable after engine A is made and
+ * before engine B (for switches an engine reads when it is made). Exits 77
+ * (skipped) when the CPU lacks one of the ISAs.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,7 +51,7 @@ static int cmp_double(const void *a, const void *b) {
 #define MAXR 64
 
 int main(int argc, char **argv) {
-    const char *preset = "qwen3-30b-a3b";
+    const char *preset = "qwen3-30b-a3b", *env_b = NULL;
     char isa_arg[64] = "avx2,avx512", batch_arg[256] = "1,16";
     long threads = 0, rounds = 5, time_ms = 400, n_layers = 0;
     for (int i = 1; i < argc; i++) {
@@ -62,6 +64,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--rounds")) ok = arg_long(a, v, 1, MAXR, &rounds);
         else if (!strcmp(a, "--time-ms")) ok = arg_long(a, v, 1, 600000, &time_ms);
         else if (!strcmp(a, "--layers")) ok = arg_long(a, v, 1, 256, &n_layers);
+        else if (!strcmp(a, "--env-b") && v && strchr(v, '=') && v[0] != '=') env_b = v;
         else {
             fprintf(stderr, "cpu_ab: unknown or incomplete argument '%s'\n", a);
             return 2;
@@ -96,12 +99,25 @@ int main(int argc, char **argv) {
         return 2;
     }
     fm_cpu_engine *e[2] = {NULL, NULL};
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
+        if (i == 1 && env_b) {
+            char name[128];
+            const size_t n = (size_t)(strchr(env_b, '=') - env_b);
+            if (n >= sizeof name) {
+                fprintf(stderr, "cpu_ab: --env-b: variable name too long\n");
+                fm_cpu_engine_free(e[0]);
+                return 2;
+            }
+            memcpy(name, env_b, n);
+            name[n] = 0;
+            setenv(name, env_b + n + 1, 1);
+        }
         if (fm_cpu_engine_new(isa[i], (int)threads, &e[i])) {
             printf("SKIPPED: %s\n", fm_last_error());
             fm_cpu_engine_free(e[0]);
             return 77;
         }
+    }
     if (!n_layers) n_layers = fm_cpu_bench_default_layers(&d, d.expert_format);
     fm_moe_layer **layers = calloc((size_t)n_layers, sizeof *layers);
     int rc = 1;
@@ -115,7 +131,8 @@ int main(int argc, char **argv) {
     }
     printf("preset %s, %ld layers, probe %.2f GB/s\n", preset, n_layers,
            fm_cpu_measure_bandwidth((size_t)512 << 20, (int)threads) / 1e9);
-    printf("A: %s\nB: %s\n", fm_cpu_engine_describe(e[0]), fm_cpu_engine_describe(e[1]));
+    printf("A: %s\nB: %s%s%s\n", fm_cpu_engine_describe(e[0]), fm_cpu_engine_describe(e[1]), env_b ? ", " : "",
+           env_b ? env_b : "");
     printf("%6s %12s %12s %8s   (medians over %ld alternating rounds, us per layer)\n", "batch", "A", "B", "B/A",
            rounds);
     for (int bi = 0; bi < nb; bi++) {
