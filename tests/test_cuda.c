@@ -317,6 +317,34 @@ static void test_hash_duplicate_ids(void **state) {
     fm_moe_layer_free(hl);
 }
 
+/* Layer L of d with seeded random weights (layer_seed), on the GPU and in
+ * the reference, at each batch T of Ts: seeded BF16 activations (x_seed +
+ * T) and token ids (tok_seed), everything check_ref checks, weights
+ * included. name: the preset, for the case's line. */
+static void compare_batches(const fm_model_desc *d, const char *name, int L, uint64_t layer_seed, const int *Ts, int nT,
+                            uint64_t x_seed, uint64_t tok_seed) {
+    fm_moe_layer *hl;
+    fm_cuda_layer *cl;
+    if (fm_moe_layer_random(d, d->expert_format, layer_seed, L, &hl)) fail_msg("random layer: %s", fm_last_error());
+    if (fm_cuda_layer_upload(g_eng, d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+    for (int ti = 0; ti < nT; ti++) {
+        const int T = Ts[ti], H = d->hidden;
+        uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+        float *xf = malloc(sizeof(float) * (size_t)T * H);
+        int32_t *tok = malloc(sizeof(int32_t) * (size_t)T);
+        assert_non_null(xb); assert_non_null(xf); assert_non_null(tok);
+        make_x(x_seed + T, T, H, xb, xf);
+        for (int t = 0; t < T; t++)
+            tok[t] = (int32_t)(fm_rng_u64(tok_seed, 5, (uint64_t)t) % (uint64_t)(d->vocab_size > 0 ? d->vocab_size : 1));
+        cmp_result r;
+        run_compare(d, hl, cl, T, xb, tok, &r);
+        check_ref(&r, 1, "%-16s E=%d k=%d layer %d T=%d (%d pairs)", name, d->n_experts, d->topk, L, T, T * d->topk);
+        free(xb); free(xf); free(tok);
+    }
+    fm_cuda_layer_free(cl);
+    fm_moe_layer_free(hl);
+}
+
 /* Routing at k = 8 with batches of 4 - 8 (32 - 64 (token, expert) pairs:
  * one selection block grouping in one warp at T * k <= 32, two blocks and
  * the block-wide grouping above): the tiny presets' k raised to 8, so that
@@ -335,26 +363,7 @@ static void test_grouping_k8(void **state) {
             if (d.n_group > 0 && d.topk_group > 0 && d.topk_group * (d.n_experts / d.n_group) < d.topk)
                 d.topk_group = d.n_group; /* the kept groups must hold k experts */
             int L = first_moe_layer(&d, hash);
-            if (L < 0) continue;
-            fm_moe_layer *hl;
-            fm_cuda_layer *cl;
-            if (fm_moe_layer_random(&d, d.expert_format, 640 + pi * 2 + hash, L, &hl)) fail_msg("random layer: %s", fm_last_error());
-            if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
-            for (int ti = 0; ti < 3; ti++) {
-                int T = Ts[ti], H = d.hidden;
-                uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
-                float *xf = malloc(sizeof(float) * (size_t)T * H);
-                int32_t tok[8];
-                assert_non_null(xb); assert_non_null(xf);
-                make_x(77 + T, T, H, xb, xf);
-                for (int t = 0; t < T; t++) tok[t] = (int32_t)(fm_rng_u64(99, 5, (uint64_t)t) % (uint64_t)(d.vocab_size > 0 ? d.vocab_size : 1));
-                cmp_result r;
-                run_compare(&d, hl, cl, T, xb, tok, &r);
-                check_ref(&r, 1, "%-16s k=8 layer %d T=%d (%d pairs)", presets[pi], L, T, T * 8);
-                free(xb); free(xf);
-            }
-            fm_cuda_layer_free(cl);
-            fm_moe_layer_free(hl);
+            if (L >= 0) compare_batches(&d, presets[pi], L, 640 + pi * 2 + hash, Ts, 3, 77, 99);
         }
 }
 
@@ -378,28 +387,8 @@ static void test_route_many_experts(void **state) {
                     d.n_experts = Es[ei];
                     if (ki) d.topk = 9;
                     int L = first_moe_layer(&d, hash);
-                    if (L < 0) continue;
-                    fm_moe_layer *hl;
-                    fm_cuda_layer *cl;
-                    if (fm_moe_layer_random(&d, d.expert_format, 700 + pi * 8 + ei * 4 + ki * 2 + hash, L, &hl))
-                        fail_msg("random layer: %s", fm_last_error());
-                    if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
-                    for (int ti = 0; ti < 4; ti++) {
-                        int T = Ts[ti], H = d.hidden;
-                        uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
-                        float *xf = malloc(sizeof(float) * (size_t)T * H);
-                        int32_t tok[8];
-                        assert_non_null(xb); assert_non_null(xf);
-                        make_x(31 + T + ei, T, H, xb, xf);
-                        for (int t = 0; t < T; t++)
-                            tok[t] = (int32_t)(fm_rng_u64(98, 5, (uint64_t)t) % (uint64_t)(d.vocab_size > 0 ? d.vocab_size : 1));
-                        cmp_result r;
-                        run_compare(&d, hl, cl, T, xb, tok, &r);
-                        check_ref(&r, 1, "%-16s E=%d k=%d layer %d T=%d", presets[pi], d.n_experts, d.topk, L, T);
-                        free(xb); free(xf);
-                    }
-                    fm_cuda_layer_free(cl);
-                    fm_moe_layer_free(hl);
+                    if (L >= 0)
+                        compare_batches(&d, presets[pi], L, 700 + pi * 8 + ei * 4 + ki * 2 + hash, Ts, 4, 31 + ei, 98);
                 }
 }
 
