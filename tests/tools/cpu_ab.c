@@ -86,7 +86,11 @@ int main(int argc, char **argv) {
     int batch[MAXB], nb = 0;
     for (char *tok = strtok(batch_arg, ","); tok; tok = strtok(NULL, ",")) {
         long b;
-        if (nb == MAXB || !arg_long("--batch", tok, 1, 4096, &b)) return 2;
+        if (nb == MAXB) {
+            fprintf(stderr, "cpu_ab: --batch lists more than %d batch sizes\n", MAXB);
+            return 2;
+        }
+        if (!arg_long("--batch", tok, 1, 4096, &b)) return 2;
         batch[nb++] = (int)b;
     }
     if (!nb) {
