@@ -120,6 +120,12 @@ static int teardown(void **state) {
     return 0;
 }
 
+/* One sweep of one bucket (no file path wanted); it must succeed. */
+static void sweep1(ctx_t *c, int T, fm_tune_bucket_result *r) {
+    const int b[] = {T};
+    assert_int_equal(fm_tune_sweep(&c->f.key, &c->be, b, 1, &c->o, c->root, NULL, 0, r), FM_OK);
+}
+
 static fm_kernel_config cand(ctx_t *c, int T, int i) {
     fm_kernel_config v[FM_TUNE_GRID_MAX];
     int n = fm_tune_candidates(&c->f.key, T, v, FM_TUNE_GRID_MAX);
@@ -178,9 +184,8 @@ static void test_within_spread_keeps_default(void **state) {
     ctx_t *c = *state;
     c->f.s[0] = (script){.med = 100, .spread = 10, .err = 1e-4};
     c->f.s[1] = (script){.med = 97, .spread = 1, .err = 1e-4}; /* inside the default's [95, 105] */
-    const int T[] = {4};
     fm_tune_bucket_result r;
-    assert_int_equal(fm_tune_sweep(&c->f.key, &c->be, T, 1, &c->o, c->root, NULL, 0, &r), FM_OK);
+    sweep1(c, 4, &r);
     assert_int_equal(r.replaced_default, 0);
     fm_kernel_config def = cand(c, 4, 0);
     assert_memory_equal(&r.cfg, &def, sizeof def);
@@ -194,20 +199,19 @@ static void test_separation(void **state) {
     ctx_t *c = *state;
     c->f.s[0] = (script){.med = 68.25, .lo = 0.78, .hi = 1.25, .err = 1e-4};
     c->f.s[1] = (script){.med = 66.73, .lo = 0.38, .hi = 0.47, .err = 1e-4};
-    const int T[] = {2};
     fm_tune_bucket_result r;
-    assert_int_equal(fm_tune_sweep(&c->f.key, &c->be, T, 1, &c->o, c->root, NULL, 0, &r), FM_OK);
+    sweep1(c, 2, &r);
     assert_int_equal(r.replaced_default, 1);
     fm_kernel_config w = cand(c, 2, 1);
     assert_memory_equal(&r.cfg, &w, sizeof w);
     assert_true(r.us == 66.73 && r.default_us == 68.25);
     /* the same median with a slow tail past the default's median */
     c->f.s[1].hi = 1.6;
-    assert_int_equal(fm_tune_sweep(&c->f.key, &c->be, T, 1, &c->o, c->root, NULL, 0, &r), FM_OK);
+    sweep1(c, 2, &r);
     assert_int_equal(r.replaced_default, 0);
     /* a median inside the default's range */
     c->f.s[1] = (script){.med = 67.6, .lo = 0.1, .hi = 0.1, .err = 1e-4};
-    assert_int_equal(fm_tune_sweep(&c->f.key, &c->be, T, 1, &c->o, c->root, NULL, 0, &r), FM_OK);
+    sweep1(c, 2, &r);
     assert_int_equal(r.replaced_default, 0);
 }
 
@@ -215,21 +219,19 @@ static void test_min_gain(void **state) {
     ctx_t *c = *state;
     c->f.s[0] = (script){.med = 100, .spread = 0.1, .err = 1e-4};
     c->f.s[1] = (script){.med = 99.5, .spread = 0.1, .err = 1e-4}; /* separated, below 1 % */
-    const int T[] = {1};
     fm_tune_bucket_result r;
-    assert_int_equal(fm_tune_sweep(&c->f.key, &c->be, T, 1, &c->o, c->root, NULL, 0, &r), FM_OK);
+    sweep1(c, 1, &r);
     assert_int_equal(r.replaced_default, 0);
     c->o.min_gain = 0.001;
-    assert_int_equal(fm_tune_sweep(&c->f.key, &c->be, T, 1, &c->o, c->root, NULL, 0, &r), FM_OK);
+    sweep1(c, 1, &r);
     assert_int_equal(r.replaced_default, 1);
 }
 
 static void test_winners_curse(void **state) {
     ctx_t *c = *state;
     c->f.s[2] = (script){.med = 90, .spread = 1, .err = 1e-4, .remeasure = 100.5};
-    const int T[] = {64};
     fm_tune_bucket_result r;
-    assert_int_equal(fm_tune_sweep(&c->f.key, &c->be, T, 1, &c->o, c->root, NULL, 0, &r), FM_OK);
+    sweep1(c, 64, &r);
     assert_int_equal(r.replaced_default, 0);
     assert_int_equal(c->f.n_bench[2], 2);
 }
@@ -238,9 +240,8 @@ static void test_bench_failure_skipped(void **state) {
     ctx_t *c = *state;
     c->f.s[1].bench_fails = 1;
     c->f.s[2] = (script){.med = 50, .spread = 1, .err = 1e-4};
-    const int T[] = {8};
     fm_tune_bucket_result r;
-    assert_int_equal(fm_tune_sweep(&c->f.key, &c->be, T, 1, &c->o, c->root, NULL, 0, &r), FM_OK);
+    sweep1(c, 8, &r);
     assert_int_equal(r.replaced_default, 1);
     assert_true(r.us == 50);
     assert_true(r.n_rejected >= 1);
@@ -281,9 +282,8 @@ static void test_max_candidates(void **state) {
     ctx_t *c = *state;
     c->f.s[3] = (script){.med = 10, .spread = 1, .err = 1e-4};
     c->o.max_candidates = 2; /* candidates 1 and 2 only */
-    const int T[] = {1};
     fm_tune_bucket_result r;
-    assert_int_equal(fm_tune_sweep(&c->f.key, &c->be, T, 1, &c->o, c->root, NULL, 0, &r), FM_OK);
+    sweep1(c, 1, &r);
     assert_int_equal(r.n_tried, 2);
     assert_int_equal(r.replaced_default, 0);
 }
