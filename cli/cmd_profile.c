@@ -35,7 +35,7 @@ static void help(FILE *f) {
             "  --seed S             weights and activations seed (default 1)\n"
             "  --tile-n N           model a tiled kernel with N-token tiles (GPU default: the kernel config)\n"
             "  --bandwidth GBPS     use this memory bandwidth instead of measuring it\n"
-            "  --bw-mib N           bandwidth probe buffer in MiB (default 256 CPU, 2048 GPU)\n"
+            "  --bw-mib N           bandwidth probe buffer in MiB (default 256 CPU, 4096 GPU)\n"
             "  --peak-gflops X      compute roof for the roofline (default: measured on the CPU,\n"
             "                       datasheet table on the GPU)\n"
             "  --period-ms N        telemetry sampling period (default 20)\n"

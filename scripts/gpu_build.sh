@@ -8,10 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${FM_GPU_BUILD_DIR:-.devbuild/build}
 cmake -S . -B "$B" -DFM_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="80;90a" >/dev/null
-cmake --build "$B" -j"$(nproc)" --target test_cuda cuda_bench cuda_smoke cuda_readpat
+cmake --build "$B" -j"$(nproc)" --target test_cuda cuda_bench cuda_smoke cuda_readpat cuda_bwprobe
 rm -rf .devbuild/bin .devbuild/lib
 mkdir -p .devbuild/bin .devbuild/lib
-cp "$B/tests/test_cuda" "$B/tests/tools/cuda_bench" "$B/tests/tools/cuda_smoke" "$B/tests/tools/cuda_readpat" .devbuild/bin/
+cp "$B/tests/test_cuda" "$B/tests/tools/cuda_bench" "$B/tests/tools/cuda_smoke" "$B/tests/tools/cuda_readpat" "$B/tests/tools/cuda_bwprobe" .devbuild/bin/
 # the CLI is optional here: it needs every module's command to link
 if cmake --build "$B" -j"$(nproc)" --target fp4moe_cli >/dev/null 2>&1; then
     cp "$B/fp4moe" .devbuild/bin/

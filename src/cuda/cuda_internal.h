@@ -135,6 +135,9 @@ typedef struct {
     int early_trigger;      /* selection lets the expert kernels launch at
                              * its start (they prefetch the shared expert) */
     int l2first;            /* router rows read with an L2 evict-first policy */
+    int skip_prep;          /* the SGEMM logits leave the tokens' prep to the
+                             * prep kernel (FM_ROUTE_PART_PREP) launched
+                             * before them                                   */
 } fm_route_params;
 
 /* Expert kernels' parameters. */
@@ -208,6 +211,10 @@ typedef struct {
 #define FM_ROUTE_PART_SELECT 2
 #define FM_ROUTE_PART_EXPERTS 4
 #define FM_ROUTE_PARTS_ALL 7
+/* The tokens' prep (x_prep, zeroed output) in a kernel of its own, before
+ * the logits (only where the logits take the SGEMM shape, T > 32; see
+ * fm_cuda_route_sep_prep). */
+#define FM_ROUTE_PART_PREP 8
 
 #ifdef __cplusplus
 extern "C" {
@@ -218,6 +225,9 @@ int fm_tune_config_invalid(const fm_kernel_config *c, char *why, size_t cap);
 /* parts: FM_ROUTE_PART_* (the benchmark times the logits kernel alone). */
 fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int pdl, int parts, cudaStream_t s);
 size_t fm_cuda_route_smem(int H, int E);
+/* 1 when the logits at T tokens take the SGEMM shape, whose prep can run as a
+ * kernel of its own (FM_ROUTE_PART_PREP, then the logits with skip_prep). */
+int fm_cuda_route_sep_prep(int T);
 /* Floats of the partial-logits workspace for up to T tokens (monotone). */
 size_t fm_cuda_route_logit_floats(int T, int H, int E, int sms);
 fm_status fm_cuda_route_prepare(size_t smem);

@@ -33,6 +33,8 @@ struct fm_cuda_engine {
     int sh_prefetch; /* shared expert prefetched into L2 during routing */
     int sh_early;    /* shared expert's gate/up not waiting on routing (v27) */
     int sh_fork;     /* shared expert on a branch of its own, beside the selection (v28) */
+    int sh_fork_early; /* that branch forked before the logits where a prep kernel can run first (v38) */
+    int prio;        /* stream priorities: 0 none, 1 routed chain above the shared branch, 2 the reverse (v38) */
     int sh_wide;     /* its wgmma launches with 32-token passes whatever the config's (v35) */
     int pre_wait;    /* first weight loads before griddepcontrol.wait where they can be named (v28) */
     int l2first;     /* weights read with an L2 evict-first policy */
@@ -139,6 +141,19 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
      * a re-decode of its weights (v35); FP4MOE_CUDA_SH_WIDE=0 keeps the
      * config's width */
     e->sh_wide = !fm_cuda_env_is("FP4MOE_CUDA_SH_WIDE", "0");
+    /* FP4MOE_CUDA_SH_FORK_EARLY=1: above 32 tokens the tokens' prep runs as
+     * a kernel of its own and the shared expert's branch forks after it,
+     * beside the logits too (v38) */
+    e->sh_fork_early = fm_cuda_env_is("FP4MOE_CUDA_SH_FORK_EARLY", "1");
+    /* FP4MOE_CUDA_PRIO=1: the routing and routed experts' stream at the
+     * device's greatest priority and the shared expert's branch at its least,
+     * so that pending blocks of the critical chain are placed first; 2 the
+     * reverse; 0 both at the default (v38). Graphs keep the captured
+     * priorities (cudaGraphInstantiateFlagUseNodePriority). */
+    {
+        const char *pv = getenv("FP4MOE_CUDA_PRIO");
+        e->prio = pv && *pv ? atoi(pv) : 0;
+    }
     /* Down's blocks and the shared expert's issue their first two segments'
      * weight loads before griddepcontrol.wait (v28); FP4MOE_CUDA_PRE_WAIT=0
      * waits first */
@@ -153,8 +168,12 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
              e->cc_major, e->cc_minor, e->rt_ver / 1000, (e->rt_ver % 1000) / 10, e->drv_ver / 1000,
              (e->drv_ver % 1000) / 10, (double)prop.totalGlobalMem / 1e9);
     e->wgmma = prop.major == 9 && fm_cuda_wgmma_built();
-    cudaError_t err = cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking);
-    if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&e->side, cudaStreamNonBlocking);
+    int least = 0, greatest = 0;
+    cudaError_t err = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    const int p_main = e->prio == 1 ? greatest : e->prio == 2 ? least : 0;
+    const int p_side = e->prio == 1 ? least : e->prio == 2 ? greatest : 0;
+    if (err == cudaSuccess) err = cudaStreamCreateWithPriority(&e->stream, cudaStreamNonBlocking, p_main);
+    if (err == cudaSuccess) err = cudaStreamCreateWithPriority(&e->side, cudaStreamNonBlocking, p_side);
     if (err == cudaSuccess) err = cudaEventCreateWithFlags(&e->fork_ev, cudaEventDisableTiming);
     if (err == cudaSuccess) err = cudaEventCreateWithFlags(&e->join_ev, cudaEventDisableTiming);
     if (err != cudaSuccess) {
@@ -789,8 +808,15 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
     fm_status s;
     if (ev) FM_CU(cudaEventRecord(ev[0], e->stream));
     if (fork) {
-        if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, FM_ROUTE_PART_LOGITS, e->stream))) return s;
-        FM_CU(cudaEventRecord(e->fork_ev, e->stream));
+        if (e->sh_fork_early && fm_cuda_route_sep_prep(T)) {
+            /* the prep alone, the fork, then the logits without the prep */
+            if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, FM_ROUTE_PART_PREP, e->stream))) return s;
+            FM_CU(cudaEventRecord(e->fork_ev, e->stream));
+            if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, FM_ROUTE_PART_LOGITS, e->stream))) return s;
+        } else {
+            if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, FM_ROUTE_PART_LOGITS, e->stream))) return s;
+            FM_CU(cudaEventRecord(e->fork_ev, e->stream));
+        }
         /* the selection is captured before the branch, so that a graph does
          * not queue it behind the shared expert's launches */
         if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, FM_ROUTE_PART_SELECT, e->stream))) return s;
@@ -914,7 +940,8 @@ static fm_status graph_time(fm_cuda_engine *e, fm_cuda_layer *const *layers, int
                            lc, NULL, parts);
         err = cudaStreamEndCapture(e->stream, &graph);
         if (cs) { if (graph) cudaGraphDestroy(graph); return cs; }
-        if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
+        if (err == cudaSuccess)
+            err = cudaGraphInstantiateWithFlags(&exec, graph, e->prio ? cudaGraphInstantiateFlagUseNodePriority : 0);
         if (err == cudaSuccess) break;
         if (graph) cudaGraphDestroy(graph);
         graph = NULL;
@@ -1040,10 +1067,9 @@ double fm_cuda_measure_bandwidth(fm_cuda_engine *e, size_t bytes) {
     if (!e) return 0.0;
     if (cudaSetDevice(e->device) != cudaSuccess) return 0.0;
     if (bytes < (64u << 20)) bytes = 64u << 20;
-    bytes &= ~(size_t)4095;
+    bytes &= ~(size_t)32767; /* whole 32 KB chunks for the bulk-copy read */
     void *buf = NULL;
     if (cudaMalloc(&buf, bytes) != cudaSuccess) { cudaGetLastError(); return 0.0; }
-    cudaMemset(buf, 0x5A, bytes);
     double best = 0;
     fm_status s = fm_cuda_stream_read(buf, bytes, e->stream, 10, &best);
     cudaFree(buf);

@@ -347,7 +347,43 @@ static __device__ __forceinline__ void tile_start(const fm_route_params &p, int 
     kend = min(p.H, kbeg + kc);
     pdl_wait();
     pdl_launch_dependents();
-    tile_prep(p, t0, kbeg, kend);
+    if (!p.skip_prep) tile_prep(p, t0, kbeg, kend);
+}
+
+/* The tokens' prep alone (FM_ROUTE_PART_PREP): x_prep and the zeroed output
+ * of every token, so that the shared expert, which needs nothing else, can
+ * start before the logits. One 8-element group per thread and round, two
+ * groups' loads in flight. */
+__global__ void __launch_bounds__(RT_THREADS) fm_prep_kernel(fm_route_params p) {
+    const int H = p.H, ng = p.Hp / 8;
+    const int64_t n = (int64_t)p.T * ng, stride = (int64_t)gridDim.x * RT_THREADS;
+    const int perm[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+    pdl_wait();
+    pdl_launch_dependents();
+    for (int64_t i0 = blockIdx.x * RT_THREADS + threadIdx.x; i0 < n; i0 += 2 * stride) {
+        float4 v[2][2];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int64_t i = i0 + u * stride;
+            const int64_t t = i / ng;
+            const int kk = (int)(i % ng) * 8;
+            const bool ok = i < n;
+            v[u][0] = ok && kk < H ? load_x4(p.x, p.xdt, (size_t)t * H + kk) : make_float4(0, 0, 0, 0);
+            v[u][1] = ok && kk + 4 < H ? load_x4(p.x, p.xdt, (size_t)t * H + kk + 4) : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int64_t i = i0 + u * stride;
+            if (i >= n) break;
+            const int64_t t = i / ng;
+            const int kk = (int)(i % ng) * 8;
+            const float xv[8] = {v[u][0].x, v[u][0].y, v[u][0].z, v[u][0].w,
+                                 v[u][1].x, v[u][1].y, v[u][1].z, v[u][1].w};
+            *(uint4 *)&p.x_prep[(size_t)t * p.Hp + kk] = prep8(xv, perm);
+            if (kk < H) *(float4 *)&p.out[(size_t)t * H + kk] = make_float4(0, 0, 0, 0);
+            if (kk + 4 < H) *(float4 *)&p.out[(size_t)t * H + kk + 4] = make_float4(0, 0, 0, 0);
+        }
+    }
 }
 
 __global__ void __launch_bounds__(RT_THREADS) fm_logits_tile_kernel(fm_route_params p, int kc) {
@@ -1033,6 +1069,8 @@ extern "C" size_t fm_cuda_route_logit_floats(int T, int H, int E, int sms) {
     return m > c ? m : c;
 }
 
+extern "C" int fm_cuda_route_sep_prep(int T) { return T > LG_SMALL_T; }
+
 extern "C" fm_status fm_cuda_route_prepare(size_t smem) {
     if (smem > 48 * 1024)
         for (int rk = FM_ROUTE_NOAUX_TC; rk <= FM_ROUTE_DSV4; rk++)
@@ -1080,6 +1118,19 @@ extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int p
     cfg.stream = s;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
+    if (parts & FM_ROUTE_PART_PREP) {
+        if (p->T <= LG_SMALL_T)
+            return fm_error(FM_E_ARG, "the routing prep kernel is for the SGEMM logits shape (T > %d), not T = %d",
+                            LG_SMALL_T, p->T);
+        const int64_t groups = (int64_t)p->T * (p->Hp / 8);
+        int64_t blocks = (groups + 2 * RT_THREADS - 1) / (2 * RT_THREADS);
+        const int64_t cap = 4 * (int64_t)(p->sms > 0 ? p->sms : 132);
+        if (blocks > cap) blocks = cap;
+        cfg.gridDim = dim3((unsigned)blocks);
+        FM_CU(cudaLaunchKernelEx(&cfg, fm_prep_kernel, *p));
+        FM_CU_LAUNCH("fm_prep_kernel");
+        p->skip_prep = 1;
+    }
     int ks, kc = 0;
     if (p->T <= LG_SMALL_T) {
         ks = (p->H + LG_KC - 1) / LG_KC;

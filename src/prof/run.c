@@ -16,7 +16,7 @@
 
 #define MAX_BATCH_TOKENS 65536
 #define DEFAULT_CPU_PROBE (256u << 20)
-#define DEFAULT_GPU_PROBE (2048u << 20)
+#define DEFAULT_GPU_PROBE ((size_t)4096 << 20)
 
 void fm_prof_opts_default(fm_prof_opts *o) {
     memset(o, 0, sizeof *o);
