@@ -63,9 +63,11 @@ static __device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes
 
 /* FM_L2_256B=1 (a build-time knob for A/B builds): the weight loads and
  * copies also ask L2 to fetch whole 256-byte pieces (.L2::256B), as before
- * v39; 0 leaves the fetch size to L2. */
+ * v39. 0 (the default from v39) leaves the fetch size to L2: the hint made a
+ * pure streaming read 5 - 8 % slower on the H200 (tests/tools/cuda_bwprobe)
+ * and the expert kernels no faster (docs/perf.md, v39). */
 #ifndef FM_L2_256B
-#define FM_L2_256B 1
+#define FM_L2_256B 0
 #endif
 #if FM_L2_256B
 #define FM_L2PF ".L2::256B"

@@ -14,6 +14,10 @@
  *   chunk     each block reads one contiguous range, 8 loads in flight
  *   bulk      TMA bulk copies (cp.async.bulk, sm_90) of 32 KB into a ring
  *             of shared memory, one block per SM, 4 or 6 in flight
+ *   frontsF   the buffer in F regions, each read grid-stride by 1/F of the
+ *             blocks: how the rate falls with the number of read fronts
+ *   warpS     every warp its own region, 1 KB per step, S steps in flight
+ *             (the expert kernels' weight streams, without the compute)
  *
  * Every kernel folds what it reads into an XOR that is checked against the
  * host's XOR of the buffer, so a kernel that skipped bytes would fail.
@@ -141,6 +145,51 @@ __global__ void __launch_bounds__(256) bulk_kernel(const uint8_t *p, size_t byte
 #endif
 }
 
+/* F fronts: the buffer in F equal regions, region f read grid-stride by the
+ * blocks b with b % F == f (four loads in flight); F = 1 is gs4, F = the
+ * grid is one contiguous range per block */
+__global__ void fronts_kernel(const uint4 *p, size_t n, unsigned *acc_out, int F) {
+    uint32_t acc = 0;
+    const size_t per = n / F, nb = gridDim.x / F;
+    const uint4 *q = p + (size_t)(blockIdx.x % F) * per;
+    const size_t stride = nb * blockDim.x;
+    size_t i = (size_t)(blockIdx.x / F) * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < per; i += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) v[u] = ld_nc(q + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < 4; u++) acc ^= x4(v[u]);
+    }
+    for (; i < per; i += stride) acc ^= x4(ld_nc(q + i));
+    atomicXor(acc_out, acc);
+}
+
+/* every warp its own contiguous region, read 1 KB per step as the expert
+ * kernels read a weight tile (two 512-byte loads), STEPS steps in flight */
+template <int STEPS>
+__global__ void warpown_kernel(const uint4 *p, size_t n, unsigned *acc_out) {
+    uint32_t acc = 0;
+    const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
+    const size_t w = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const size_t per = n / warps; /* uint4 per warp, a multiple of 64 (1 KB) here */
+    const uint4 *q = p + w * per;
+    const int lane = threadIdx.x & 31;
+    size_t i = 0;
+    for (; i + 64 * STEPS <= per; i += 64 * STEPS) {
+        uint4 v[2 * STEPS];
+#pragma unroll
+        for (int u = 0; u < STEPS; u++) {
+            v[2 * u] = ld_nc(q + i + 64 * u + lane);
+            v[2 * u + 1] = ld_nc(q + i + 64 * u + 32 + lane);
+        }
+#pragma unroll
+        for (int u = 0; u < 2 * STEPS; u++) acc ^= x4(v[u]);
+    }
+    for (; i < per; i += 32) acc ^= x4(ld_nc(q + i + lane));
+    atomicXor(acc_out, acc);
+}
+
 typedef void (*kfn)(const uint4 *, size_t, unsigned *);
 
 int main(int argc, char **argv) {
@@ -236,6 +285,37 @@ int main(int argc, char **argv) {
         const double gbs = (double)bytes / (best * 1e-3) / 1e9;
         if (v == 0) base = gbs;
         printf("%-8s %8d %8d %10.1f %8.3f ok\n", name, blocks, threads, gbs, gbs / base);
+    }
+    /* how the rate falls with the number of independent read fronts */
+    const int fr[] = {1, 2, 4, 8, 16, 32, 66, 132, 264, 528, 1056};
+    for (int v = 0; v < (int)(sizeof fr / sizeof fr[0]) + 2; v++) {
+        const int nf = (int)(sizeof fr / sizeof fr[0]);
+        const int F = v < nf ? fr[v] : 0;
+        const int blocks = v < nf ? sms * 8 : sms * 4, threads = v < nf ? 512 : 128;
+        if (F && (size_t)(sms * 8) % F) continue;
+        double best = 1e30;
+        unsigned got = 0;
+        for (int r = 0; r <= reps; r++) {
+            CK(cudaMemset(acc, 0, sizeof(unsigned)));
+            CK(cudaEventRecord(a));
+            if (F) fronts_kernel<<<blocks, threads>>>((const uint4 *)buf, n, acc, F);
+            else if (v == nf) warpown_kernel<2><<<blocks, threads>>>((const uint4 *)buf, n, acc);
+            else warpown_kernel<4><<<blocks, threads>>>((const uint4 *)buf, n, acc);
+            CK(cudaGetLastError());
+            CK(cudaEventRecord(b));
+            CK(cudaEventSynchronize(b));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, a, b));
+            CK(cudaMemcpy(&got, acc, sizeof got, cudaMemcpyDeviceToHost));
+            if (r > 0 && ms < best) best = ms;
+        }
+        const double gbs = (double)bytes / (best * 1e-3) / 1e9;
+        char name[32];
+        if (F) snprintf(name, sizeof name, "fronts%d", F);
+        else snprintf(name, sizeof name, "warp%d", v == nf ? 2 : 4);
+        /* per-front and per-warp regions leave a tail unread when n does
+         * not divide: the XOR is then not the buffer's; the rate stands */
+        printf("%-8s %8d %8d %10.1f %8.3f %s\n", name, blocks, threads, gbs, gbs / base, got == want ? "ok" : "part");
     }
     cudaFree(buf);
     cudaFree(acc);
