@@ -74,14 +74,6 @@ static __device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes
 #else
 #define FM_L2PF ""
 #endif
-/* Streamed once: bypass L1. */
-static __device__ __forceinline__ uint4 ld_stream(const void *p) {
-    uint4 r;
-    asm("ld.global.nc.L1::no_allocate" FM_L2PF ".v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
 
 /* The L2 policy of the weight streams (fm_expert_params.l2first): evict
  * first, so that the bytes read once per layer do not push out what is
@@ -736,10 +728,22 @@ static __device__ __forceinline__ void wg_wait(void) {
 static __device__ __forceinline__ void fence_proxy_async(void) {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
-/* K-major, no swizzle: leading byte offset 128 (the second 8 K values),
- * stride byte offset 256 (the next 8 tokens) */
-static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
-    return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(256 >> 4) << 32);
+/* The B operand's descriptor, K-major, no swizzle: leading byte offset 128
+ * (the second 8 K values), stride byte offset 256 (the next 8 tokens). Its
+ * low word is ((saddr mod 2^18) >> 4) | LBO << 16 for a 16-byte aligned
+ * shared address, its high word the SBO. The address field has 14 bits
+ * below the LBO's, so the descriptor of saddr + off (off a multiple of 16,
+ * the sum still below 2^18) has the low word lo + (off >> 4): one add per
+ * MMA instead of a mask, shift and or per descriptor (v40). */
+static __device__ __forceinline__ uint32_t wg_desc_lo(uint32_t saddr) {
+    /* the mask matters: in a cluster launch the CTA's shared addresses carry
+     * bits above the 18 the descriptor holds */
+    return ((saddr & 0x3FFFFu) >> 4) | ((128u >> 4) << 16);
+}
+static __device__ __forceinline__ uint64_t wg_desc_of(uint32_t lo) {
+    uint64_t d;
+    asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(lo), "r"(256u >> 4));
+    return d;
 }
 template <int N8>
 struct wg_mma;
@@ -945,6 +949,7 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
             }
         }
         const uint32_t st_addr = sbase + (s % NSTG) * STAGE;
+        const uint32_t dlo = wg_desc_lo(st_addr);
 #pragma unroll
         for (int d = 0; d < 4; d++) {
             uint32_t ra[NMAT][4], rb[NMAT][4];
@@ -958,8 +963,10 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
             wg_fence();
 #pragma unroll
             for (int m = 0; m < NMAT; m++) {
-                wg_mma<N8>::run(acc[m], ra[m][0], rb[m][0], ra[m][1], rb[m][1], wg_desc(st_addr + (2 * d) * STEP));
-                wg_mma<N8>::run(acc[m], ra[m][2], rb[m][2], ra[m][3], rb[m][3], wg_desc(st_addr + (2 * d + 1) * STEP));
+                wg_mma<N8>::run(acc[m], ra[m][0], rb[m][0], ra[m][1], rb[m][1],
+                                wg_desc_of(dlo + (uint32_t)((2 * d) * STEP >> 4)));
+                wg_mma<N8>::run(acc[m], ra[m][2], rb[m][2], ra[m][3], rb[m][3],
+                                wg_desc_of(dlo + (uint32_t)((2 * d + 1) * STEP >> 4)));
             }
             /* a group per 32-wide K step, retired before the next step's
              * decode: one step of A fragments live, for the registers of
