@@ -205,6 +205,17 @@ static __device__ void group_pairs(const fm_route_params &p, unsigned char *smem
 #define FM_DONE_TILES (1 + LG_SMALL_T / LG_TT)
 static_assert(FM_DONE_TILES < FM_ROUTE_COUNTERS, "routing block counters");
 
+/* Up to how many tokens the logits take the GEMV shape (v41):
+ * FP4MOE_CUDA_GEMV_T=64|128 moves the SGEMM shape's start up from 33 tokens
+ * (its prep spread over the expert tiles, 3 x TF32 MMAs, up to 32 K slices)
+ * for comparisons. Read once. */
+static int lg_gemv_max_t(void) {
+    static const int v = fm_cuda_env_is("FP4MOE_CUDA_GEMV_T", "128") ? 128
+                         : fm_cuda_env_is("FP4MOE_CUDA_GEMV_T", "64") ? 64
+                                                                     : LG_SMALL_T;
+    return v;
+}
+
 __global__ void __launch_bounds__(RT_THREADS) fm_logits_gemv_kernel(fm_route_params p) {
     const uint64_t rpol = router_policy();
     __shared__ __align__(16) float xs[LG_TT][LG_KC];
@@ -1062,14 +1073,14 @@ extern "C" size_t fm_cuda_route_logit_floats(int T, int H, int E, int sms) {
      * SGEMM shape: slices x tiles <= 4 sms + tiles - 1, each 64 x 64; and
      * never less than one slice. Every term grows with T, H, E and sms. */
     size_t tiles = (size_t)((T + LG_TILE - 1) / LG_TILE) * ((E + LG_TILE - 1) / LG_TILE);
-    size_t a = (size_t)((H + LG_KC - 1) / LG_KC) * LG_SMALL_T * lg_stride(E);
+    size_t a = (size_t)((H + LG_KC - 1) / LG_KC) * lg_gemv_max_t() * lg_stride(E);
     size_t b = (4 * (size_t)(sms > 0 ? sms : 132) + tiles) * LG_TILE * LG_TILE; /* lg_stride(E) <= tiles' experts */
     size_t c = (size_t)T * lg_stride(E);
     size_t m = a > b ? a : b;
     return m > c ? m : c;
 }
 
-extern "C" int fm_cuda_route_sep_prep(int T) { return T > LG_SMALL_T; }
+extern "C" int fm_cuda_route_sep_prep(int T) { return T > lg_gemv_max_t(); }
 
 extern "C" fm_status fm_cuda_route_prepare(size_t smem) {
     if (smem > 48 * 1024)
@@ -1119,9 +1130,9 @@ extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int p
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
     if (parts & FM_ROUTE_PART_PREP) {
-        if (p->T <= LG_SMALL_T)
+        if (p->T <= lg_gemv_max_t())
             return fm_error(FM_E_ARG, "the routing prep kernel is for the SGEMM logits shape (T > %d), not T = %d",
-                            LG_SMALL_T, p->T);
+                            lg_gemv_max_t(), p->T);
         const int64_t groups = (int64_t)p->T * (p->Hp / 8);
         int64_t blocks = (groups + 2 * RT_THREADS - 1) / (2 * RT_THREADS);
         const int64_t cap = 4 * (int64_t)(p->sms > 0 ? p->sms : 132);
@@ -1132,7 +1143,8 @@ extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int p
         p->skip_prep = 1;
     }
     int ks, kc = 0;
-    if (p->T <= LG_SMALL_T) {
+    const int gemv = p->T <= lg_gemv_max_t();
+    if (gemv) {
         ks = (p->H + LG_KC - 1) / LG_KC;
         cfg.gridDim = dim3((unsigned)((p->E + RT_WARPS * LG_EW - 1) / (RT_WARPS * LG_EW)), (unsigned)ks,
                            (unsigned)((p->T + LG_TT - 1) / LG_TT));
@@ -1147,7 +1159,7 @@ extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int p
     p->fuse = p->T <= LG_SMALL_T && (parts & FM_ROUTE_PART_LOGITS) && (parts & FM_ROUTE_PART_SELECT) &&
               route_fuse_enabled();
     if (parts & FM_ROUTE_PART_LOGITS) {
-        if (p->T <= LG_SMALL_T) {
+        if (gemv) {
             cfg.dynamicSmemBytes = p->fuse ? smem : 0;
             FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_gemv_kernel, *p));
             FM_CU_LAUNCH("fm_logits_gemv_kernel");
