@@ -218,19 +218,19 @@ static void test_launch_switches(void **state) {
     (void)state;
     NEED_GPU();
     const char *presets[] = {"tiny-deepseek", "tiny-deepseek-v4"};
-    /* SH_FORK, PRE_WAIT, SH_FORK_EARLY, PRIO (T = 130 takes the separate
-     * prep kernel with SH_FORK_EARLY) */
+    /* SH_FORK, PRE_WAIT, SH_FORK_EARLY, PRIO, HANDOFF (T = 130 takes the
+     * separate prep kernel with SH_FORK_EARLY) */
     static const char *names[] = {"FP4MOE_CUDA_SH_FORK", "FP4MOE_CUDA_PRE_WAIT", "FP4MOE_CUDA_SH_FORK_EARLY",
-                                  "FP4MOE_CUDA_PRIO"};
-    const char *sets[][4] = {{"0", "0", "0", "0"}, {"0", "1", "0", "0"}, {"1", "0", "0", "0"},
-                             {"1", "1", "1", "1"}, {"1", "1", "0", "2"}};
+                                  "FP4MOE_CUDA_PRIO", "FP4MOE_CUDA_HANDOFF"};
+    const char *sets[][5] = {{"0", "0", "0", "0", "0"}, {"0", "1", "0", "0", "0"}, {"1", "0", "0", "0", "0"},
+                             {"1", "1", "1", "1", "0"}, {"1", "1", "0", "2", "1"}};
     const int Ts[] = {1, 7, 130};
     fm_cuda_engine *saved = g_eng;
     for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
-        for (int v = 0; v < 4; v++) setenv(names[v], sets[si][v], 1);
+        for (int v = 0; v < 5; v++) setenv(names[v], sets[si][v], 1);
         fm_cuda_engine *e = NULL;
         fm_status es = fm_cuda_engine_new(0, &e);
-        for (int v = 0; v < 4; v++) unsetenv(names[v]);
+        for (int v = 0; v < 5; v++) unsetenv(names[v]);
         if (es) fail_msg("engine: %s", fm_last_error());
         g_eng = e;
         for (size_t pi = 0; pi < 2; pi++) {
@@ -251,8 +251,8 @@ static void test_launch_switches(void **state) {
                 make_x(300 + pi * 7 + T, T, H, xb, xf);
                 cmp_result r;
                 run_compare(&d, hl, cl, T, xb, NULL, &r);
-                check_ref(&r, 1, "SH_FORK=%s PRE_WAIT=%s SH_FORK_EARLY=%s PRIO=%s %-16s T=%3d", sets[si][0],
-                          sets[si][1], sets[si][2], sets[si][3], presets[pi], T);
+                check_ref(&r, 1, "SH_FORK=%s PRE_WAIT=%s SH_FORK_EARLY=%s PRIO=%s HANDOFF=%s %-16s T=%3d",
+                          sets[si][0], sets[si][1], sets[si][2], sets[si][3], sets[si][4], presets[pi], T);
                 free(xb); free(xf);
             }
             fm_cuda_layer_free(cl);

@@ -135,6 +135,8 @@ typedef struct {
     int early_trigger;      /* selection lets the expert kernels launch at
                              * its start (they prefetch the shared expert) */
     int l2first;            /* router rows read with an L2 evict-first policy */
+    unsigned *gu_done;      /* [E] gate/up warps done per expert, zeroed by
+                             * the selection kernel (v42), or NULL         */
     int skip_prep;          /* the SGEMM logits leave the tokens' prep to the
                              * prep kernel (FM_ROUTE_PART_PREP) launched
                              * before them                                   */
@@ -176,6 +178,12 @@ typedef struct {
     uint16_t *h;                  /* [T*k + T][hstride]                      */
     int hstride;
     float *out;                   /* [T][H]                                  */
+    /* v42 (FP4MOE_CUDA_HANDOFF=1; routed wgmma launches on the forked
+     * layout only): each gate/up warp adds one to gu_done[e] once its h rows
+     * of expert e are written, and down's blocks start on expert e when all
+     * of e's gate/up warps have, instead of waiting for the whole gate/up
+     * grid (they still wait for it before they exit). NULL: off. */
+    unsigned *gu_done;
 } fm_expert_params;
 
 typedef struct {

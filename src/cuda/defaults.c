@@ -105,6 +105,7 @@ static const struct {
     {"FP4MOE_CUDA_SH_FORK_EARLY", "0|1"},
     {"FP4MOE_CUDA_PRIO", "0|1|2"},
     {"FP4MOE_CUDA_GEMV_T", "32|64|128"},
+    {"FP4MOE_CUDA_HANDOFF", "0|1"},
     {"FP4MOE_CUDA_SH_WIDE", "0|1"},
     {"FP4MOE_CUDA_WG_DOWN_TOKENS", "8|16|32"},
     {"FP4MOE_CUDA_PRE_WAIT", "0|1"},

@@ -17,6 +17,10 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 
+/* Up to how many tokens the routed down takes over per expert by default
+ * (v42; docs/perf.md). */
+#define FM_HANDOFF_MAX_T 32
+
 struct fm_cuda_engine {
     int device;
     char name[256];
@@ -35,6 +39,8 @@ struct fm_cuda_engine {
     int sh_fork;     /* shared expert on a branch of its own, beside the selection (v28) */
     int sh_fork_early; /* that branch forked before the logits where a prep kernel can run first (v38) */
     int prio;        /* stream priorities: 0 none, 1 routed chain above the shared branch, 2 the reverse (v38) */
+    int handoff;     /* down starts per expert when its gate/up warps are done (v42):
+                      * 0 never, 1 up to FM_HANDOFF_MAX_T tokens, 2 always */
     int sh_wide;     /* its wgmma launches with 32-token passes whatever the config's (v35) */
     int pre_wait;    /* first weight loads before griddepcontrol.wait where they can be named (v28) */
     int l2first;     /* weights read with an L2 evict-first policy */
@@ -52,6 +58,7 @@ struct fm_cuda_engine {
     int *n_active, *act_e, *act_off, *act_cnt, *sorted_tok;
     float *sorted_w;
     unsigned *done;
+    unsigned *gu_done; /* [E] gate/up warps done per expert (v42's handoff) */
     uint16_t *h;
     int *stats;
     int stats_n;
@@ -154,6 +161,13 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
         const char *pv = getenv("FP4MOE_CUDA_PRIO");
         e->prio = pv && *pv ? atoi(pv) : 0;
     }
+    /* On the forked layout with the wgmma kernels, the routed down's blocks
+     * start on an expert as soon as its gate/up warps have written h, not
+     * when the whole gate/up grid has (v42): by default up to 32 tokens,
+     * where the gate/up grid is a few waves and its tail weighs (H200:
+     * -3 to -6 % at B = 2 - 16, level from 64); FP4MOE_CUDA_HANDOFF=0 never,
+     * =1 at every batch size */
+    e->handoff = fm_cuda_env_is("FP4MOE_CUDA_HANDOFF", "0") ? 0 : fm_cuda_env_is("FP4MOE_CUDA_HANDOFF", "1") ? 2 : 1;
     /* Down's blocks and the shared expert's issue their first two segments'
      * weight loads before griddepcontrol.wait (v28); FP4MOE_CUDA_PRE_WAIT=0
      * waits first */
@@ -186,12 +200,12 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
 
 static void ws_free(fm_cuda_engine *e) {
     void *ptrs[] = {e->x_raw, e->tok_ids, e->x_prep, e->out, e->ids, e->wts, e->logits, e->n_active, e->act_e, e->act_off,
-                    e->act_cnt, e->sorted_tok, e->sorted_w, e->done, e->h, e->stats};
+                    e->act_cnt, e->sorted_tok, e->sorted_w, e->done, e->h, e->stats, e->gu_done};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         if (ptrs[i]) cudaFree(ptrs[i]);
     e->x_raw = NULL; e->tok_ids = NULL; e->x_prep = NULL; e->out = NULL; e->ids = NULL; e->wts = NULL; e->logits = NULL;
     e->n_active = NULL; e->act_e = NULL; e->act_off = NULL; e->act_cnt = NULL; e->sorted_tok = NULL;
-    e->sorted_w = NULL; e->done = NULL; e->h = NULL; e->stats = NULL;
+    e->sorted_w = NULL; e->done = NULL; e->h = NULL; e->stats = NULL; e->gu_done = NULL;
     e->ws_T = 0;
 }
 
@@ -721,6 +735,8 @@ static fm_status ws_ensure(fm_cuda_engine *e, int T, int H, int Hp, int E, int k
     FM_CU(cudaMalloc(&e->sorted_w, Tk * sizeof(float)));
     FM_CU(cudaMalloc(&e->done, FM_ROUTE_COUNTERS * sizeof(unsigned)));
     FM_CU(cudaMemset(e->done, 0, FM_ROUTE_COUNTERS * sizeof(unsigned)));
+    FM_CU(cudaMalloc(&e->gu_done, (size_t)E * sizeof(unsigned)));
+    FM_CU(cudaMemset(e->gu_done, 0, (size_t)E * sizeof(unsigned)));
     FM_CU(cudaMalloc(&e->h, (Tk + T) * hstride * sizeof(uint16_t)));
     FM_CU(cudaMemset(e->h, 0, (Tk + T) * hstride * sizeof(uint16_t)));
     FM_CU(cudaMalloc(&e->stats, (size_t)(nstats > 0 ? nstats : 1) * sizeof(int)));
@@ -808,6 +824,10 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
     fm_status s;
     if (ev) FM_CU(cudaEventRecord(ev[0], e->stream));
     if (fork) {
+        /* v42: the selection zeroes the experts' gate/up counters that the
+         * routed down's blocks wait on */
+        const int handoff = e->handoff == 2 || (e->handoff == 1 && T <= FM_HANDOFF_MAX_T);
+        rp.gu_done = handoff && lc->pipe == FM_PIPE_WGMMA && lc->pdl && e->pre_wait ? e->gu_done : NULL;
         if (e->sh_fork_early && fm_cuda_route_sep_prep(T)) {
             /* the prep alone, the fork, then the logits without the prep */
             if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, FM_ROUTE_PART_PREP, e->stream))) return s;
@@ -831,6 +851,7 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
         if ((s = fm_cuda_launch_down(&sp, &sdc, e->side))) return s;
         FM_CU(cudaEventRecord(e->join_ev, e->side));
         ep.sgate.n = ep.sup.n = ep.sdown.n = 0; /* the routed experts only */
+        ep.gu_done = rp.gu_done;
         if ((s = fm_cuda_launch_gateup(&ep, lc, e->stream))) return s;
         if ((s = fm_cuda_launch_down(&ep, lc, e->stream))) return s;
         FM_CU(cudaStreamWaitEvent(e->stream, e->join_ev, 0));
@@ -1030,6 +1051,11 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
     if (e->shared_enabled && e->sh_fork && layers[0]->SIp > 0 && shared_nt(e, &lc, T) != lc.nt) {
         size_t n = strlen(r->kernel);
         snprintf(r->kernel + n, sizeof r->kernel - n, "; shared expert 32 tokens per pass");
+    }
+    if (e->sh_fork && lc.pipe == FM_PIPE_WGMMA && lc.pdl && e->pre_wait &&
+        (e->handoff == 2 || (e->handoff == 1 && T <= FM_HANDOFF_MAX_T))) {
+        size_t n = strlen(r->kernel);
+        snprintf(r->kernel + n, sizeof r->kernel - n, "; down starts per expert as its gate/up ends");
     }
 
     const int pdl0 = lc.pdl;

@@ -44,6 +44,14 @@ static __device__ __forceinline__ void pdl_wait(void) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* gpu-scope acquire load (v42's per-expert handoff, the wgmma kernels) */
+static __device__ __forceinline__ unsigned ld_acquire_u32(const unsigned *q) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(q) : "memory");
+    return v;
+}
+#endif
 static __device__ __forceinline__ void pdl_launch_dependents(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -1115,7 +1123,16 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT, NMAX)) fm_expert_w
             cp_async_commit();
             w.pre = true;
         }
-        if (!no_wait) pdl_wait();
+        if (!GU && p.gu_done && !it.shared) {
+            /* v42: wait for this expert's gate/up warps only (one per 16
+             * rows of every 64-row gate/up block), not for the grid */
+            const unsigned want = 4u * (unsigned)((p.gate.rows_p + 63) / 64);
+            if (threadIdx.x == 0)
+                while (ld_acquire_u32(p.gu_done + e) < want) __nanosleep(64);
+            __syncthreads();
+        } else if (!no_wait) {
+            pdl_wait();
+        }
         pdl_launch_dependents();
     }
     w.src_base = (GU ? p.x_prep : p.h) + (int64_t)s0 * FM_KSEG;
@@ -1130,6 +1147,16 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT, NMAX)) fm_expert_w
         w.pre = false;
         __syncthreads(); /* the next pass restages the ring */
     }
+    if (GU && p.gu_done && !it.shared && ks == 0) {
+        /* v42: this warp's h rows of expert e are written (KS > 1: CTA 0
+         * of the cluster wrote the epilogue) */
+        __threadfence();
+        __syncwarp();
+        if (lane == 0) atomicAdd(p.gu_done + e, 1u);
+    }
+    /* a handed-off down block exits only after the whole gate/up grid has
+     * (so that this grid's end still implies gate/up's) */
+    if (!GU && p.gu_done && !it.shared) pdl_wait();
 #else
     (void)p;
     (void)W;

@@ -1031,6 +1031,11 @@ __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p)
     if (p.early_trigger) pdl_launch_dependents();
     const bool small = p.warp_group && gridDim.x == 1 && T * p.k <= 32;
     pdl_wait();
+    /* the experts' gate/up completion counters (v42) start from zero: the
+     * previous layer's down, their last reader, finished before the logits
+     * kernel this grid waited on */
+    if (p.gu_done)
+        for (int e = blockIdx.x * RS_THREADS + tid; e < E; e += gridDim.x * RS_THREADS) p.gu_done[e] = 0;
     if (t < T)
         select_token<RK>(p, t, rs_smem + (size_t)warp * sel_warp_bytes(E), chosen[warp], small ? chosen_w[warp] : NULL);
     pdl_launch_dependents();
