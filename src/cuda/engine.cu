@@ -783,6 +783,14 @@ static int shared_nt(const fm_cuda_engine *e, const fm_launch_cfg *lc, int T) {
     return e->sh_wide && lc->pipe == FM_PIPE_WGMMA && lc->nt < 4 && T > 8 * lc->nt ? 4 : lc->nt;
 }
 
+/* Whether the routed down takes over per expert at T tokens (v42): the wgmma
+ * kernels with PDL and the early weight loads, by default up to
+ * FM_HANDOFF_MAX_T tokens. */
+static int handoff_on(const fm_cuda_engine *e, const fm_launch_cfg *lc, int T) {
+    return (e->handoff == 2 || (e->handoff == 1 && T <= FM_HANDOFF_MAX_T)) && lc->pipe == FM_PIPE_WGMMA && lc->pdl &&
+           e->pre_wait;
+}
+
 /* The three launches of one layer on e->stream; x_dev is [T][H] of xdt. */
 static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, const void *x_dev, int xdt,
                            const int32_t *tok_dev, int *stat, const fm_launch_cfg *lc, cudaEvent_t *ev, int parts) {
@@ -826,8 +834,7 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
     if (fork) {
         /* v42: the selection zeroes the experts' gate/up counters that the
          * routed down's blocks wait on */
-        const int handoff = e->handoff == 2 || (e->handoff == 1 && T <= FM_HANDOFF_MAX_T);
-        rp.gu_done = handoff && lc->pipe == FM_PIPE_WGMMA && lc->pdl && e->pre_wait ? e->gu_done : NULL;
+        rp.gu_done = handoff_on(e, lc, T) ? e->gu_done : NULL;
         if (e->sh_fork_early && fm_cuda_route_sep_prep(T)) {
             /* the prep alone, the fork, then the logits without the prep */
             if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, FM_ROUTE_PART_PREP, e->stream))) return s;
@@ -857,10 +864,16 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
         FM_CU(cudaStreamWaitEvent(e->stream, e->join_ev, 0));
         return FM_OK;
     }
+    /* v42 here too (no shared expert, or its blocks inside the routed
+     * launches, which keep waiting for the whole grids); not with the phase
+     * timing's events between the launches */
+    rp.gu_done = handoff_on(e, lc, T) && !ev ? e->gu_done : NULL;
     if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, parts, e->stream))) return s;
     if (!(parts & FM_ROUTE_PART_EXPERTS)) return FM_OK;
-    /* fused routing writes the tokens' prep in the grid the experts wait on */
+    /* fused routing writes the tokens' prep in the grid the experts wait on,
+     * and has no selection kernel to zero the handoff's counters */
     if (rp.fuse) ep.sh_early = 0;
+    ep.gu_done = rp.fuse ? NULL : rp.gu_done;
     if (ev) FM_CU(cudaEventRecord(ev[1], e->stream));
     if ((s = fm_cuda_launch_gateup(&ep, lc, e->stream))) return s;
     if (ev) FM_CU(cudaEventRecord(ev[2], e->stream));
@@ -1052,8 +1065,7 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
         size_t n = strlen(r->kernel);
         snprintf(r->kernel + n, sizeof r->kernel - n, "; shared expert 32 tokens per pass");
     }
-    if (e->sh_fork && lc.pipe == FM_PIPE_WGMMA && lc.pdl && e->pre_wait &&
-        (e->handoff == 2 || (e->handoff == 1 && T <= FM_HANDOFF_MAX_T))) {
+    if (handoff_on(e, &lc, T)) {
         size_t n = strlen(r->kernel);
         snprintf(r->kernel + n, sizeof r->kernel - n, "; down starts per expert as its gate/up ends");
     }
