@@ -312,14 +312,15 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_gemv_kernel(fm_route_par
  * gridDim.y expert tiles (v24: the first tile alone did it before, a chain
  * of dependent loads per thread that held those blocks long after the
  * others) and each thread loads two 8-element groups before it stores. */
-static __device__ void tile_prep(const fm_route_params &p, int t0, int kbeg, int kend) {
-    const int H = p.H, T = p.T;
-    const int pend = blockIdx.z == gridDim.z - 1 ? p.Hp : kend;
-    const int ng = (pend - kbeg) / 8; /* kbeg, kend (not last) and Hp are multiples of 8 */
-    const int n = min(LG_TILE, T - t0) * ng;
-    const int stride = RT_THREADS * gridDim.y;
+/* Groups g = first, first + stride, ... of the ntok x ng 8-element groups of
+ * tokens t0 .. t0 + ntok - 1 and K columns kbeg .. kbeg + 8 ng - 1: each
+ * written to x_prep (the experts' BF16 order) and zeroed in the output,
+ * two groups' loads in flight per thread. */
+static __device__ void prep_groups(const fm_route_params &p, int t0, int ntok, int kbeg, int ng, int first,
+                                   int stride) {
+    const int H = p.H, n = ntok * ng;
     const int perm[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-    for (int i0 = threadIdx.x + blockIdx.y * RT_THREADS; i0 < n; i0 += 2 * stride) {
+    for (int i0 = first; i0 < n; i0 += 2 * stride) {
         float4 v[2][2];
         size_t base[2];
         int kk[2];
@@ -347,6 +348,13 @@ static __device__ void tile_prep(const fm_route_params &p, int t0, int kbeg, int
     }
 }
 
+static __device__ void tile_prep(const fm_route_params &p, int t0, int kbeg, int kend) {
+    const int pend = blockIdx.z == gridDim.z - 1 ? p.Hp : kend;
+    /* kbeg, kend (not last) and Hp are multiples of 8 */
+    prep_groups(p, t0, min(LG_TILE, p.T - t0), kbeg, (pend - kbeg) / 8, threadIdx.x + blockIdx.y * RT_THREADS,
+                RT_THREADS * gridDim.y);
+}
+
 /* A block of the SGEMM shapes: its token tile t0, expert tile e0 and K
  * slice [kbeg, kend); waits on the previous grid, lets the next launch, and
  * does its share of the tokens' prep. */
@@ -366,35 +374,9 @@ static __device__ __forceinline__ void tile_start(const fm_route_params &p, int 
  * start before the logits. One 8-element group per thread and round, two
  * groups' loads in flight. */
 __global__ void __launch_bounds__(RT_THREADS) fm_prep_kernel(fm_route_params p) {
-    const int H = p.H, ng = p.Hp / 8;
-    const int64_t n = (int64_t)p.T * ng, stride = (int64_t)gridDim.x * RT_THREADS;
-    const int perm[8] = {0, 4, 1, 5, 2, 6, 3, 7};
     pdl_wait();
     pdl_launch_dependents();
-    for (int64_t i0 = blockIdx.x * RT_THREADS + threadIdx.x; i0 < n; i0 += 2 * stride) {
-        float4 v[2][2];
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const int64_t i = i0 + u * stride;
-            const int64_t t = i / ng;
-            const int kk = (int)(i % ng) * 8;
-            const bool ok = i < n;
-            v[u][0] = ok && kk < H ? load_x4(p.x, p.xdt, (size_t)t * H + kk) : make_float4(0, 0, 0, 0);
-            v[u][1] = ok && kk + 4 < H ? load_x4(p.x, p.xdt, (size_t)t * H + kk + 4) : make_float4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const int64_t i = i0 + u * stride;
-            if (i >= n) break;
-            const int64_t t = i / ng;
-            const int kk = (int)(i % ng) * 8;
-            const float xv[8] = {v[u][0].x, v[u][0].y, v[u][0].z, v[u][0].w,
-                                 v[u][1].x, v[u][1].y, v[u][1].z, v[u][1].w};
-            *(uint4 *)&p.x_prep[(size_t)t * p.Hp + kk] = prep8(xv, perm);
-            if (kk < H) *(float4 *)&p.out[(size_t)t * H + kk] = make_float4(0, 0, 0, 0);
-            if (kk + 4 < H) *(float4 *)&p.out[(size_t)t * H + kk + 4] = make_float4(0, 0, 0, 0);
-        }
-    }
+    prep_groups(p, 0, p.T, 0, p.Hp / 8, blockIdx.x * RT_THREADS + threadIdx.x, gridDim.x * RT_THREADS);
 }
 
 __global__ void __launch_bounds__(RT_THREADS) fm_logits_tile_kernel(fm_route_params p, int kc) {
