@@ -32,6 +32,7 @@
  * applied to the FP32 accumulator.
  */
 #include "cuda_internal.h"
+#include "stream_read.cuh"
 #include <string.h>
 #include <stdlib.h>
 #include <cuda_bf16.h>
@@ -1489,87 +1490,12 @@ extern "C" int fm_cuda_wgmma_built(void) {
 
 /* ------------------------------------------------ bandwidth measurement */
 
-/* The probe's load: ld.global.nc without an L2 fetch-size hint
- * (tests/tools/cuda_bwprobe measured .L2::256B 5 % slower on an H200). */
-static __device__ __forceinline__ uint4 ld_probe(const uint4 *p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
-
-__global__ void fm_stream_read_kernel(const uint4 *p, size_t n, unsigned *acc_out) {
-    uint32_t acc = 0;
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i + 3 * stride < n; i += 4 * stride) {
-        uint4 a = ld_probe(p + i), b = ld_probe(p + i + stride);
-        uint4 c = ld_probe(p + i + 2 * stride), d = ld_probe(p + i + 3 * stride);
-        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
-    }
-    for (; i < n; i += stride) {
-        uint4 a = ld_probe(p + i);
-        acc ^= a.x ^ a.y ^ a.z ^ a.w;
-    }
-    atomicXor(acc_out, acc);
-}
-
-/* The same bytes by TMA bulk copies (sm_90): each block streams its share of
- * 32 KB chunks through a ring of four in shared memory (thread 0 issues,
- * an mbarrier per stage), every thread XORs what landed. On the H200 this
- * read 0.7 - 1.0 % faster than the loads above (cuda_bwprobe), so the probe
- * takes the faster of the two. */
-#define FM_BULK_CH (32 * 1024)
+/* The probe's kernels (stream_read.cuh, shared with tests/tools/cuda_bwprobe):
+ * the grid-stride loads without an L2 fetch-size hint (the hint measured
+ * 5 - 8 % slower on an H200) and, on sm_90, TMA bulk copies through a ring
+ * of four 32 KB stages, which read 0.7 - 1.0 % faster there; the probe takes
+ * the faster of the two. */
 #define FM_BULK_NS 4
-#ifdef FM_HAVE_WGMMA
-static __device__ __forceinline__ void bulk_issue(uint32_t s_dst, const uint8_t *src, uint32_t s_bar) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(s_bar), "r"(FM_BULK_CH) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(s_dst),
-                 "l"(src), "r"(FM_BULK_CH), "r"(s_bar)
-                 : "memory");
-}
-#endif
-__global__ void __launch_bounds__(256) fm_stream_bulk_kernel(const uint8_t *p, size_t bytes, unsigned *acc_out) {
-#ifdef FM_HAVE_WGMMA
-    extern __shared__ __align__(128) uint8_t ring[];
-    __shared__ __align__(8) uint64_t bar[FM_BULK_NS];
-    const size_t nch = bytes / FM_BULK_CH, first = blockIdx.x;
-    const size_t mine = first < nch ? (nch - 1 - first) / gridDim.x + 1 : 0;
-    const uint32_t s_ring = (uint32_t)__cvta_generic_to_shared(ring);
-    const uint32_t s_bar = (uint32_t)__cvta_generic_to_shared(bar);
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < FM_BULK_NS; s++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(s_bar + 8 * s));
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        for (size_t j = 0; j < FM_BULK_NS && j < mine; j++)
-            bulk_issue(s_ring + (uint32_t)j * FM_BULK_CH, p + (first + j * gridDim.x) * FM_BULK_CH, s_bar + 8 * (uint32_t)j);
-    }
-    __syncthreads();
-    uint32_t acc = 0;
-    for (size_t j = 0; j < mine; j++) {
-        const uint32_t s = (uint32_t)(j % FM_BULK_NS), parity = (uint32_t)((j / FM_BULK_NS) & 1);
-        uint32_t done = 0;
-        while (!done)
-            asm volatile("{ .reg .pred P; mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2; selp.u32 %0, 1, 0, P; }"
-                         : "=r"(done)
-                         : "r"(s_bar + 8 * s), "r"(parity)
-                         : "memory");
-        const uint4 *q = (const uint4 *)(ring + s * FM_BULK_CH);
-        for (int i = threadIdx.x; i < FM_BULK_CH / 16; i += blockDim.x) {
-            const uint4 v = q[i];
-            acc ^= v.x ^ v.y ^ v.z ^ v.w;
-        }
-        __syncthreads(); /* stage s is read by every thread before it is refilled */
-        if (threadIdx.x == 0 && j + FM_BULK_NS < mine)
-            bulk_issue(s_ring + s * FM_BULK_CH, p + (first + (j + FM_BULK_NS) * gridDim.x) * FM_BULK_CH, s_bar + 8 * s);
-    }
-    atomicXor(acc_out, acc);
-#else
-    (void)p;
-    (void)bytes;
-    (void)acc_out;
-#endif
-}
 
 __global__ void fm_fill_hash_kernel(uint32_t *p, size_t n) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -1586,7 +1512,7 @@ extern "C" fm_status fm_cuda_stream_read(const void *buf, size_t bytes, cudaStre
     FM_CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     const int bulk = fm_cuda_wgmma_built() && bytes % FM_BULK_CH == 0;
     if (bulk)
-        FM_CU(cudaFuncSetAttribute(fm_stream_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        FM_CU(cudaFuncSetAttribute(fm_bulk_read_kernel<FM_BULK_NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    FM_BULK_NS * FM_BULK_CH));
     fm_fill_hash_kernel<<<sms * 4, 256, 0, s>>>((uint32_t *)buf, bytes / 4);
     FM_CU_LAUNCH("fm_fill_hash_kernel");
@@ -1602,8 +1528,10 @@ extern "C" fm_status fm_cuda_stream_read(const void *buf, size_t bytes, cudaStre
         for (int r = 0; r < reps + 1 && st == FM_OK; r++) {
             cudaError_t err = cudaMemsetAsync(acc + kind, 0, sizeof(unsigned), s);
             cudaEventRecord(a, s);
-            if (kind == 0) fm_stream_read_kernel<<<sms * 8, 512, 0, s>>>((const uint4 *)buf, bytes / 16, acc);
-            else fm_stream_bulk_kernel<<<sms, 256, FM_BULK_NS * FM_BULK_CH, s>>>((const uint8_t *)buf, bytes, acc + 1);
+            if (kind == 0) fm_gs_read_kernel<4, false><<<sms * 8, 512, 0, s>>>((const uint4 *)buf, bytes / 16, acc);
+            else
+                fm_bulk_read_kernel<FM_BULK_NS>
+                    <<<sms, 256, FM_BULK_NS * FM_BULK_CH, s>>>((const uint8_t *)buf, bytes, acc + 1);
             cudaEventRecord(b, s);
             if (err == cudaSuccess) err = cudaGetLastError();
             if (err == cudaSuccess) err = cudaEventSynchronize(b);
@@ -1621,7 +1549,8 @@ extern "C" fm_status fm_cuda_stream_read(const void *buf, size_t bytes, cudaStre
     cudaEventDestroy(a);
     cudaEventDestroy(b);
     cudaFree(acc);
-    /* the hash's XOR is not 0 for these sizes; an empty bulk kernel would leave 0 */
+    /* an empty bulk kernel (no sm_90 code) leaves 0; should the buffer's
+     * XOR itself be 0, the bulk read is simply not counted */
     *best_s = bulk && x[1] == x[0] && x[0] != 0 && best[1] < best[0] ? best[1] : best[0];
     return st;
 }

@@ -30,6 +30,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* the loads: fm_ld_nc, as the expert kernels' weights and the engine's
+ * probe read from v39 on (until then both carried the .L2::256B hint, and
+ * so did this tool: docs/perf.md's readpat figures before the ninth
+ * session's end are with it) */
+#include "stream_read.cuh"
+
 #define CK(x)                                                                                          \
     do {                                                                                               \
         cudaError_t e_ = (x);                                                                          \
@@ -38,24 +44,6 @@
             exit(1);                                                                                   \
         }                                                                                              \
     } while (0)
-
-static __device__ __forceinline__ uint4 ld_stream(const void *p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
-
-/* the engine's bandwidth probe's load (no L2 fetch-size hint: cuda_bwprobe
- * measured the hint 5 - 8 % slower for a streaming read) */
-static __device__ __forceinline__ uint4 ld_plain(const void *p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
 
 struct rp_params {
     const uint8_t *base; /* this layer's first expert            */
@@ -71,10 +59,10 @@ struct rp_params {
  * its scales (lanes 0 - 7, 16 bytes each). */
 static __device__ __forceinline__ void rp_load(const rp_params &p, const uint8_t *mb, size_t t, int lane, uint4 *b) {
     const uint8_t *q = mb + t * (p.sc == 2 ? 1152 : 1024) + lane * 16;
-    b[0] = ld_stream(q);
-    b[1] = ld_stream(q + 512);
+    b[0] = fm_ld_nc(q);
+    b[1] = fm_ld_nc(q + 512);
     if (p.sc && lane < 8)
-        b[2] = ld_stream(p.sc == 2 ? q + 1024
+        b[2] = fm_ld_nc(p.sc == 2 ? q + 1024
                                    : mb + (size_t)p.nrg * p.nseg * 1024 + t * 128 + lane * 16);
     else
         b[2] = make_uint4(0, 0, 0, 0);
@@ -128,12 +116,12 @@ __global__ void rp_probe(rp_params p, size_t n16, int blocks_per_e) {
     size_t i = (size_t)(blockIdx.x % blocks_per_e) * blockDim.x + threadIdx.x;
     uint32_t acc = 0;
     for (; i + 3 * stride < n16; i += 4 * stride) {
-        uint4 a = ld_plain(q + i), b = ld_plain(q + i + stride), c = ld_plain(q + i + 2 * stride),
-              d = ld_plain(q + i + 3 * stride);
+        uint4 a = fm_ld_nc(q + i), b = fm_ld_nc(q + i + stride), c = fm_ld_nc(q + i + 2 * stride),
+              d = fm_ld_nc(q + i + 3 * stride);
         acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
     }
     for (; i < n16; i += stride) {
-        uint4 a = ld_plain(q + i);
+        uint4 a = fm_ld_nc(q + i);
         acc ^= a.x ^ a.y ^ a.z ^ a.w;
     }
     atomicXor(p.sink, acc);
