@@ -4,20 +4,7 @@
 set -u
 BIN="${FM_TOOLS_DIR:-}/cpu_ab"
 if [ ! -x "$BIN" ]; then echo "SKIPPED: cpu_ab not built"; exit 77; fi
-
-T=$(mktemp -d /tmp/fm_sh_cpu_ab.XXXXXX)
-trap 'rm -rf "$T"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-
-bad() { # bad 'expected message' ARGS...
-    local want=$1; shift
-    timeout 20 "$BIN" "$@" >"$T/out" 2>"$T/err"
-    local rc=$?
-    [ "$rc" = 2 ] || fail "$*: exit $rc, expected 2"
-    grep -qF -- "$want" "$T/err" || fail "$*: expected '$want' on stderr, got: $(cat "$T/err")"
-    [ ! -s "$T/out" ] || fail "$*: wrote to stdout: $(cat "$T/out")"
-}
+. "$(dirname "$0")/tool_args.inc.sh"
 
 bad "unknown or incomplete argument '--foo'" --foo 1
 bad "unknown or incomplete argument '--preset'" --preset
@@ -33,5 +20,4 @@ bad "unknown or incomplete argument '--env-b'" --env-b NOEQUALS
 bad "unknown or incomplete argument '--env-b'" --env-b =1
 bad "nosuch" --preset nosuch
 
-if [ "$fails" -gt 0 ]; then echo "$fails failure(s)"; exit 1; fi
-echo "cpu_ab argument checks: all passed"
+finish cpu_ab

@@ -5,21 +5,9 @@
 set -u
 BIN="${FM_TOOLS_DIR:-}/cuda_readpat"
 if [ ! -x "$BIN" ]; then echo "SKIPPED: cuda_readpat not built (no CUDA toolkit)"; exit 77; fi
-
-T=$(mktemp -d /tmp/fm_sh_readpat.XXXXXX)
-trap 'rm -rf "$T"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-
-bad() { # bad 'expected message' ARGS...
-    local want=$1; shift
-    "$BIN" --json "$T/out.json" "$@" >"$T/out" 2>"$T/err"
-    local rc=$?
-    [ "$rc" = 2 ] || fail "$*: exit $rc, expected 2"
-    grep -qF -- "$want" "$T/err" || fail "$*: expected '$want' on stderr, got: $(cat "$T/err")"
-    [ ! -e "$T/out.json" ] || fail "$*: left $T/out.json behind"
-    [ ! -s "$T/out" ] || fail "$*: wrote to stdout: $(cat "$T/out")"
-}
+. "$(dirname "$0")/tool_args.inc.sh"
+LEFT="$T/out.json"
+ARGS_PRE="--json $LEFT"
 
 bad "unknown argument '--foo'" --foo 1
 bad "no value for '--occ'" --reps 3 --occ
@@ -32,5 +20,4 @@ bad "--mats is 1 or 2 and --nrg a multiple of 4" --nrg 126
 bad "--occ 40: at most 32 blocks per SM" --occ 40
 bad "is more than 256 GiB" --experts 100000 --layers 1000
 
-if [ "$fails" -gt 0 ]; then echo "$fails failure(s)"; exit 1; fi
-echo "cuda_readpat argument checks: all passed"
+finish cuda_readpat

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# cuda_bwprobe's arguments: each bad one is refused with exit 2 and a message
+# naming it, before any GPU is touched (so this runs on machines without one).
+# Skipped where the CUDA tools are not built.
+set -u
+BIN="${FM_TOOLS_DIR:-}/cuda_bwprobe"
+if [ ! -x "$BIN" ]; then echo "SKIPPED: cuda_bwprobe not built (no CUDA toolkit)"; exit 77; fi
+. "$(dirname "$0")/tool_args.inc.sh"
+
+bad "bad argument '--foo'" --foo 1
+bad "bad argument '--mib'" --mib
+bad "bad argument '--mib'" --mib 3
+bad "bad argument '--mib'" --mib x
+bad "bad argument '--reps'" --reps 0
+bad "bad argument '--reps'" --reps 1001
+bad "bad argument '--reps'" --reps 5x
+
+finish cuda_bwprobe
