@@ -5,13 +5,28 @@ logits kernel, the selection's end after the logits' end, the routed gate/up and
 down kernels (on the logits' stream) and the shared expert's kernels (on the
 other stream), all relative to the logits kernel's end.
     python3 scripts/trace_layers.py TRACE.json [...]"""
-import json, statistics as st, sys
+import json, re, statistics as st, sys
+
+# the expert kernels' template arguments, mangled (CUPTI) or demangled:
+# fm_expert_wg_kernel<NMAT, MX, NMAX, D2> and fm_expert_kernel<NT, NMAT, ...>;
+# down is NMAT 1 or D2 (the 128-row down runs as two 64-row "matrices")
+_WG = re.compile(r'fm_expert_wg_kernel(?:ILi(\d+)ELb(\d)ELi(\d+)ELb(\d)E|<(\d+), *(\w+), *(\d+), *(\w+)>)')
+_MMA = re.compile(r'fm_expert_kernel(?:ILi(\d+)ELi(\d+)E|<(\d+), *(\d+))')
 
 
 def kind(name):
+    """LG (router logits), SEL (selection and grouping), GU, DN or None."""
     if 'logits' in name: return 'LG'
     if 'route' in name: return 'SEL'
-    if 'expert' in name: return 'DN' if ('ELb1EE' in name or 'ILi1E' in name) else 'GU'
+    m = _WG.search(name)
+    if m:
+        g = [x for x in m.groups() if x is not None]
+        nmat, d2 = g[0], g[3]
+        return 'DN' if nmat == '1' or d2 in ('1', 'true') else 'GU'
+    m = _MMA.search(name)
+    if m:
+        g = [x for x in m.groups() if x is not None]
+        return 'DN' if g[1] == '1' else 'GU'
     return None
 
 
@@ -37,18 +52,44 @@ def layers(ev):
         yield row
 
 
-def main():
-    cols = ['period', 'LG', 'SEL_end', 'GU_start', 'GU_dur', 'GU_end', 'DN_dur', 'DN_end', 'sh_GU_start', 'sh_GU_end',
-            'sh_DN_end']
-    print('%-34s %5s ' % ('trace', 'n') + ' '.join('%10s' % c for c in cols))
-    for f in sys.argv[1:]:
-        d = json.load(open(f))
-        ev = d['traceEvents'] if isinstance(d, dict) else d
+COLS = ['period', 'LG', 'SEL_end', 'GU_start', 'GU_dur', 'GU_end', 'DN_dur', 'DN_end', 'sh_GU_start', 'sh_GU_end',
+        'sh_DN_end']
+
+
+def summary(path):
+    """(number of layers, {column: median}) of one trace file; ValueError
+    naming the problem when it is not a Chrome trace of kernel events."""
+    try:
+        with open(path) as fh:
+            d = json.load(fh)
+    except (OSError, ValueError) as e:
+        raise ValueError('%s: not a readable JSON trace (%s)' % (path, e))
+    ev = d.get('traceEvents') if isinstance(d, dict) else d
+    if not isinstance(ev, list):
+        raise ValueError('%s: no traceEvents list' % path)
+    try:
         # layers that ran the routed experts (a profile also times routing alone)
-        rows = [r for r in layers(ev) if 'GU_end' in r and 'DN_end' in r]
-        med = lambda c: st.median([r[c] for r in rows if c in r]) if any(c in r for r in rows) else float('nan')
-        print('%-34s %5d ' % (f[-34:], len(rows)) + ' '.join('%10.2f' % med(c) for c in cols))
+        rows = [r for r in layers([e for e in ev if isinstance(e, dict)]) if 'GU_end' in r and 'DN_end' in r]
+    except (KeyError, TypeError) as e:
+        raise ValueError('%s: a kernel event without a numeric ts, dur or name (%s)' % (path, e))
+    med = {c: st.median([r[c] for r in rows if c in r]) for c in COLS if any(c in r for r in rows)}
+    return len(rows), med
+
+
+def main():
+    if len(sys.argv) < 2:
+        print('usage: trace_layers.py TRACE.json [...]', file=sys.stderr)
+        return 2
+    print('%-34s %5s ' % ('trace', 'n') + ' '.join('%10s' % c for c in COLS))
+    for f in sys.argv[1:]:
+        try:
+            n, med = summary(f)
+        except ValueError as e:
+            print('trace_layers: %s' % e, file=sys.stderr)
+            return 2
+        print('%-34s %5d ' % (f[-34:], n) + ' '.join('%10.2f' % med.get(c, float('nan')) for c in COLS))
+    return 0
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())
