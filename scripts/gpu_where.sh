@@ -13,13 +13,16 @@ export LD_LIBRARY_PATH=$PWD/.devbuild/lib FP4MOE_SHIPPED_CONFIGS=$PWD/configs
 B=${WHERE_BIN:-$PWD/.devbuild/bin}
 S=$OUT/where.txt
 : > "$S"
+WHERE_BATCH=${WHERE_BATCH-64,128,256,512}
 for b in ${WHERE_BATCH//,/ }; do
     timeout 120 "$B/fp4moe" profile --device cuda --preset ${WHERE_PRESET:-deepseek-v4-flash} --batch "$b" --layers 8 \
         --steps 2 --trace "$OUT/tr_$b.json" --quiet > "$OUT/prof_$b.txt" 2>&1
     echo "profile B=$b exit $?" >> "$S"
 done
-python3 scripts/trace_layers.py "$OUT"/tr_*.json >> "$S" 2>&1
-gzip -f "$OUT"/tr_*.json
+if [[ -n ${WHERE_BATCH:-} ]]; then
+    python3 scripts/trace_layers.py "$OUT"/tr_*.json >> "$S" 2>&1
+    gzip -f "$OUT"/tr_*.json
+fi
 # WHERE_NCU_BATCH: Nsight Compute on the kernels matching WHERE_NCU_KERNELS
 # (default the wgmma expert kernels) at those batch sizes, with the sections
 # below or, when WHERE_NCU_METRICS is set, those metrics only.
