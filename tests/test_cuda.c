@@ -209,6 +209,49 @@ static void test_input_dtypes(void **state) {
     }
 }
 
+/* A router that is not exact in BF16 (every third weight moved one FP32 ulp)
+ * takes the TF32 logits above 32 tokens instead of the BF16 ones (v45); both
+ * against the float64 reference, with F32, F16 and BF16 activations. */
+static void test_router_not_bf16(void **state) {
+    (void)state;
+    NEED_GPU();
+    const char *presets[] = {"tiny-deepseek-v4", "tiny-qwen3"};
+    const int Ts[] = {33, 130};
+    for (size_t pi = 0; pi < 2; pi++) {
+        fm_model_desc d;
+        assert_int_equal(fm_preset_desc(presets[pi], FM_QF_NVFP4, &d), FM_OK);
+        const int L = first_moe_layer(&d, 0), H = d.hidden, E = d.n_experts;
+        assert_true(L >= 0);
+        fm_moe_layer *hl;
+        if (fm_moe_layer_random(&d, FM_QF_NVFP4, 313 + pi, L, &hl)) fail_msg("random layer: %s", fm_last_error());
+        float *rw = (float *)hl->router_w;
+        for (int64_t i = 0; i < (int64_t)E * H; i += 3) rw[i] = nextafterf(rw[i], INFINITY);
+        fm_cuda_layer *cl;
+        if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+        for (size_t ti = 0; ti < 2; ti++) {
+            const int T = Ts[ti];
+            float *xf = malloc(sizeof(float) * (size_t)T * H);
+            uint16_t *xh = malloc(sizeof(uint16_t) * (size_t)T * H), *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+            assert_non_null(xf); assert_non_null(xh); assert_non_null(xb);
+            for (int64_t i = 0; i < (int64_t)T * H; i++) {
+                xf[i] = fm_rng_normal(900 + pi * 7 + T, 3, (uint64_t)i);
+                xh[i] = fm_f32_to_f16(xf[i]);
+                xb[i] = fm_f32_to_bf16(xf[i]);
+            }
+            const void *xs[3] = {xf, xh, xb};
+            const fm_dtype dts[3] = {FM_DT_F32, FM_DT_F16, FM_DT_BF16};
+            for (int di = 0; di < 3; di++) {
+                cmp_result r;
+                run_compare_dt(&d, hl, cl, T, xs[di], dts[di], NULL, &r);
+                check_ref(&r, 1, "%-16s router not BF16, %s input T=%3d", presets[pi], fm_dtype_name(dts[di]), T);
+            }
+            free(xf); free(xh); free(xb);
+        }
+        fm_cuda_layer_free(cl);
+        fm_moe_layer_free(hl);
+    }
+}
+
 /* The launch-order switches (docs/perf.md, v28): the shared expert inside
  * the routed launches instead of on its own stream, and every block waiting
  * before its first weight load, each alone and both, against the float64
@@ -218,19 +261,22 @@ static void test_launch_switches(void **state) {
     (void)state;
     NEED_GPU();
     const char *presets[] = {"tiny-deepseek", "tiny-deepseek-v4"};
-    /* SH_FORK, PRE_WAIT, SH_FORK_EARLY, PRIO, HANDOFF (T = 130 takes the
-     * separate prep kernel with SH_FORK_EARLY) */
-    static const char *names[] = {"FP4MOE_CUDA_SH_FORK", "FP4MOE_CUDA_PRE_WAIT", "FP4MOE_CUDA_SH_FORK_EARLY",
-                                  "FP4MOE_CUDA_PRIO", "FP4MOE_CUDA_HANDOFF"};
-    const char *sets[][5] = {{"0", "0", "0", "0", "0"}, {"0", "1", "0", "0", "0"}, {"1", "0", "0", "0", "0"},
-                             {"1", "1", "1", "1", "0"}, {"1", "1", "0", "2", "1"}};
+    /* SH_FORK, PRE_WAIT, SH_FORK_EARLY, PRIO, HANDOFF, SH_TOKENS (T = 130
+     * takes the separate prep kernel with SH_FORK_EARLY, and with SH_TOKENS
+     * 64 the shared expert's passes of 64, 64 and 2 tokens) */
+    enum { NSW = 6 };
+    static const char *names[NSW] = {"FP4MOE_CUDA_SH_FORK", "FP4MOE_CUDA_PRE_WAIT", "FP4MOE_CUDA_SH_FORK_EARLY",
+                                     "FP4MOE_CUDA_PRIO",    "FP4MOE_CUDA_HANDOFF",  "FP4MOE_CUDA_SH_TOKENS"};
+    const char *sets[][NSW] = {{"0", "0", "0", "0", "0", "32"}, {"0", "1", "0", "0", "0", "32"},
+                               {"1", "0", "0", "0", "0", "32"}, {"1", "1", "1", "1", "0", "32"},
+                               {"1", "1", "0", "2", "1", "32"}, {"1", "1", "0", "0", "1", "64"}};
     const int Ts[] = {1, 7, 130};
     fm_cuda_engine *saved = g_eng;
     for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
-        for (int v = 0; v < 5; v++) setenv(names[v], sets[si][v], 1);
+        for (int v = 0; v < NSW; v++) setenv(names[v], sets[si][v], 1);
         fm_cuda_engine *e = NULL;
         fm_status es = fm_cuda_engine_new(0, &e);
-        for (int v = 0; v < 5; v++) unsetenv(names[v]);
+        for (int v = 0; v < NSW; v++) unsetenv(names[v]);
         if (es) fail_msg("engine: %s", fm_last_error());
         g_eng = e;
         for (size_t pi = 0; pi < 2; pi++) {
@@ -251,8 +297,8 @@ static void test_launch_switches(void **state) {
                 make_x(300 + pi * 7 + T, T, H, xb, xf);
                 cmp_result r;
                 run_compare(&d, hl, cl, T, xb, NULL, &r);
-                check_ref(&r, 1, "SH_FORK=%s PRE_WAIT=%s SH_FORK_EARLY=%s PRIO=%s HANDOFF=%s %-16s T=%3d",
-                          sets[si][0], sets[si][1], sets[si][2], sets[si][3], sets[si][4], presets[pi], T);
+                check_ref(&r, 1, "SH_FORK=%s PRE_WAIT=%s SH_FORK_EARLY=%s PRIO=%s HANDOFF=%s SH_TOKENS=%s %-16s T=%3d",
+                          sets[si][0], sets[si][1], sets[si][2], sets[si][3], sets[si][4], sets[si][5], presets[pi], T);
                 free(xb); free(xf);
             }
             fm_cuda_layer_free(cl);
@@ -459,6 +505,9 @@ static void test_forced_configs(void **state) {
          * several passes and every token count 1 .. 32 per pass occurs */
         {FM_PATH_WGMMA, 64, 1, 4, 1, 8, 1.5f}, {FM_PATH_WGMMA, 64, 1, 4, 1, 16, 1.5f},
         {FM_PATH_WGMMA, 64, 1, 4, 1, 32, 1.5f},
+        /* two warpgroups per block (v43); the tiny shapes' rows fill only
+         * part of a block, so the idle warpgroup's path runs too */
+        {FM_PATH_WGMMA, 128, 1, 8, 1, 16, 1.5f}, {FM_PATH_WGMMA, 128, 1, 8, 1, 32, 1.5f},
     };
     const char *presets[] = {"tiny-mixtral", "tiny-deepseek-v4"};
     for (int pi = 0; pi < 2; pi++)
@@ -576,6 +625,7 @@ static void test_bench_runs(void **state) {
     assert_true(r.active_experts >= d.topk && r.active_experts <= d.n_experts);
     assert_true(r.bytes_per_layer > 0);
     assert_true(r.kernel[0] && r.config_source[0]);
+    assert_non_null(strstr(r.kernel, "router logits: GEMV"));
     /* the wgmma path runs where it can and says so where it cannot */
     const fm_kernel_config wg = {FM_PATH_WGMMA, 64, 1, 4, 1, 32, 1.5f};
     /* a wgmma config of another block shape is refused, naming the shape,
@@ -588,9 +638,21 @@ static void test_bench_runs(void **state) {
     fm_cuda_engine_set_config(g_eng, NULL);
     if (st) fail_msg("bench (wgmma): %s", fm_last_error());
     printf("# wgmma config: kernel %s; source %s\n", r.kernel, r.config_source);
+    /* the bench's F32 activations against the generated BF16 router above
+     * 32 tokens: the BF16 logits with three terms of x (v45) */
+    assert_non_null(strstr(r.kernel, "router logits: BF16 mma.sync, three terms of x"));
     if (strstr(fm_cuda_engine_describe(g_eng), "sm_90")) {
         assert_non_null(strstr(r.kernel, "fm_expert_wg_kernel"));
         assert_int_equal(r.cfg.path, FM_PATH_WGMMA);
+        /* two warpgroups per block (v43), named in the kernel line */
+        const fm_kernel_config wg2 = {FM_PATH_WGMMA, 128, 1, 8, 1, 32, 1.5f};
+        assert_int_equal(fm_cuda_engine_set_config(g_eng, &wg2), FM_OK);
+        st = fm_cuda_bench(g_eng, &d, ls, 3, 40, 1, 3, &r);
+        fm_cuda_engine_set_config(g_eng, NULL);
+        if (st) fail_msg("bench (wgmma, 128 rows): %s", fm_last_error());
+        printf("# wgmma 128-row config: kernel %s\n", r.kernel);
+        assert_non_null(strstr(r.kernel, "two warpgroups per block"));
+        assert_int_equal(r.cfg.rows_per_block, 128);
     } else {
         assert_non_null(strstr(r.config_source, "wgmma path needs sm_90"));
         assert_true(r.cfg.path != FM_PATH_WGMMA);
@@ -673,13 +735,19 @@ static void test_dsv4_flash_shape(void **state) {
     assert_non_null(ref); assert_non_null(out);
     fm_moe_out ro = {ref, NULL, NULL};
     if (fm_moe_forward_ref(&d, &hl, xb, FM_DT_BF16, NREF, NULL, &ro)) fail_msg("reference: %s", fm_last_error());
-    const int Bs[2] = {1, T};
-    for (int bi = 0; bi < 2; bi++) {
+    /* B = 64 twice: the configured kernels, then two warpgroups per block
+     * (v43), whose blocks this shape's rows fill */
+    const int Bs[3] = {1, T, T};
+    const fm_kernel_config wg2 = {FM_PATH_WGMMA, 128, 1, 8, 1, 16, 1.5f};
+    for (int bi = 0; bi < 3; bi++) {
         int B = Bs[bi], nref = B < NREF ? B : NREF;
         int32_t gid[64 * 8];
         for (int64_t i = 0; i < (int64_t)B * H; i++) out[i] = NAN;
         fm_moe_out o = {out, gid, NULL};
-        if (fm_cuda_forward(g_eng, &d, cl, xb, FM_DT_BF16, B, NULL, &o)) fail_msg("forward: %s", fm_last_error());
+        if (bi == 2) assert_int_equal(fm_cuda_engine_set_config(g_eng, &wg2), FM_OK);
+        fm_status fs = fm_cuda_forward(g_eng, &d, cl, xb, FM_DT_BF16, B, NULL, &o);
+        if (bi == 2) fm_cuda_engine_set_config(g_eng, NULL);
+        if (fs) fail_msg("forward: %s", fm_last_error());
         int nonfinite = 0;
         for (int64_t i = 0; i < (int64_t)B * H; i++) nonfinite += !isfinite(out[i]);
         double num = 0, den = 0;
@@ -698,8 +766,8 @@ static void test_dsv4_flash_shape(void **state) {
             }
             for (int i = 0; i < k; i++) mism += gid[(T - 1) * k + i] != ids[k + i];
         }
-        printf("# deepseek-v4-flash layer %d B=%d: rel %.2e on %d tokens, id mismatches %d\n", L, B, sqrt(num / den),
-               nref + (B == T), mism);
+        printf("# deepseek-v4-flash layer %d B=%d%s: rel %.2e on %d tokens, id mismatches %d\n", L, B,
+               bi == 2 ? " (rows_per_block 128)" : "", sqrt(num / den), nref + (B == T), mism);
         assert_int_equal(nonfinite, 0);
         assert_int_equal(mism, 0);
         assert_true(sqrt(num / den) <= 5e-3);
@@ -792,6 +860,7 @@ int main(void) {
         cmocka_unit_test(test_dsv4_flash_shape), cmocka_unit_test(test_dsv4_clamp),
         cmocka_unit_test(test_input_dtypes),     cmocka_unit_test(test_launch_switches),
         cmocka_unit_test(test_grouping_k8),      cmocka_unit_test(test_route_many_experts),
+        cmocka_unit_test(test_router_not_bf16),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     /* without a usable GPU every test above skipped itself: exit 77 so that

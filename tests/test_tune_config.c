@@ -110,8 +110,8 @@ static void test_parse_malformed(void **st) {
         {"\"switch_tpe\": 1.5", "\"switch_tpe\": \"1.5\"", "switch_tpe: must be a number"},
         {"\"path\": \"large\"", "\"path\": \"medium\"", "unknown path 'medium'"},
         {"\"path\": \"large\", \"rows_per_block\": 64", "\"path\": \"wgmma\", \"rows_per_block\": 32",
-         "buckets[0].params.path: the wgmma path takes rows_per_block 64, k_split 1, warps 4 and tile_n 8, 16 or 32, "
-         "not 32, 1, 4 and 16"},
+         "buckets[0].params.path: the wgmma path takes k_split 1 and rows_per_block 64, warps 4, tile_n 8|16|32 or "
+         "128, 8, 16|32; not rows_per_block 32, k_split 1, warps 4, tile_n 16"},
         {"\"path\": \"large\"", "\"path\": 1", "buckets[0].params.path: must be a string"},
         {"\"params\": {\"path\": \"large\"", "\"params\": [], \"x\": {\"path\": \"large\"", "params: must be an object"},
         {"\"us\": 240.5", "\"us\": -3", "buckets[0].us: -3 is outside"},
@@ -299,34 +299,48 @@ static void test_expected_active(void **st) {
 
 static void test_candidates(void **st) {
     (void)st;
-    fm_tune_key k = key_h200();
+    fm_tune_key keys[2] = {key_h200(), key_h200()};
+    keys[1].I = 2880; /* gpt-oss-120b: 128-row wgmma blocks would stream rows they do not use */
+    keys[1].H = 2880;
     const int Ts[] = {1, 4, 16, 64, 512};
-    for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++) {
-        fm_kernel_config c[FM_TUNE_GRID_MAX];
-        int n = fm_tune_candidates(&k, Ts[t], c, FM_TUNE_GRID_MAX);
-        fm_kernel_config def = fm_kernel_config_default(&k, Ts[t]);
-        assert_true(n >= 2);
-        assert_memory_equal(&c[0], &def, sizeof def); /* the default first */
-        int paths[3] = {0, 0, 0};
-        for (int i = 0; i < n; i++) {
-            char why[128];
-            assert_int_equal(fm_tune_config_invalid(&c[i], why, sizeof why), 0);
-            assert_true(c[i].path >= FM_PATH_SMALL && c[i].path <= FM_PATH_WGMMA);
-            paths[c[i].path]++;
-            if (c[i].path == FM_PATH_WGMMA) /* one block shape */
-                assert_true(c[i].warps == 4 && c[i].k_split == 1 && c[i].rows_per_block == 64 &&
-                            (c[i].tile_n == 8 || c[i].tile_n == 16 || c[i].tile_n == 32));
-            for (int j = 0; j < i; j++) assert_memory_not_equal(&c[i], &c[j], sizeof c[i]);
+    for (int ki = 0; ki < 2; ki++)
+        for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++) {
+            const fm_tune_key k = keys[ki];
+            fm_kernel_config c[FM_TUNE_GRID_MAX];
+            int n = fm_tune_candidates(&k, Ts[t], c, FM_TUNE_GRID_MAX);
+            fm_kernel_config def = fm_kernel_config_default(&k, Ts[t]);
+            assert_true(n >= 2);
+            assert_memory_equal(&c[0], &def, sizeof def); /* the default first */
+            int paths[3] = {0, 0, 0}, wg2 = 0;
+            for (int i = 0; i < n; i++) {
+                char why[128];
+                assert_int_equal(fm_tune_config_invalid(&c[i], why, sizeof why), 0);
+                assert_true(c[i].path >= FM_PATH_SMALL && c[i].path <= FM_PATH_WGMMA);
+                paths[c[i].path]++;
+                if (c[i].path == FM_PATH_WGMMA) { /* two block shapes */
+                    assert_int_equal(c[i].k_split, 1);
+                    if (c[i].warps == 4)
+                        assert_true(c[i].rows_per_block == 64 &&
+                                    (c[i].tile_n == 8 || c[i].tile_n == 16 || c[i].tile_n == 32));
+                    else
+                        assert_true(c[i].warps == 8 && c[i].rows_per_block == 128 &&
+                                    (c[i].tile_n == 16 || c[i].tile_n == 32));
+                    wg2 += c[i].warps == 8;
+                }
+                for (int j = 0; j < i; j++) assert_memory_not_equal(&c[i], &c[j], sizeof c[i]);
+            }
+            /* every path is always a candidate, the wgmma one with its three
+             * pass sizes, and two more with two warpgroups where the rows fill
+             * their blocks */
+            assert_true(paths[0] > 0 && paths[1] > 0 && paths[2] == (ki == 0 ? 5 : 3));
+            assert_int_equal(wg2, ki == 0 ? 2 : 0);
+            fm_kernel_config few[3];
+            assert_int_equal(fm_tune_candidates(&k, Ts[t], few, 3), 3);
+            assert_memory_equal(few, c, 3 * sizeof c[0]);
         }
-        /* every path is always a candidate, the wgmma one with its three pass sizes */
-        assert_true(paths[0] > 0 && paths[1] > 0 && paths[2] == 3);
-        fm_kernel_config few[3];
-        assert_int_equal(fm_tune_candidates(&k, Ts[t], few, 3), 3);
-        assert_memory_equal(few, c, 3 * sizeof c[0]);
-    }
     fm_kernel_config c[4];
-    assert_int_equal(fm_tune_candidates(&k, 0, c, 4), 0);
-    assert_int_equal(fm_tune_candidates(&k, 1, c, 0), 0);
+    assert_int_equal(fm_tune_candidates(&keys[0], 0, c, 4), 0);
+    assert_int_equal(fm_tune_candidates(&keys[0], 1, c, 0), 0);
 }
 
 static void test_config_ranges(void **st) {
@@ -351,7 +365,16 @@ static void test_config_ranges(void **st) {
     x = w; x.tile_n = 24;
     assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 1);
     assert_non_null(strstr(why, "wgmma path takes"));
+    /* two warpgroups (v43): 128 rows, 8 warps, passes of 16 or 32 only */
     x = w; x.warps = 8; x.rows_per_block = 128;
+    assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 0);
+    x.tile_n = 16;
+    assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 0);
+    x.tile_n = 8;
+    assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 1);
+    x = w; x.warps = 8; x.rows_per_block = 64;
+    assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 1);
+    x = w; x.warps = 4; x.rows_per_block = 128;
     assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 1);
 }
 

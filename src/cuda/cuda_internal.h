@@ -106,6 +106,7 @@ typedef struct {
     float scaling;
     int hash;               /* 1: ids from tid2eid[token_id]                 */
     const float *router_w;  /* [E][H]                                        */
+    const uint16_t *router_wb; /* [E][H] the same in BF16 when exact, or NULL */
     const float *router_bias, *score_bias;
     const int32_t *tid2eid; /* [tid_rows][k]                                 */
     int64_t tid_rows;
@@ -171,6 +172,10 @@ typedef struct {
     int pre_wait;
     /* 1: the weights are read with an L2 evict-first policy */
     int l2first;
+    /* the wgmma kernels ask L2 for each warp's weights and scales this many
+     * segments beyond those their cp.async ring holds (v44,
+     * FP4MOE_CUDA_WG_L2PF; 0: no such requests) */
+    int l2pf;
     int sms;                      /* SMs of the device (sizes the down's K split) */
     const int *n_active, *act_e, *act_off, *act_cnt, *sorted_tok;
     const float *sorted_w;
@@ -236,6 +241,9 @@ size_t fm_cuda_route_smem(int H, int E);
 /* 1 when the logits at T tokens take the SGEMM shape, whose prep can run as a
  * kernel of its own (FM_ROUTE_PART_PREP, then the logits with skip_prep). */
 int fm_cuda_route_sep_prep(int T);
+/* The router logits kernel the routing launch takes at T tokens, in words
+ * (bf16_router: the layer has the exact BF16 router; xdt: fm_dtype of x). */
+const char *fm_cuda_route_logits_name(int T, int bf16_router, int xdt);
 /* Floats of the partial-logits workspace for up to T tokens (monotone). */
 size_t fm_cuda_route_logit_floats(int T, int H, int E, int sms);
 fm_status fm_cuda_route_prepare(size_t smem);

@@ -39,6 +39,8 @@ struct fm_cuda_engine {
     int sh_fork;     /* shared expert on a branch of its own, beside the selection (v28) */
     int sh_fork_early; /* that branch forked before the logits where a prep kernel can run first (v38) */
     int prio;        /* stream priorities: 0 none, 1 routed chain above the shared branch, 2 the reverse (v38) */
+    int l2pf;        /* FP4MOE_CUDA_WG_L2PF (v44) */
+    int sh_tokens;   /* FP4MOE_CUDA_SH_TOKENS: 32, 64, or 0 for the default (v46) */
     int handoff;     /* down starts per expert when its gate/up warps are done (v42):
                       * 0 never, 1 up to FM_HANDOFF_MAX_T tokens, 2 always */
     int sh_wide;     /* its wgmma launches with 32-token passes whatever the config's (v35) */
@@ -74,6 +76,7 @@ struct fm_cuda_layer {
     int Hp, Ip, SIp;
     fm_dmat gate, up, down, sgate, sup, sdown;
     float *router_w, *router_bias, *score_bias;
+    uint16_t *router_wb; /* the router as BF16 when every weight is exact in BF16 (v45), else NULL */
     int32_t *tid2eid;
     int64_t tid_rows;
     int hash;
@@ -148,6 +151,12 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
      * a re-decode of its weights (v35); FP4MOE_CUDA_SH_WIDE=0 keeps the
      * config's width */
     e->sh_wide = !fm_cuda_env_is("FP4MOE_CUDA_SH_WIDE", "0");
+    /* Above 64 tokens those passes are 64 tokens wide (v46: half the
+     * re-decodes again); FP4MOE_CUDA_SH_TOKENS=64 from 33 tokens, =32 never
+     * (0: the default) */
+    e->sh_tokens = fm_cuda_env_is("FP4MOE_CUDA_SH_TOKENS", "64")   ? 64
+                   : fm_cuda_env_is("FP4MOE_CUDA_SH_TOKENS", "32") ? 32
+                                                                   : 0;
     /* FP4MOE_CUDA_SH_FORK_EARLY=1: above 32 tokens the tokens' prep runs as
      * a kernel of its own and the shared expert's branch forks after it,
      * beside the logits too (v38) */
@@ -172,6 +181,13 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
      * weight loads before griddepcontrol.wait (v28); FP4MOE_CUDA_PRE_WAIT=0
      * waits first */
     e->pre_wait = !fm_cuda_env_is("FP4MOE_CUDA_PRE_WAIT", "0");
+    /* FP4MOE_CUDA_WG_L2PF=N: the wgmma kernels' warps also ask L2 for their
+     * weights N segments beyond the cp.async ring (v44), a deeper stream
+     * without shared memory; 0 (default) none */
+    {
+        const char *pv = getenv("FP4MOE_CUDA_WG_L2PF");
+        e->l2pf = pv && *pv ? atoi(pv) : 0;
+    }
     /* Weights and router rows are read with an L2 evict-first policy
      * (docs/perf.md, v18); FP4MOE_CUDA_L2HINT=0 reads them at the default
      * priority, for comparisons */
@@ -283,9 +299,20 @@ static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kern
                                            : NULL;
         if (!why) {
             /* the shape was checked where the config came in (the config
-             * file's parser, fm_cuda_engine_set_config, the defaults) */
+             * file's parser, fm_cuda_engine_set_config, the defaults).
+             * FP4MOE_CUDA_WG_GROUPS=1|2 sets the warpgroups per block (64 or
+             * 128 rows per block, v43) whatever the config's, for A/B runs;
+             * passes of 8 tokens have one. */
+            const char *gv = getenv("FP4MOE_CUDA_WG_GROUPS");
+            if (gv && (!strcmp(gv, "1") || !strcmp(gv, "2")) && cfg->tile_n >= 16) {
+                cfg->warps = 4 * atoi(gv);
+                cfg->rows_per_block = 16 * cfg->warps;
+                size_t n = strlen(src);
+                snprintf(src + n, cap > n ? cap - n : 0, " (rows_per_block %d from FP4MOE_CUDA_WG_GROUPS)",
+                         cfg->rows_per_block);
+            }
             lc->nt = cfg->tile_n / 8;
-            lc->warps = 4;
+            lc->warps = cfg->warps;
             lc->ksplit = 1;
             lc->pdl = e->pdl;
             lc->pipe = FM_PIPE_WGMMA;
@@ -374,6 +401,7 @@ void fm_cuda_layer_free(fm_cuda_layer *l) {
     dmat_free(&l->gate); dmat_free(&l->up); dmat_free(&l->down);
     dmat_free(&l->sgate); dmat_free(&l->sup); dmat_free(&l->sdown);
     if (l->router_w) cudaFree(l->router_w);
+    if (l->router_wb) cudaFree(l->router_wb);
     if (l->router_bias) cudaFree(l->router_bias);
     if (l->score_bias) cudaFree(l->score_bias);
     if (l->tid2eid) cudaFree(l->tid2eid);
@@ -429,12 +457,34 @@ static fm_status layer_shell(fm_cuda_engine *e, const fm_model_desc *d, fm_qform
     return FM_OK;
 }
 
-/* Router tensors: FP32 on the GPU (the routing math is FP32, as in fm_route). */
+/* Router tensors: FP32 on the GPU (the routing math is FP32, as in fm_route);
+ * when every weight is exact in BF16 (checkpoints store routers in BF16),
+ * also a BF16 copy, which the tensor-core logits above 32 tokens multiply
+ * exactly (v45). */
 static fm_status upload_router(fm_cuda_layer *l, const float *w, const float *rbias, const float *sbias,
                                const int32_t *tid, int64_t tid_rows) {
     size_t nw = (size_t)l->E * l->H;
     FM_CU(cudaMalloc(&l->router_w, nw * sizeof(float)));
     FM_CU(cudaMemcpy(l->router_w, w, nw * sizeof(float), cudaMemcpyHostToDevice));
+    int exact = 1;
+    for (size_t i = 0; i < nw && exact; i++) {
+        uint32_t b;
+        memcpy(&b, &w[i], sizeof b);
+        exact = (b & 0xFFFFu) == 0;
+    }
+    if (exact) {
+        uint16_t *wb = (uint16_t *)malloc(nw * sizeof(uint16_t));
+        if (!wb) return fm_error(FM_E_NOMEM, "out of memory (BF16 router, %zu weights)", nw);
+        for (size_t i = 0; i < nw; i++) {
+            uint32_t b;
+            memcpy(&b, &w[i], sizeof b);
+            wb[i] = (uint16_t)(b >> 16);
+        }
+        cudaError_t err = cudaMalloc(&l->router_wb, nw * sizeof(uint16_t));
+        if (err == cudaSuccess) err = cudaMemcpy(l->router_wb, wb, nw * sizeof(uint16_t), cudaMemcpyHostToDevice);
+        free(wb);
+        if (err != cudaSuccess) return fm_error(FM_E_CUDA, "BF16 router upload: %s", cudaGetErrorString(err));
+    }
     if (rbias) {
         FM_CU(cudaMalloc(&l->router_bias, (size_t)l->E * sizeof(float)));
         FM_CU(cudaMemcpy(l->router_bias, rbias, (size_t)l->E * sizeof(float), cudaMemcpyHostToDevice));
@@ -780,7 +830,12 @@ static float route_scaling(const fm_model_desc *d) {
  * the config's wgmma passes are narrower and T needs more than one of them
  * (every pass re-decodes its weights), else the config's. */
 static int shared_nt(const fm_cuda_engine *e, const fm_launch_cfg *lc, int T) {
-    return e->sh_wide && lc->pipe == FM_PIPE_WGMMA && lc->nt < 4 && T > 8 * lc->nt ? 4 : lc->nt;
+    if (!e->sh_wide || lc->pipe != FM_PIPE_WGMMA) return lc->nt;
+    /* v46: 64-token passes (one warpgroup per block) above 64 tokens by
+     * default (H200: -1 to -2 % at B = 128 and 512, level at 48 - 64 and
+     * 256), above 32 with FP4MOE_CUDA_SH_TOKENS=64, never with =32 */
+    if (e->sh_tokens != 32 && T > (e->sh_tokens == 64 ? 32 : 64) && lc->warps == 4) return 8;
+    return lc->nt < 4 && T > 8 * lc->nt ? 4 : lc->nt;
 }
 
 /* Whether the routed down takes over per expert at T tokens (v42): the wgmma
@@ -802,7 +857,7 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
     rp.norm_topk = l->d.norm_topk_prob;
     rp.scaling = route_scaling(&l->d);
     rp.hash = l->hash && tok_dev != NULL;
-    rp.router_w = l->router_w; rp.router_bias = l->router_bias; rp.score_bias = l->score_bias;
+    rp.router_w = l->router_w; rp.router_wb = l->router_wb; rp.router_bias = l->router_bias; rp.score_bias = l->score_bias;
     rp.tid2eid = l->tid2eid; rp.tid_rows = l->tid_rows;
     rp.x = x_dev; rp.xdt = xdt; rp.token_ids = tok_dev;
     rp.logits = e->logits;
@@ -828,6 +883,7 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
     rp.early_trigger = ep.sh_prefetch || ep.sh_early;
     ep.l2first = rp.l2first = e->l2first;
     ep.pre_wait = e->pre_wait;
+    ep.l2pf = e->l2pf;
     ep.sms = e->sm_count;
     fm_status s;
     if (ev) FM_CU(cudaEventRecord(ev[0], e->stream));
@@ -1063,11 +1119,16 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
     fm_cuda_kernel_names(&lc, layers[0]->fmt == FM_QF_MXFP4, r->kernel, sizeof r->kernel);
     if (e->shared_enabled && e->sh_fork && layers[0]->SIp > 0 && shared_nt(e, &lc, T) != lc.nt) {
         size_t n = strlen(r->kernel);
-        snprintf(r->kernel + n, sizeof r->kernel - n, "; shared expert 32 tokens per pass");
+        snprintf(r->kernel + n, sizeof r->kernel - n, "; shared expert %d tokens per pass", 8 * shared_nt(e, &lc, T));
     }
     if (handoff_on(e, &lc, T)) {
         size_t n = strlen(r->kernel);
         snprintf(r->kernel + n, sizeof r->kernel - n, "; down starts per expert as its gate/up ends");
+    }
+    {
+        size_t n = strlen(r->kernel);
+        snprintf(r->kernel + n, sizeof r->kernel - n, "; router logits: %s",
+                 fm_cuda_route_logits_name(T, layers[0]->router_wb != NULL, FM_DT_F32));
     }
 
     const int pdl0 = lc.pdl;

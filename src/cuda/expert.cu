@@ -718,13 +718,19 @@ static constexpr FM_HD int wg_stage_bytes(int n8) { return 8 * wg_step_bytes(n8)
 #define FM_WG_LA_DN 2
 #endif
 static constexpr FM_HD int wg_la(bool gu) { return gu ? FM_WG_LA_GU : FM_WG_LA_DN; }
+/* FM_WG_DB = n > 0: passes of at least 8 n tokens keep two K steps of A
+ * fragments (v47); 0: one. */
+#ifndef FM_WG_DB
+#define FM_WG_DB 0
+#endif
 /* One segment of one warp's weight ring: per matrix 1024 bytes of weights
  * and 128 of scales (64 used by MXFP4). */
 static constexpr FM_HD int wg_wstage_bytes(int nmat) { return nmat * 1152; }
-/* Down's blocks also keep the pass's token rows and routing weights (32
- * ints and 32 floats) after the weight rings, for the epilogue. */
-static constexpr FM_HD int wg_smem_bytes(int nmat, int nmax, bool down) {
-    return (wg_la(!down) + 1) * (wg_stage_bytes(nmax) + 4 * wg_wstage_bytes(nmat)) + (down ? 256 : 0);
+/* Down's blocks also keep the pass's token rows and routing weights (64
+ * ints and 64 floats) after the weight rings, for the epilogue. wgs: the
+ * block's warpgroups (1, or 2 sharing one activation stage, v43). */
+static constexpr FM_HD int wg_smem_bytes(int nmat, int nmax, bool down, int wgs) {
+    return (wg_la(!down) + 1) * (wg_stage_bytes(nmax) + 4 * wgs * wg_wstage_bytes(nmat)) + (down ? 512 : 0);
 }
 
 #ifdef FM_HAVE_WGMMA
@@ -798,6 +804,22 @@ struct wg_mma<4> {
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
     }
 };
+/* m64n64k16 (v46: the shared expert's 64-token passes) */
+template <>
+struct wg_mma<8> {
+    static __device__ __forceinline__ void run(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint64_t b) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,"
+                     "%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1, 0;"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                       "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+                       "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
+    }
+};
 
 #endif
 
@@ -838,12 +860,19 @@ static __device__ __forceinline__ void wg_wcopy(const fm_wg_pass &w, uint32_t wr
 /* D2: down with NMAT = 2, the two "matrices" being rows r .. r + 63 and
  * r + 64 .. r + 127 of the down matrix (a 128-row block: as many weight
  * bytes per segment and per barrier as gate/up). */
-template <int N8, int NMAT, bool MX, bool D2>
+/* WGS: warpgroups per block (v43): with 2, each warpgroup runs its own rows
+ * (its own weight rings, accumulators and wgmmas) against the one stage of
+ * activations both read, which the block's 256 threads copy; so the
+ * activations cross from L2 once per 128 (gate/up) or 256 (down) rows
+ * instead of once per 64 or 128. */
+template <int N8, int NMAT, bool MX, bool D2, int WGS>
 static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, const fm_wg_pass &w, uint8_t *smem) {
     constexpr bool GU = NMAT == 2 && !D2; /* gate/up, else down */
 #ifdef FM_HAVE_WGMMA
     constexpr int STEP = wg_step_bytes(N8), STAGE = wg_stage_bytes(N8);
-    constexpr int NIT = N8;            /* staging items (16-byte pieces) per thread */
+    constexpr int NTH = 128 * WGS;                   /* threads of the block      */
+    constexpr int NITEMS = 128 * N8;                 /* 16-byte pieces per stage  */
+    constexpr int NIT = (NITEMS + NTH - 1) / NTH;    /* staging items per thread  */
     /* LA segments copied ahead (activations, weights, scales); the stage
      * refilled at segment s last held segment s - 1, whose MMAs every warp
      * retired before the barrier of segment s */
@@ -860,10 +889,12 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
      * pass are zero-filled */
     const uint8_t *xsrc[NIT];
     uint32_t xoff[NIT];
+    bool xin[NIT]; /* the item exists (with WGS = 2 some threads have fewer) */
 #pragma unroll
     for (int k = 0; k < NIT; k++) {
-        const int it = tid + k * 128, n = it >> 4, u = it & 15, ut = u >> 2, ud = u & 3;
+        const int it = tid + k * NTH, n = it >> 4, u = it & 15, ut = u >> 2, ud = u & 3;
         const int idx = w.pass0 + n;
+        xin[k] = NITEMS % NTH == 0 || it < NITEMS;
         xsrc[k] = NULL;
         xoff[k] = (uint32_t)(2 * ud * STEP + (n >> 3) * 256 + (n & 7) * 16 + 4 * ut);
         if (idx < w.o.cnt) {
@@ -882,6 +913,7 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
             const uint32_t st_ = sbase + ((S) % NSTG) * STAGE;                                             \
             if (WEIGHTS) wg_wcopy<NMAT, MX, NSTG>(w, wr_s, lane, (S), wpol);                                     \
             _Pragma("unroll") for (int k = 0; k < NIT; k++) {                                              \
+                if (!xin[k]) continue;                                                                     \
                 const uint8_t *q_ = xsrc[k] ? xsrc[k] + (int64_t)(S) * (FM_KSEG * 2) : xsafe;              \
                 const bool v_ = xsrc[k] != NULL;                                                           \
                 cp_async_small<4>(st_ + xoff[k], q_, v_);                                                  \
@@ -895,8 +927,8 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
     /* down: the pass's token rows and routing weights, read now so that
      * the epilogue's atomics wait on no global load (visible to every warp
      * after the first segment's barrier) */
-    int *ep_tok = (int *)(smem + w.wring_off + 4 * NSTG * WST);
-    float *ep_w = (float *)(ep_tok + 32);
+    int *ep_tok = (int *)(smem + w.wring_off + 4 * WGS * NSTG * WST);
+    float *ep_w = (float *)(ep_tok + 64);
     if (!GU && tid < 8 * N8) {
         const int idx = w.pass0 + tid;
         int tk = 0;
@@ -918,12 +950,28 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
     uint4 wa[NMAT], wb[NMAT];
     uint32_t ca[NMAT], cb[NMAT];
     const int nseg = w.nseg;
+    /* v44 (p.l2pf = D > 0): lanes 0 .. 2 NMAT - 1 of each warp ask L2 for
+     * the warp's 1024 bytes of weights (even lanes) or its scale tile (odd)
+     * of matrix lane / 2, D segments beyond the ring's LA, so that the
+     * ring's copies find them in L2 */
+    const int pfd = p.l2pf;
+    const bool pfl = pfd > 0 && lane < 2 * NMAT;
+    const uint8_t *pfp = NULL;
+    int pfb = 0, pfstep = 0;
+    if (pfl) {
+        const int m = lane >> 1;
+        pfp = (lane & 1) ? (m ? w.st[NMAT - 1] : w.st[0]) : (m ? w.pa[NMAT - 1] : w.pa[0]) - lane * 16;
+        pfb = pfstep = (lane & 1) ? 16 * SPR : 1024;
+    }
     /* w.pre: the weights of segments 0 .. LA - 1 are in flight already, in
      * a group of their own committed before these */
 #pragma unroll
     for (int j = 0; j < LA; j++) FM_WG_XCOPY(j, !w.pre);
+    if (pfl)
+        for (int j = LA; j < LA + pfd && j < nseg; j++) prefetch_l2(pfp + (int64_t)j * pfstep, (uint32_t)pfb);
 #pragma unroll 1
     for (int s = 0; s < nseg; s++) {
+        if (pfl && s + LA + pfd < nseg) prefetch_l2(pfp + (int64_t)(s + LA + pfd) * pfstep, (uint32_t)pfb);
         /* this thread's pieces of segment s have landed; after the barrier
          * everyone's have, and every warp is past the wait that retired the
          * MMAs that last read the stage refilled next */
@@ -959,36 +1007,45 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
         }
         const uint32_t st_addr = sbase + (s % NSTG) * STAGE;
         const uint32_t dlo = wg_desc_lo(st_addr);
+        /* FM_WG_DB (v47, a build-time knob for A/B builds): two steps of A
+         * fragments, so that a step's decode runs while the previous step's
+         * MMAs do (wait for all but the last group) */
+        constexpr int NB = FM_WG_DB && N8 >= FM_WG_DB ? 2 : 1;
+        uint32_t ra[NB][NMAT][4], rb[NB][NMAT][4];
 #pragma unroll
         for (int d = 0; d < 4; d++) {
-            uint32_t ra[NMAT][4], rb[NMAT][4];
+            const int bf = NB == 2 ? (d & 1) : 0;
 #pragma unroll
             for (int m = 0; m < NMAT; m++) {
                 const uint32_t wA = d == 0 ? wa[m].x : d == 1 ? wa[m].y : d == 2 ? wa[m].z : wa[m].w;
                 const uint32_t wB = d == 0 ? wb[m].x : d == 1 ? wb[m].y : d == 2 ? wb[m].z : wb[m].w;
-                decode8<true>(wA, SA[m][d >> 1], ra[m]);
-                decode8<true>(wB, SB[m][d >> 1], rb[m]);
+                decode8<true>(wA, SA[m][d >> 1], ra[bf][m]);
+                decode8<true>(wB, SB[m][d >> 1], rb[bf][m]);
             }
             wg_fence();
 #pragma unroll
             for (int m = 0; m < NMAT; m++) {
-                wg_mma<N8>::run(acc[m], ra[m][0], rb[m][0], ra[m][1], rb[m][1],
+                wg_mma<N8>::run(acc[m], ra[bf][m][0], rb[bf][m][0], ra[bf][m][1], rb[bf][m][1],
                                 wg_desc_of(dlo + (uint32_t)((2 * d) * STEP >> 4)));
-                wg_mma<N8>::run(acc[m], ra[m][2], rb[m][2], ra[m][3], rb[m][3],
+                wg_mma<N8>::run(acc[m], ra[bf][m][2], rb[bf][m][2], ra[bf][m][3], rb[bf][m][3],
                                 wg_desc_of(dlo + (uint32_t)((2 * d + 1) * STEP >> 4)));
             }
             /* a group per 32-wide K step, retired before the next step's
              * decode: one step of A fragments live, for the registers of
-             * four gate/up and six down blocks per SM (v16) */
+             * four gate/up and six down blocks per SM (v16); with NB = 2 the
+             * step before it */
             wg_commit();
-            if (d < 3) wg_wait<0>();
+            if (d < 3) {
+                if (NB == 2) wg_wait<1>();
+                else wg_wait<0>();
+            }
         }
         wg_wait<0>();
     }
     wg_wait<0>();
     cp_async_wait<0>();
 #undef FM_WG_XCOPY
-    if (GU && w.ksplit > 1) {
+    if (GU && WGS == 1 && w.ksplit > 1) {
         /* gate/up split over K by a cluster of w.ksplit CTAs (v26): the
          * others' partial sums go into CTA 0's shared memory (its rings, idle
          * once every CTA is past its loop), CTA 0 adds them in rank order
@@ -1049,15 +1106,21 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
  * 6 blocks per SM too (the grids of batches 2 - 8 in one wave instead of
  * ~1.4; H200: GLM-5 B = 1 -4 %, Qwen3-30B-A3B B = 8 -5 %, elsewhere level
  * or slower, so the tuner decides per bucket; docs/perf.md). */
-static constexpr int fm_wg_min_blocks(int nmat, int nmax) { return nmat == 2 && nmax > 1 ? 4 : 6; }
-template <int NMAT, bool MX, int NMAX, bool D2>
-__global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT, NMAX)) fm_expert_wg_kernel(fm_expert_params p, int W, int KS) {
+/* WGS = 2 (v43): two warpgroups per block (rows_per_block 128 in the
+ * config), the same registers per thread and warps per SM. */
+/* NMAX 8 (the shared expert's 64-token passes, v46): two blocks per SM (its
+ * shared memory allows no more), so the 64 accumulators per thread fit. */
+static constexpr int fm_wg_min_blocks(int nmat, int nmax) { return nmax > 4 ? 2 : nmat == 2 && nmax > 1 ? 4 : 6; }
+template <int NMAT, bool MX, int NMAX, bool D2, int WGS>
+__global__ void __launch_bounds__(128 * WGS, fm_wg_min_blocks(NMAT, NMAX) / WGS)
+    fm_expert_wg_kernel(fm_expert_params p, int W, int KS) {
 #ifdef FM_HAVE_WGMMA
     extern __shared__ __align__(128) uint8_t wg_smem[];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, g = lane >> 2;
     (void)W;
     constexpr bool GU = NMAT == 2 && !D2;
-    constexpr int RPB = D2 ? 128 : 64;
+    constexpr int RWG = D2 ? 128 : 64; /* rows of one warpgroup */
+    constexpr int RPB = RWG * WGS;
     const int nrb = ((GU ? p.gate.rows_p : p.down.rows_p) + RPB - 1) / RPB;
     /* the shared expert's gate/up reads no routing result (p.sh_early) */
     const bool no_wait = GU && p.sh_early && (int)blockIdx.x / KS < p.sh_blocks;
@@ -1077,7 +1140,7 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT, NMAX)) fm_expert_w
     fm_wg_pass w;
     w.o = {dA.bias, dB.bias, dA.scale2[e], GU ? dB.scale2[e] : 0.0f, dA.rows, dA.rows_p, e, it.pos0, it.cnt,
            it.shared};
-    const int r0 = it.rb * RPB + wi * 16;
+    const int r0 = it.rb * RPB + (wi >> 2) * RWG + (wi & 3) * 16;
     w.rowA = r0 + g;
     w.rowB = r0 + g + 8;
     const int nseg = dA.kp / FM_KSEG;
@@ -1141,16 +1204,19 @@ __global__ void __launch_bounds__(128, fm_wg_min_blocks(NMAT, NMAX)) fm_expert_w
     for (int pass0 = it.pbeg; pass0 < it.pend; pass0 += 8 * NMAX) {
         w.pass0 = pass0;
         const int n8 = (min(8 * NMAX, it.pend - pass0) + 7) >> 3;
-        if (NMAX == 1 || n8 == 1) wg_pass_body<1, NMAT, MX, D2>(p, w, wg_smem);
-        else if (n8 == 2 || NMAX == 2) wg_pass_body<2, NMAT, MX, D2>(p, w, wg_smem);
-        else if (n8 == 3) wg_pass_body<NMAX == 2 ? 2 : 3, NMAT, MX, D2>(p, w, wg_smem);
-        else wg_pass_body<NMAX == 2 ? 2 : 4, NMAT, MX, D2>(p, w, wg_smem);
+        if (NMAX == 1 || n8 == 1) wg_pass_body<1, NMAT, MX, D2, WGS>(p, w, wg_smem);
+        else if (n8 == 2 || NMAX == 2) wg_pass_body<2, NMAT, MX, D2, WGS>(p, w, wg_smem);
+        else if (n8 == 3) wg_pass_body<NMAX == 2 ? 2 : 3, NMAT, MX, D2, WGS>(p, w, wg_smem);
+        else if (n8 == 4 || NMAX == 4) wg_pass_body<NMAX == 2 ? 2 : 4, NMAT, MX, D2, WGS>(p, w, wg_smem);
+        else wg_pass_body<NMAX == 8 ? 8 : 4, NMAT, MX, D2, WGS>(p, w, wg_smem);
         w.pre = false;
         __syncthreads(); /* the next pass restages the ring */
     }
-    if (GU && p.gu_done && !it.shared && ks == 0) {
+    if (GU && p.gu_done && !it.shared && ks == 0 && it.rb * RPB + (wi >> 2) * RWG < dA.rows_p) {
         /* v42: this warp's h rows of expert e are written (KS > 1: CTA 0
-         * of the cluster wrote the epilogue) */
+         * of the cluster wrote the epilogue); counted by the warps of every
+         * warpgroup that starts inside the rows (4 per 64 rows, as down
+         * expects, whatever the block's warpgroups) */
         __threadfence();
         __syncwarp();
         if (lane == 0) atomicAdd(p.gu_done + e, 1u);
@@ -1228,16 +1294,30 @@ static int wg_env(int *nmax) {
 /* wgmma: the engine's answer (CC 9.0 and a build with sm_90a code). */
 static int wg_applies(int nmat, int enc, int wgmma) { return (wg_env(NULL) & (nmat == 2 ? 2 : 1)) && enc && wgmma; }
 
-/* kind: 0 down (64 rows), 1 gate/up, 2 down in 128-row blocks (D2) */
+/* kind: 0 down (64 rows), 1 gate/up, 2 down in 128-row blocks (D2); wgs 2
+ * (two warpgroups per block, v43) is built for gate/up and D2 with passes of
+ * 16 or 32 tokens (the config file accepts nothing else); NULL otherwise. */
 #define FM_WG3(NMAT, MX, D2) \
-    {fm_expert_wg_kernel<NMAT, MX, 1, D2>, fm_expert_wg_kernel<NMAT, MX, 2, D2>, fm_expert_wg_kernel<NMAT, MX, 4, D2>}
-static fm_kfn pick_wg(int kind, int mx, int nmax) {
+    {fm_expert_wg_kernel<NMAT, MX, 1, D2, 1>, fm_expert_wg_kernel<NMAT, MX, 2, D2, 1>, \
+     fm_expert_wg_kernel<NMAT, MX, 4, D2, 1>}
+#define FM_WG3X2(NMAT, MX, D2) {NULL, fm_expert_wg_kernel<NMAT, MX, 2, D2, 2>, fm_expert_wg_kernel<NMAT, MX, 4, D2, 2>}
+/* nmax 8 (64-token passes, v46) is built for gate/up and D2 with one
+ * warpgroup, for the shared expert's own launches. */
+static fm_kfn pick_wg(int kind, int mx, int nmax, int wgs) {
     static const fm_kfn k[3][2][3] = {{FM_WG3(1, false, false), FM_WG3(1, true, false)},
                                       {FM_WG3(2, false, false), FM_WG3(2, true, false)},
                                       {FM_WG3(2, false, true), FM_WG3(2, true, true)}};
-    return k[kind][mx ? 1 : 0][nmax > 2 ? 2 : nmax - 1];
+    static const fm_kfn k2[3][2][3] = {{{NULL, NULL, NULL}, {NULL, NULL, NULL}},
+                                       {FM_WG3X2(2, false, false), FM_WG3X2(2, true, false)},
+                                       {FM_WG3X2(2, false, true), FM_WG3X2(2, true, true)}};
+    static const fm_kfn k8[3][2] = {{NULL, NULL},
+                                    {fm_expert_wg_kernel<2, false, 8, false, 1>, fm_expert_wg_kernel<2, true, 8, false, 1>},
+                                    {fm_expert_wg_kernel<2, false, 8, true, 1>, fm_expert_wg_kernel<2, true, 8, true, 1>}};
+    if (nmax == 8) return wgs == 1 ? k8[kind][mx ? 1 : 0] : NULL;
+    return (wgs == 2 ? k2 : k)[kind][mx ? 1 : 0][nmax > 2 ? 2 : nmax - 1];
 }
 #undef FM_WG3
+#undef FM_WG3X2
 
 /* The wgmma down in 128-row blocks (D2: down's segments then carry gate/up's
  * bytes per barrier and per copy group; H200, DeepSeek-V4-Flash: down −12 to
@@ -1337,18 +1417,24 @@ static fm_status launch_grid(const fm_expert_params *p, int nmat, fm_kfn fn, int
     return FM_OK;
 }
 
-static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nmax, cudaStream_t s) {
+/* wgs: warpgroups per block (1, or 2 from the config's 128 rows per block,
+ * v43; the 64-row down of FP4MOE_CUDA_WG_DOWN2=0 and passes of 8 tokens have
+ * one). Two warpgroups never split K. */
+static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nmax, int wgs, cudaStream_t s) {
     const int d2 = nmat == 1 && wg_down2();
     const int kind = nmat == 2 ? 1 : d2 ? 2 : 0;
-    const int rpb = d2 ? 128 : 64, chunk = 8 * nmax;
-    const size_t smem = (size_t)wg_smem_bytes(kind ? 2 : 1, nmax, nmat == 1);
+    if (kind == 0 || nmax < 2) wgs = 1;
+    if (nmax == 8 && (kind == 0 || wgs != 1)) nmax = 4; /* built for gate/up and D2 with one warpgroup */
+    const int rpb = (d2 ? 128 : 64) * wgs, chunk = 8 * nmax;
+    const size_t smem = (size_t)wg_smem_bytes(kind ? 2 : 1, nmax, nmat == 1, wgs);
     int64_t sh_blocks;
     int sh_chunks;
-    int ks = wg_ks(nmat == 2, grid_items(p, nmat, rpb, chunk, &sh_blocks, &sh_chunks), p->sms,
-                   (int)((nmat == 2 ? p->gate.kp : p->down.kp) / FM_KSEG));
+    int ks = wgs > 1 ? 1
+                     : wg_ks(nmat == 2, grid_items(p, nmat, rpb, chunk, &sh_blocks, &sh_chunks), p->sms,
+                             (int)((nmat == 2 ? p->gate.kp : p->down.kp) / FM_KSEG));
     /* gate/up's cluster reduction reuses CTA 0's rings for the others' sums */
     if (nmat == 2 && (size_t)(ks - 1) * 2 * 4 * nmax * 128 * sizeof(float) > smem) ks = 1;
-    return launch_grid(p, nmat, pick_wg(kind, p->mx, nmax), rpb, chunk, 128, smem, pdl, 4, ks, ks,
+    return launch_grid(p, nmat, pick_wg(kind, p->mx, nmax, wgs), rpb, chunk, 128 * wgs, smem, pdl, 4 * wgs, ks, ks,
                        nmat == 2 ? ks : 1, s,
                        nmat == 2 ? "fm_expert_wg_kernel (gate/up)" : "fm_expert_wg_kernel (down)");
 }
@@ -1362,11 +1448,13 @@ static int wg_down_nmax(void) {
 
 static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int nmat, cudaStream_t s) {
     if (c->pipe == FM_PIPE_WGMMA)
-        return launch_wg(p, nmat, c->pdl, nmat == 1 && wg_down_nmax() ? wg_down_nmax() : c->nt > 2 ? 4 : c->nt, s);
+        return launch_wg(p, nmat, c->pdl,
+                         nmat == 1 && wg_down_nmax() ? wg_down_nmax() : c->nt > 4 ? 8 : c->nt > 2 ? 4 : c->nt,
+                         c->warps == 8 ? 2 : 1, s);
     if (wg_applies(nmat, (nmat == 2 ? &p->gate : &p->down)->enc, c->wgmma)) {
         int nmax = 4;
         wg_env(&nmax);
-        return launch_wg(p, nmat, c->pdl, nmax, s);
+        return launch_wg(p, nmat, c->pdl, nmax, 1, s);
     }
     if ((c->nt != 1 && c->nt != 2 && c->nt != 4) || c->warps < 1 || c->warps > 8 || c->ksplit < 1 ||
         c->warps % c->ksplit)
@@ -1425,11 +1513,18 @@ static const char *pipe_name(int pipe) {
 }
 extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char *buf, size_t cap) {
     if (c->pipe == FM_PIPE_WGMMA) {
-        snprintf(buf, cap,
-                 "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16, A in registers, B in shared memory; "
-                 "64-row gate/up and %d-row down blocks, K split in 2 where a grid is under 5 blocks per SM; "
-                 "up to %d tokens per pass)",
-                 mx ? "mxfp4" : "nvfp4", wg_down2() ? 128 : 64, c->nt > 2 ? 32 : 8 * c->nt);
+        if (c->warps == 8 && c->nt > 1)
+            snprintf(buf, cap,
+                     "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16, A in registers, B in shared memory; "
+                     "two warpgroups per block sharing one activation stage: 128-row gate/up and %d-row down blocks, "
+                     "no K split; up to %d tokens per pass)",
+                     mx ? "mxfp4" : "nvfp4", wg_down2() ? 256 : 64, c->nt > 2 ? 32 : 8 * c->nt);
+        else
+            snprintf(buf, cap,
+                     "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16, A in registers, B in shared memory; "
+                     "64-row gate/up and %d-row down blocks, K split in 2 where a grid is under 5 blocks per SM; "
+                     "up to %d tokens per pass)",
+                     mx ? "mxfp4" : "nvfp4", wg_down2() ? 128 : 64, c->nt > 2 ? 32 : 8 * c->nt);
         if (wg_down_nmax()) {
             size_t n = strlen(buf);
             snprintf(buf + n, cap > n ? cap - n : 0, "; down %d tokens per pass (FP4MOE_CUDA_WG_DOWN_TOKENS)",

@@ -531,6 +531,130 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_mma_kernel(fm_route_para
     }
 }
 
+/*
+ * v45: the SGEMM shape on BF16 tensor cores where the router is exact in
+ * BF16 (p.router_wb; checkpoints store routers in BF16): each activation is
+ * split into NT BF16 terms whose sum is exactly its value (one for BF16
+ * input, two for F16, three for F32: 8 significant bits each), every
+ * product of a term and a router weight is exact in FP32, and mma.sync
+ * m16n8k16 BF16 accumulates them in FP32 — the FP32 router math of the
+ * kernels above, with NT BF16 MMAs per 16 K instead of six TF32 ones and
+ * half the router bytes. Same tiles, warps, K slices and outputs as
+ * fm_logits_mma_kernel; shared rows of 72 BF16 (144 bytes), so that the
+ * fragment reads (row g, word q) hit 32 different banks.
+ */
+#define LGB_LD (LGM_KS + 8)
+static __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+static __device__ __forceinline__ uint2 ld_router_bf4(const uint16_t *q, int first, uint64_t pol) {
+    uint2 r;
+    if (first)
+        asm("ld.global.nc.L2::cache_hint.v2.u32 {%0,%1}, [%2], %3;" : "=r"(r.x), "=r"(r.y) : "l"(q), "l"(pol));
+    else
+        r = __ldg((const uint2 *)q);
+    return r;
+}
+/* v's NT BF16 terms, largest first, packed in pairs: t[j] holds term j of
+ * (v.x, v.y) and (v.z, v.w). Each term is v minus the terms before it,
+ * rounded to BF16; the remainders are exact in FP32. */
+template <int NT>
+static __device__ __forceinline__ void bf16_terms(float4 v, uint2 (&t)[NT]) {
+    float r[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        uint32_t h[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            __nv_bfloat16 b = __float2bfloat16_rn(r[i]);
+            h[i] = *(uint16_t *)&b;
+            r[i] -= __bfloat162float(b);
+        }
+        t[j] = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
+    }
+}
+
+template <int NT>
+__global__ void __launch_bounds__(RT_THREADS) fm_logits_bf16_kernel(fm_route_params p, int kc) {
+    const uint64_t rpol = router_policy();
+    __shared__ __align__(16) uint16_t xs[NT][LG_TILE][LGB_LD];
+    __shared__ __align__(16) uint16_t ws[LG_TILE][LGB_LD];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int wm = warp & 3, wn = warp >> 2; /* tokens wm*16.., experts wn*32.. */
+    const int H = p.H, E = p.E, T = p.T;
+    int t0, e0, kbeg, kend;
+    tile_start(p, kc, t0, e0, kbeg, kend);
+    /* loader: rows lr and lr + 32 of each tile, 4 K values at lc and lc + 32 */
+    const int lr = tid >> 3, lc = (tid & 7) * 4;
+    float acc[4][4] = {};
+    float4 xr[4];
+    uint2 wr[4];
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        const int r = lr + 32 * (h & 1), k = kbeg + lc + 32 * (h >> 1);
+        xr[h] = t0 + r < T && k < kend ? load_x4(p.x, p.xdt, (size_t)(t0 + r) * H + k) : make_float4(0, 0, 0, 0);
+        wr[h] = e0 + r < E && k < kend ? ld_router_bf4(p.router_wb + (size_t)(e0 + r) * H + k, p.l2first, rpol)
+                                       : make_uint2(0, 0);
+    }
+    for (int kb = kbeg; kb < kend; kb += LGM_KS) {
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            const int r = lr + 32 * (h & 1), c = lc + 32 * (h >> 1);
+            uint2 t[NT];
+            bf16_terms<NT>(xr[h], t);
+#pragma unroll
+            for (int j = 0; j < NT; j++) *(uint2 *)&xs[j][r][c] = t[j];
+            *(uint2 *)&ws[r][c] = wr[h];
+        }
+        __syncthreads();
+        /* the next stage's loads fly during this stage's MMAs */
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            const int r = lr + 32 * (h & 1), k = kb + LGM_KS + lc + 32 * (h >> 1);
+            xr[h] = t0 + r < T && k < kend ? load_x4(p.x, p.xdt, (size_t)(t0 + r) * H + k) : make_float4(0, 0, 0, 0);
+            wr[h] = e0 + r < E && k < kend ? ld_router_bf4(p.router_wb + (size_t)(e0 + r) * H + k, p.l2first, rpol)
+                                           : make_uint2(0, 0);
+        }
+#pragma unroll
+        for (int k16 = 0; k16 < LGM_KS; k16 += 16) {
+            uint32_t a[NT][4];
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                a[j][0] = *(const uint32_t *)&xs[j][wm * 16 + g][k16 + 2 * q];
+                a[j][1] = *(const uint32_t *)&xs[j][wm * 16 + g + 8][k16 + 2 * q];
+                a[j][2] = *(const uint32_t *)&xs[j][wm * 16 + g][k16 + 8 + 2 * q];
+                a[j][3] = *(const uint32_t *)&xs[j][wm * 16 + g + 8][k16 + 8 + 2 * q];
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const uint16_t *wb = &ws[wn * 32 + nt * 8 + g][k16 + 2 * q];
+                const uint32_t b0 = *(const uint32_t *)wb, b1 = *(const uint32_t *)(wb + 8);
+                /* the smallest terms first */
+#pragma unroll
+                for (int j = NT - 1; j >= 0; j--) mma_bf16(acc[nt], a[j], b0, b1);
+            }
+        }
+        __syncthreads();
+    }
+    const size_t ld = (size_t)lg_stride(E);
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int t = t0 + wm * 16 + g + 8 * hr;
+        if (t >= T) continue;
+        float *dst = p.logits + ((size_t)blockIdx.z * T + t) * ld;
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const int e = e0 + wn * 32 + nt * 8 + 2 * q;
+            if (e < E) dst[e] = acc[nt][2 * hr];
+            if (e + 1 < E) dst[e + 1] = acc[nt][2 * hr + 1];
+        }
+    }
+}
+
 /* K slices of the SGEMM shapes: enough that the grid is ~depth blocks per
  * SM, but slices of at least LG_KMIN and at most LG_MAXKS of them (the
  * selection kernel reads every slice of its token's logits), each a
@@ -1086,12 +1210,26 @@ static int route_warp_group_enabled(void) {
     return v;
 }
 
-/* The logits kernel above LG_SMALL_T tokens: tensor cores (v24, the
- * default) or the FP32 FMA SGEMM (before v24; FP4MOE_CUDA_LOGITS=simt|mma).
- * Read once. */
-static int route_logits_mma(void) {
-    static const int v = !fm_cuda_env_is("FP4MOE_CUDA_LOGITS", "simt");
+/* The logits kernel above LG_SMALL_T tokens: BF16 tensor cores where the
+ * router is exact in BF16 (v45, the default), else three TF32 terms on
+ * tensor cores (v24), or the FP32 FMA SGEMM (before v24);
+ * FP4MOE_CUDA_LOGITS=mma keeps the TF32 kernel, =simt the SGEMM, for
+ * comparisons. Read once: 0 simt, 1 TF32, 2 BF16 where it applies. */
+static int route_logits_kind(void) {
+    static const int v = fm_cuda_env_is("FP4MOE_CUDA_LOGITS", "simt") ? 0 : fm_cuda_env_is("FP4MOE_CUDA_LOGITS", "mma") ? 1 : 2;
     return v;
+}
+static int route_logits_mma(void) { return route_logits_kind() > 0; }
+
+/* Name of the logits kernel the launch below takes at T tokens. */
+extern "C" const char *fm_cuda_route_logits_name(int T, int bf16_router, int xdt) {
+    if (T <= lg_gemv_max_t()) return "GEMV, FP32 FMA";
+    const int k = route_logits_kind();
+    if (k == 2 && bf16_router)
+        return xdt == FM_DT_BF16 ? "BF16 mma.sync, one term (exact products, FP32 sums)"
+               : xdt == FM_DT_F16 ? "BF16 mma.sync, two terms of x (exact products, FP32 sums)"
+                                  : "BF16 mma.sync, three terms of x (exact products, FP32 sums)";
+    return k ? "three TF32 terms on mma.sync (FP32 accuracy)" : "SGEMM, FP32 FMA";
 }
 
 /* FP4MOE_CUDA_ROUTE_FUSE=0 keeps the separate selection kernel at few
@@ -1151,6 +1289,11 @@ extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int p
             FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_gemv_kernel, *p));
             FM_CU_LAUNCH("fm_logits_gemv_kernel");
             if (p->fuse) return FM_OK;
+        } else if (route_logits_kind() == 2 && p->router_wb) {
+            if (p->xdt == FM_DT_BF16) FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_bf16_kernel<1>, *p, kc));
+            else if (p->xdt == FM_DT_F16) FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_bf16_kernel<2>, *p, kc));
+            else FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_bf16_kernel<3>, *p, kc));
+            FM_CU_LAUNCH("fm_logits_bf16_kernel");
         } else if (route_logits_mma()) {
             FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_mma_kernel, *p, kc));
             FM_CU_LAUNCH("fm_logits_mma_kernel");

@@ -64,19 +64,25 @@ int fm_tune_candidates(const fm_tune_key *key, int T, fm_kernel_config *out, int
                 for (int i = 0; i < n && !dup; i++) dup = same(&v[i], &x);
                 if (!dup && n < FM_TUNE_GRID_MAX && !fm_tune_config_invalid(&x, why, sizeof why)) v[n++] = x;
             }
-    /* the wgmma path: one shape (a warpgroup, 64 rows, k_split 1), passes of
-     * 8, 16 or 32 tokens (8: a kernel built for six blocks per SM) */
-    for (int tn = 8; tn <= 32; tn *= 2) {
-        fm_kernel_config x = def;
-        x.path = FM_PATH_WGMMA;
-        x.warps = 4;
-        x.k_split = 1;
-        x.rows_per_block = 64;
-        x.tile_n = tn;
-        int dup = 0;
-        for (int i = 0; i < n && !dup; i++) dup = same(&v[i], &x);
-        if (!dup && n < FM_TUNE_GRID_MAX) v[n++] = x;
-    }
+    /* the wgmma path: a warpgroup of 64 rows, passes of 8, 16 or 32 tokens
+     * (8: a kernel built for six blocks per SM); and two warpgroups of 64
+     * rows sharing the activations (rows_per_block 128, v43) with passes of
+     * 16 or 32, where the experts' rows fill such blocks (gate/up 128 rows,
+     * down 256: otherwise part of a block streams rows it does not use) */
+    const int two_ok = key->I > 0 && key->I % 128 == 0 && key->H > 0 && key->H % 256 == 0;
+    for (int wg = 1; wg <= 2; wg++)
+        for (int tn = wg == 2 ? 16 : 8; tn <= 32; tn *= 2) {
+            if (wg == 2 && !two_ok) break;
+            fm_kernel_config x = def;
+            x.path = FM_PATH_WGMMA;
+            x.warps = 4 * wg;
+            x.k_split = 1;
+            x.rows_per_block = 64 * wg;
+            x.tile_n = tn;
+            int dup = 0;
+            for (int i = 0; i < n && !dup; i++) dup = same(&v[i], &x);
+            if (!dup && n < FM_TUNE_GRID_MAX) v[n++] = x;
+        }
     /* Stable insertion sort by distance from the default (index 0 stays). */
     for (int i = 2; i < n; i++) {
         fm_kernel_config x = v[i];

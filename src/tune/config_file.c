@@ -42,14 +42,20 @@ int fm_tune_path_from_token(const char *s) {
     return -1;
 }
 
-/* The wgmma path has one block shape per pass width (src/cuda/defaults.c):
- * anything else in a file is an error, not a silent substitution. */
+/* The wgmma path has two block shapes (src/cuda/expert.cu): one warpgroup
+ * (rows_per_block 64, warps 4) with passes of 8, 16 or 32 tokens, and two
+ * warpgroups sharing the activations (rows_per_block 128, warps 8, v43) with
+ * passes of 16 or 32; anything else in a file is an error, not a silent
+ * substitution. */
 static int wgmma_shape_bad(const fm_kernel_config *c, char *why, size_t cap) {
-    if (c->path != FM_PATH_WGMMA ||
-        (c->rows_per_block == 64 && c->k_split == 1 && c->warps == 4 && (c->tile_n == 8 || c->tile_n == 16 || c->tile_n == 32)))
+    if (c->path != FM_PATH_WGMMA || (c->k_split == 1 && ((c->rows_per_block == 64 && c->warps == 4 &&
+                                                          (c->tile_n == 8 || c->tile_n == 16 || c->tile_n == 32)) ||
+                                                         (c->rows_per_block == 128 && c->warps == 8 &&
+                                                          (c->tile_n == 16 || c->tile_n == 32)))))
         return 0;
     snprintf(why, cap,
-             "the wgmma path takes rows_per_block 64, k_split 1, warps 4 and tile_n 8, 16 or 32, not %d, %d, %d and %d",
+             "the wgmma path takes k_split 1 and rows_per_block 64, warps 4, tile_n 8|16|32 or 128, 8, 16|32; "
+             "not rows_per_block %d, k_split %d, warps %d, tile_n %d",
              c->rows_per_block, c->k_split, c->warps, c->tile_n);
     return 1;
 }
