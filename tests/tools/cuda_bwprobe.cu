@@ -33,14 +33,8 @@
 
 #include "stream_read.cuh"
 
-#define CK(x)                                                                                          \
-    do {                                                                                               \
-        cudaError_t e_ = (x);                                                                          \
-        if (e_ != cudaSuccess) {                                                                       \
-            fprintf(stderr, "cuda_bwprobe: %s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
-            exit(1);                                                                                   \
-        }                                                                                              \
-    } while (0)
+#define TOOL "cuda_bwprobe"
+#include "cuda_check.cuh"
 
 /* one contiguous range per block, 8 loads per thread in flight */
 __global__ void chunk_kernel(const uint4 *p, size_t n, unsigned *acc_out) {

@@ -36,14 +36,8 @@
  * session's end are with it) */
 #include "stream_read.cuh"
 
-#define CK(x)                                                                                          \
-    do {                                                                                               \
-        cudaError_t e_ = (x);                                                                          \
-        if (e_ != cudaSuccess) {                                                                       \
-            fprintf(stderr, "cuda_readpat: %s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
-            exit(1);                                                                                   \
-        }                                                                                              \
-    } while (0)
+#define TOOL "cuda_readpat"
+#include "cuda_check.cuh"
 
 struct rp_params {
     const uint8_t *base; /* this layer's first expert            */
