@@ -661,11 +661,19 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_bf16_kernel(fm_route_par
  * multiple of step. */
 #define LG_KMIN 128
 #define LG_MAXKS 32
+/* FP4MOE_CUDA_LOGITS_KS=8|16: at most that many K slices (the selection
+ * sums fewer; v48, for comparisons). Read once. */
+static int lg_maxks(void) {
+    static const int v = fm_cuda_env_is("FP4MOE_CUDA_LOGITS_KS", "8")    ? 8
+                         : fm_cuda_env_is("FP4MOE_CUDA_LOGITS_KS", "16") ? 16
+                                                                          : LG_MAXKS;
+    return v;
+}
 static void tile_split(int T, int H, int E, int sms, int depth, int step, int *ks, int *kc) {
     long tiles = (long)((T + LG_TILE - 1) / LG_TILE) * ((E + LG_TILE - 1) / LG_TILE);
     long want = ((long)depth * (sms > 0 ? sms : 132) + tiles - 1) / tiles;
     long maxks = (H + LG_KMIN - 1) / LG_KMIN;
-    if (maxks > LG_MAXKS) maxks = LG_MAXKS;
+    if (maxks > lg_maxks()) maxks = lg_maxks();
     if (want > maxks) want = maxks;
     if (want < 1) want = 1;
     long c = (H + want - 1) / want;
