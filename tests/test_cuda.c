@@ -510,11 +510,16 @@ static void test_forced_configs(void **state) {
         {FM_PATH_WGMMA, 128, 1, 8, 1, 16, 1.5f}, {FM_PATH_WGMMA, 128, 1, 8, 1, 32, 1.5f},
     };
     const char *presets[] = {"tiny-mixtral", "tiny-deepseek-v4"};
+    const size_t ncfg = sizeof cfgs / sizeof cfgs[0];
+    /* the wgmma configs also at T = 20, where down takes over per expert
+     * (v42) from gate/up blocks of one or two warpgroups */
     for (int pi = 0; pi < 2; pi++)
-        for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+        for (size_t ci = 0; ci < ncfg + 5; ci++) {
+            const size_t c = ci < ncfg ? ci : ncfg - 5 + (ci - ncfg);
             fm_model_desc d;
             assert_int_equal(fm_preset_desc(presets[pi], FM_QF_NONE, &d), FM_OK);
-            int L = first_moe_layer(&d, 0), T = cfgs[c].path == FM_PATH_WGMMA ? 200 : 45, H = d.hidden;
+            int L = first_moe_layer(&d, 0), T = cfgs[c].path == FM_PATH_WGMMA ? (ci < ncfg ? 200 : 20) : 45,
+                H = d.hidden;
             fm_moe_layer *hl;
             fm_cuda_layer *cl;
             assert_int_equal(fm_moe_layer_random(&d, d.expert_format, 7 + c, L, &hl), FM_OK);

@@ -109,7 +109,7 @@ static const struct {
     {"FP4MOE_CUDA_SH_WIDE", "0|1"},
     {"FP4MOE_CUDA_SH_TOKENS", "32|64"},
     {"FP4MOE_CUDA_WG_DOWN_TOKENS", "8|16|32"},
-    {"FP4MOE_CUDA_WG_GROUPS", "1|2|gu"},
+    {"FP4MOE_CUDA_WG_GROUPS", "1|2|gu|dn"},
     {"FP4MOE_CUDA_LOGITS_KS", "8|16|32"},
     {"FP4MOE_CUDA_WG_L2PF", "0|1|2|3|4|6|8"},
     {"FP4MOE_CUDA_PRE_WAIT", "0|1"},

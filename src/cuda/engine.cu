@@ -304,7 +304,8 @@ static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kern
              * 128 rows per block, v43) whatever the config's, for A/B runs;
              * passes of 8 tokens have one. */
             const char *gv = getenv("FP4MOE_CUDA_WG_GROUPS");
-            if (gv && (!strcmp(gv, "1") || !strcmp(gv, "2") || !strcmp(gv, "gu")) && cfg->tile_n >= 16) {
+            if (gv && (!strcmp(gv, "1") || !strcmp(gv, "2") || !strcmp(gv, "gu") || !strcmp(gv, "dn")) &&
+                cfg->tile_n >= 16) {
                 cfg->warps = strcmp(gv, "1") ? 8 : 4;
                 cfg->rows_per_block = 16 * cfg->warps;
                 size_t n = strlen(src);

@@ -1446,18 +1446,19 @@ static int wg_down_nmax(void) {
     return v;
 }
 
-/* FP4MOE_CUDA_WG_GROUPS=gu: two warpgroups per block for gate/up only, down
- * with one (v48, for comparisons). Read once. */
-static int wg_groups_gu_only(void) {
-    static const int v = fm_cuda_env_is("FP4MOE_CUDA_WG_GROUPS", "gu");
-    return v;
+/* Which launches of a two-warpgroup config (warps 8) run two warpgroups per
+ * block: FP4MOE_CUDA_WG_GROUPS=gu gate/up only, =dn down only (v48, for
+ * comparisons); otherwise both. Read once. */
+static int wg_groups_in(int nmat) {
+    static const int gu = fm_cuda_env_is("FP4MOE_CUDA_WG_GROUPS", "gu"), dn = fm_cuda_env_is("FP4MOE_CUDA_WG_GROUPS", "dn");
+    return nmat == 2 ? !dn : !gu;
 }
 
 static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int nmat, cudaStream_t s) {
     if (c->pipe == FM_PIPE_WGMMA)
         return launch_wg(p, nmat, c->pdl,
                          nmat == 1 && wg_down_nmax() ? wg_down_nmax() : c->nt > 4 ? 8 : c->nt > 2 ? 4 : c->nt,
-                         c->warps == 8 && (nmat == 2 || !wg_groups_gu_only()) ? 2 : 1, s);
+                         c->warps == 8 && wg_groups_in(nmat) ? 2 : 1, s);
     if (wg_applies(nmat, (nmat == 2 ? &p->gate : &p->down)->enc, c->wgmma)) {
         int nmax = 4;
         wg_env(&nmax);
@@ -1523,9 +1524,12 @@ extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char
         if (c->warps == 8 && c->nt > 1)
             snprintf(buf, cap,
                      "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16, A in registers, B in shared memory; "
-                     "two warpgroups per block sharing one activation stage: 128-row gate/up and %d-row down blocks, "
-                     "no K split; up to %d tokens per pass)",
-                     mx ? "mxfp4" : "nvfp4", wg_groups_gu_only() ? 128 : wg_down2() ? 256 : 64,
+                     "two warpgroups per block sharing one activation stage: %d-row gate/up and %d-row down blocks, "
+                     "%s; up to %d tokens per pass)",
+                     mx ? "mxfp4" : "nvfp4", wg_groups_in(2) ? 128 : 64,
+                     (wg_down2() ? 128 : 64) * (wg_groups_in(1) && wg_down2() ? 2 : 1),
+                     wg_groups_in(1) && wg_groups_in(2) ? "no K split" : "K split in 2 for the one-warpgroup launch "
+                                                                         "where its grid is under 5 blocks per SM",
                      c->nt > 2 ? 32 : 8 * c->nt);
         else
             snprintf(buf, cap,
