@@ -169,8 +169,8 @@ static void test_vs_reference(void **state) {
 
 
 /* Activations given as F32 and F16, not only BF16: the router reads them at
- * full precision (the GEMV at T <= 32, the tensor-core logits above, whose
- * x_lo term is only non-zero for F32 values that are not BF16) and the
+ * full precision (the GEMV shape at T = 7, the tensor-core logits at 130,
+ * whose lower terms are only non-zero for values that are not BF16) and the
  * experts read them rounded to BF16. F32 values drawn at full precision. */
 static void test_input_dtypes(void **state) {
     (void)state;
@@ -210,8 +210,9 @@ static void test_input_dtypes(void **state) {
 }
 
 /* A router that is not exact in BF16 (every third weight moved one FP32 ulp)
- * takes the TF32 logits above 32 tokens instead of the BF16 ones (v45); both
- * against the float64 reference, with F32, F16 and BF16 activations. */
+ * takes the TF32 logits instead of the BF16 ones where the SGEMM shape runs
+ * (v45; these small shapes at T = 130, the GEMV shape at T = 33, v49); against
+ * the float64 reference, with F32, F16 and BF16 activations. */
 static void test_router_not_bf16(void **state) {
     (void)state;
     NEED_GPU();
@@ -643,8 +644,12 @@ static void test_bench_runs(void **state) {
     fm_cuda_engine_set_config(g_eng, NULL);
     if (st) fail_msg("bench (wgmma): %s", fm_last_error());
     printf("# wgmma config: kernel %s; source %s\n", r.kernel, r.config_source);
-    /* the bench's F32 activations against the generated BF16 router above
-     * 32 tokens: the BF16 logits with three terms of x (v45) */
+    /* 40 tokens of this small shape: its SGEMM logits grid would be two
+     * blocks, so the GEMV shape runs (v49) */
+    assert_non_null(strstr(r.kernel, "router logits: GEMV"));
+    /* above 128 tokens the SGEMM shape; the bench's F32 activations against
+     * the generated BF16 router: BF16 MMAs with three terms of x (v45) */
+    if (fm_cuda_bench(g_eng, &d, ls, 3, 130, 1, 3, &r)) fail_msg("bench (130 tokens): %s", fm_last_error());
     assert_non_null(strstr(r.kernel, "router logits: BF16 mma.sync, three terms of x"));
     if (strstr(fm_cuda_engine_describe(g_eng), "sm_90")) {
         assert_non_null(strstr(r.kernel, "fm_expert_wg_kernel"));

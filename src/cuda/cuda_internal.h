@@ -225,7 +225,7 @@ typedef struct {
 #define FM_ROUTE_PART_EXPERTS 4
 #define FM_ROUTE_PARTS_ALL 7
 /* The tokens' prep (x_prep, zeroed output) in a kernel of its own, before
- * the logits (only where the logits take the SGEMM shape, T > 32; see
+ * the logits (only where the logits take the SGEMM shape; see
  * fm_cuda_route_sep_prep). */
 #define FM_ROUTE_PART_PREP 8
 
@@ -240,10 +240,10 @@ fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int pdl, int par
 size_t fm_cuda_route_smem(int H, int E);
 /* 1 when the logits at T tokens take the SGEMM shape, whose prep can run as a
  * kernel of its own (FM_ROUTE_PART_PREP, then the logits with skip_prep). */
-int fm_cuda_route_sep_prep(int T);
+int fm_cuda_route_sep_prep(int T, int H, int E, int sms);
 /* The router logits kernel the routing launch takes at T tokens, in words
  * (bf16_router: the layer has the exact BF16 router; xdt: fm_dtype of x). */
-const char *fm_cuda_route_logits_name(int T, int bf16_router, int xdt);
+const char *fm_cuda_route_logits_name(int T, int H, int E, int sms, int bf16_router, int xdt);
 /* Floats of the partial-logits workspace for up to T tokens (monotone). */
 size_t fm_cuda_route_logit_floats(int T, int H, int E, int sms);
 fm_status fm_cuda_route_prepare(size_t smem);

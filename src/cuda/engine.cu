@@ -892,7 +892,7 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
         /* v42: the selection zeroes the experts' gate/up counters that the
          * routed down's blocks wait on */
         rp.gu_done = handoff_on(e, lc, T) ? e->gu_done : NULL;
-        if (e->sh_fork_early && fm_cuda_route_sep_prep(T)) {
+        if (e->sh_fork_early && fm_cuda_route_sep_prep(T, l->H, l->E, e->sm_count)) {
             /* the prep alone, the fork, then the logits without the prep */
             if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, FM_ROUTE_PART_PREP, e->stream))) return s;
             FM_CU(cudaEventRecord(e->fork_ev, e->stream));
@@ -1129,7 +1129,8 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
     {
         size_t n = strlen(r->kernel);
         snprintf(r->kernel + n, sizeof r->kernel - n, "; router logits: %s",
-                 fm_cuda_route_logits_name(T, layers[0]->router_wb != NULL, FM_DT_F32));
+                 fm_cuda_route_logits_name(T, layers[0]->H, layers[0]->E, e->sm_count, layers[0]->router_wb != NULL,
+                                           FM_DT_F32));
     }
 
     const int pdl0 = lc.pdl;

@@ -205,16 +205,9 @@ static __device__ void group_pairs(const fm_route_params &p, unsigned char *smem
 #define FM_DONE_TILES (1 + LG_SMALL_T / LG_TT)
 static_assert(FM_DONE_TILES < FM_ROUTE_COUNTERS, "routing block counters");
 
-/* Up to how many tokens the logits take the GEMV shape (v41):
- * FP4MOE_CUDA_GEMV_T=64|128 moves the SGEMM shape's start up from 33 tokens
- * (its prep spread over the expert tiles, 3 x TF32 MMAs, up to 32 K slices)
- * for comparisons. Read once. */
-static int lg_gemv_max_t(void) {
-    static const int v = fm_cuda_env_is("FP4MOE_CUDA_GEMV_T", "128") ? 128
-                         : fm_cuda_env_is("FP4MOE_CUDA_GEMV_T", "64") ? 64
-                                                                     : LG_SMALL_T;
-    return v;
-}
+/* Most tokens the GEMV shape takes (v49: where the SGEMM grid is small). */
+#define LG_GEMV_MAX 128
+static int lg_use_gemv(int T, int H, int E, int sms);
 
 __global__ void __launch_bounds__(RT_THREADS) fm_logits_gemv_kernel(fm_route_params p) {
     const uint64_t rpol = router_policy();
@@ -680,6 +673,33 @@ static void tile_split(int T, int H, int E, int sms, int depth, int step, int *k
     c = (c + step - 1) / step * step;
     *kc = (int)c;
     *ks = (int)((H + c - 1) / c);
+}
+
+/* Whether the logits of T tokens take the GEMV shape (v49): always up to
+ * LG_SMALL_T tokens; up to LG_GEMV_MAX where the SGEMM shape's grid would
+ * have fewer blocks than a third of the SMs (few experts and a narrow hidden
+ * size leave it few tiles and K slices: Qwen3-30B-A3B and Mixtral-8x7B 32
+ * blocks at 33 - 128 tokens, where the GEMV shape measured 3 - 5 % faster
+ * per layer; DeepSeek-V4-Flash 128 and GLM-4.5 96 blocks, level or slower;
+ * gpt-oss-120b 46, mixed; docs/perf.md). FP4MOE_CUDA_GEMV_T=32|64|128 sets a
+ * plain limit instead (v41, for comparisons). */
+static int lg_gemv_env(void) {
+    static const int v = fm_cuda_env_is("FP4MOE_CUDA_GEMV_T", "128")  ? 128
+                         : fm_cuda_env_is("FP4MOE_CUDA_GEMV_T", "64") ? 64
+                         : fm_cuda_env_is("FP4MOE_CUDA_GEMV_T", "32") ? 32
+                                                                     : 0;
+    return v;
+}
+static int route_logits_mma(void);
+static int lg_use_gemv(int T, int H, int E, int sms) {
+    if (lg_gemv_env()) return T <= lg_gemv_env();
+    if (T <= LG_SMALL_T) return 1;
+    if (T > LG_GEMV_MAX) return 0;
+    const int mma = route_logits_mma();
+    int ks, kc;
+    tile_split(T, H, E, sms, mma ? 2 : 4, mma ? LGM_KS : LG_KSTEP, &ks, &kc);
+    const long tiles = (long)((T + LG_TILE - 1) / LG_TILE) * ((E + LG_TILE - 1) / LG_TILE);
+    return 3 * tiles * ks < (sms > 0 ? sms : 132);
 }
 
 /* Per-warp shared memory of the selection kernel: lg, sel, wsc [E] floats
@@ -1188,18 +1208,18 @@ extern "C" size_t fm_cuda_route_smem(int H, int E) {
 }
 
 extern "C" size_t fm_cuda_route_logit_floats(int T, int H, int E, int sms) {
-    /* GEMV shape: ceil(H / LG_KC) slices of at most LG_SMALL_T tokens;
+    /* GEMV shape: ceil(H / LG_KC) slices of at most LG_GEMV_MAX tokens;
      * SGEMM shape: slices x tiles <= 4 sms + tiles - 1, each 64 x 64; and
      * never less than one slice. Every term grows with T, H, E and sms. */
     size_t tiles = (size_t)((T + LG_TILE - 1) / LG_TILE) * ((E + LG_TILE - 1) / LG_TILE);
-    size_t a = (size_t)((H + LG_KC - 1) / LG_KC) * lg_gemv_max_t() * lg_stride(E);
+    size_t a = (size_t)((H + LG_KC - 1) / LG_KC) * LG_GEMV_MAX * lg_stride(E);
     size_t b = (4 * (size_t)(sms > 0 ? sms : 132) + tiles) * LG_TILE * LG_TILE; /* lg_stride(E) <= tiles' experts */
     size_t c = (size_t)T * lg_stride(E);
     size_t m = a > b ? a : b;
     return m > c ? m : c;
 }
 
-extern "C" int fm_cuda_route_sep_prep(int T) { return T > lg_gemv_max_t(); }
+extern "C" int fm_cuda_route_sep_prep(int T, int H, int E, int sms) { return !lg_use_gemv(T, H, E, sms); }
 
 extern "C" fm_status fm_cuda_route_prepare(size_t smem) {
     if (smem > 48 * 1024)
@@ -1230,8 +1250,8 @@ static int route_logits_kind(void) {
 static int route_logits_mma(void) { return route_logits_kind() > 0; }
 
 /* Name of the logits kernel the launch below takes at T tokens. */
-extern "C" const char *fm_cuda_route_logits_name(int T, int bf16_router, int xdt) {
-    if (T <= lg_gemv_max_t()) return "GEMV, FP32 FMA";
+extern "C" const char *fm_cuda_route_logits_name(int T, int H, int E, int sms, int bf16_router, int xdt) {
+    if (lg_use_gemv(T, H, E, sms)) return "GEMV, FP32 FMA";
     const int k = route_logits_kind();
     if (k == 2 && bf16_router)
         return xdt == FM_DT_BF16 ? "BF16 mma.sync, one term (exact products, FP32 sums)"
@@ -1263,9 +1283,9 @@ extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int p
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
     if (parts & FM_ROUTE_PART_PREP) {
-        if (p->T <= lg_gemv_max_t())
-            return fm_error(FM_E_ARG, "the routing prep kernel is for the SGEMM logits shape (T > %d), not T = %d",
-                            lg_gemv_max_t(), p->T);
+        if (lg_use_gemv(p->T, p->H, p->E, p->sms))
+            return fm_error(FM_E_ARG, "the routing prep kernel is for the SGEMM logits shape, not the GEMV one "
+                                      "that T = %d takes here", p->T);
         const int64_t groups = (int64_t)p->T * (p->Hp / 8);
         int64_t blocks = (groups + 2 * RT_THREADS - 1) / (2 * RT_THREADS);
         const int64_t cap = 4 * (int64_t)(p->sms > 0 ? p->sms : 132);
@@ -1276,7 +1296,7 @@ extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int p
         p->skip_prep = 1;
     }
     int ks, kc = 0;
-    const int gemv = p->T <= lg_gemv_max_t();
+    const int gemv = lg_use_gemv(p->T, p->H, p->E, p->sms);
     if (gemv) {
         ks = (p->H + LG_KC - 1) / LG_KC;
         cfg.gridDim = dim3((unsigned)((p->E + RT_WARPS * LG_EW - 1) / (RT_WARPS * LG_EW)), (unsigned)ks,
