@@ -116,6 +116,13 @@ assert [l["status"] for l in b[1]["lookup"]][:3] == ["no such file", "no such fi
 EOF
 fi
 
+# 6b. The router logits' shape: Qwen3-30B-A3B's tiled grid is 32 blocks, so
+# the GEMV shape runs up to 128 tokens there (v49), and not above.
+run qlg explain --preset qwen3-30b-a3b --batch 64,130 --gpu "NVIDIA H200"
+[ $rc -eq 0 ] || fail "explain qwen3 exited $rc"
+has "$T/qlg.out" "router logits    GEMV shape (up to 128 tokens where the tiled grid would be under a third of the SMs; the tiled grid: 32 blocks on 132 SMs)" "qwen3 B = 64 logits"
+has "$T/qlg.out" "router logits    tiled shape (above 128 tokens" "qwen3 B = 130 logits"
+
 # 7. The CPU path and bad arguments.
 run cpu explain --preset tiny-qwen3 --batch 4
 [ $rc -eq 0 ] || fail "explain without --gpu exited $rc"

@@ -444,6 +444,12 @@ static void test_explain(void **state) {
     assert_int_equal(fm_explain(&o, &text), FM_OK);
     assert_non_null(strstr(text, "NVIDIA H200: 132 SMs"));
     assert_non_null(strstr(text, "6.0 of 256")); /* B = 1: exactly k active */
+    /* the router logits' shape (route_shape.c): DeepSeek-V4-Flash at B = 64
+     * has 4 expert tiles x 32 K slices = 128 blocks on 132 SMs, the tiled
+     * shape; at B = 1 the GEMV */
+    assert_non_null(strstr(text, "router logits    GEMV shape (up to 32 tokens"));
+    assert_non_null(strstr(text, "router logits    tiled shape (the tiled grid fills a third of the SMs or more; "
+                                 "the tiled grid: 128 blocks on 132 SMs)"));
     assert_non_null(strstr(text, "chosen           built-in default"));
     assert_non_null(strstr(text, "WARNING: no tuned config for NVIDIA H200"));
     assert_null(strstr(text, "chosen           tuned"));
@@ -466,6 +472,7 @@ static void test_explain(void **state) {
     assert_non_null(j);
     json_t *b0 = json_array_get(json_object_get(j, "batches"), 0);
     assert_int_equal(json_integer_value(json_object_get(b0, "batch")), 1);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(b0, "router_logits"), "shape")), "gemv");
     assert_true(json_is_true(json_object_get(json_object_get(b0, "choice"), "tuned")));
     assert_string_equal(json_string_value(json_object_get(json_object_get(j, "target"), "name")), "NVIDIA H200");
     json_decref(j);

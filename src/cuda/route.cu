@@ -20,6 +20,7 @@
  * Nothing here waits on the host, so a whole step can be one CUDA graph.
  */
 #include "cuda_internal.h"
+#include "route_shape.h"
 #include <string.h>
 #include <stdlib.h>
 #include <cuda_bf16.h>
@@ -185,11 +186,11 @@ static __device__ __forceinline__ uint4 prep8(const float *xv, const int *perm) 
  *   4 x 4 outputs per thread from k-major shared tiles (2 LDS.128 per 16
  *   FMA), K split so that the grid fills the SMs about four blocks deep.
  */
-#define LG_SMALL_T 32
+#define LG_SMALL_T FM_LG_SMALL_T
 #define LG_KC 512          /* K slice of the GEMV shape                      */
 #define LG_TT 8            /* tokens per GEMV block                          */
 #define LG_EW 2            /* router rows per warp (GEMV)                    */
-#define LG_TILE 64         /* tokens and experts per SGEMM block             */
+#define LG_TILE FM_LG_TILE /* tokens and experts per SGEMM block             */
 #define LG_KSTEP 16        /* K per shared-memory stage (SGEMM)              */
 
 static __host__ __device__ size_t sel_warp_bytes(int E);
@@ -205,9 +206,12 @@ static __device__ void group_pairs(const fm_route_params &p, unsigned char *smem
 #define FM_DONE_TILES (1 + LG_SMALL_T / LG_TT)
 static_assert(FM_DONE_TILES < FM_ROUTE_COUNTERS, "routing block counters");
 
-/* Most tokens the GEMV shape takes (v49: where the SGEMM grid is small). */
-#define LG_GEMV_MAX 128
-static int lg_use_gemv(int T, int H, int E, int sms);
+/* The shape decision is route_shape.c's, which `fp4moe explain` shares. */
+#define LG_GEMV_MAX FM_LG_GEMV_MAX
+static int lg_use_gemv(int T, int H, int E, int sms) { return fm_route_logits_gemv(T, H, E, sms); }
+static void tile_split(int T, int H, int E, int sms, int depth, int step, int *ks, int *kc) {
+    fm_route_tile_split(T, H, E, sms, depth, step, ks, kc);
+}
 
 __global__ void __launch_bounds__(RT_THREADS) fm_logits_gemv_kernel(fm_route_params p) {
     const uint64_t rpol = router_policy();
@@ -648,59 +652,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_bf16_kernel(fm_route_par
     }
 }
 
-/* K slices of the SGEMM shapes: enough that the grid is ~depth blocks per
- * SM, but slices of at least LG_KMIN and at most LG_MAXKS of them (the
- * selection kernel reads every slice of its token's logits), each a
- * multiple of step. */
-#define LG_KMIN 128
-#define LG_MAXKS 32
-/* FP4MOE_CUDA_LOGITS_KS=8|16: at most that many K slices (the selection
- * sums fewer; v48, for comparisons). Read once. */
-static int lg_maxks(void) {
-    static const int v = fm_cuda_env_is("FP4MOE_CUDA_LOGITS_KS", "8")    ? 8
-                         : fm_cuda_env_is("FP4MOE_CUDA_LOGITS_KS", "16") ? 16
-                                                                          : LG_MAXKS;
-    return v;
-}
-static void tile_split(int T, int H, int E, int sms, int depth, int step, int *ks, int *kc) {
-    long tiles = (long)((T + LG_TILE - 1) / LG_TILE) * ((E + LG_TILE - 1) / LG_TILE);
-    long want = ((long)depth * (sms > 0 ? sms : 132) + tiles - 1) / tiles;
-    long maxks = (H + LG_KMIN - 1) / LG_KMIN;
-    if (maxks > lg_maxks()) maxks = lg_maxks();
-    if (want > maxks) want = maxks;
-    if (want < 1) want = 1;
-    long c = (H + want - 1) / want;
-    c = (c + step - 1) / step * step;
-    *kc = (int)c;
-    *ks = (int)((H + c - 1) / c);
-}
 
-/* Whether the logits of T tokens take the GEMV shape (v49): always up to
- * LG_SMALL_T tokens; up to LG_GEMV_MAX where the SGEMM shape's grid would
- * have fewer blocks than a third of the SMs (few experts and a narrow hidden
- * size leave it few tiles and K slices: Qwen3-30B-A3B and Mixtral-8x7B 32
- * blocks at 33 - 128 tokens, where the GEMV shape measured 3 - 5 % faster
- * per layer; DeepSeek-V4-Flash 128 and GLM-4.5 96 blocks, level or slower;
- * gpt-oss-120b 46, mixed; docs/perf.md). FP4MOE_CUDA_GEMV_T=32|64|128 sets a
- * plain limit instead (v41, for comparisons). */
-static int lg_gemv_env(void) {
-    static const int v = fm_cuda_env_is("FP4MOE_CUDA_GEMV_T", "128")  ? 128
-                         : fm_cuda_env_is("FP4MOE_CUDA_GEMV_T", "64") ? 64
-                         : fm_cuda_env_is("FP4MOE_CUDA_GEMV_T", "32") ? 32
-                                                                     : 0;
-    return v;
-}
-static int route_logits_mma(void);
-static int lg_use_gemv(int T, int H, int E, int sms) {
-    if (lg_gemv_env()) return T <= lg_gemv_env();
-    if (T <= LG_SMALL_T) return 1;
-    if (T > LG_GEMV_MAX) return 0;
-    const int mma = route_logits_mma();
-    int ks, kc;
-    tile_split(T, H, E, sms, mma ? 2 : 4, mma ? LGM_KS : LG_KSTEP, &ks, &kc);
-    const long tiles = (long)((T + LG_TILE - 1) / LG_TILE) * ((E + LG_TILE - 1) / LG_TILE);
-    return 3 * tiles * ks < (sms > 0 ? sms : 132);
-}
 
 /* Per-warp shared memory of the selection kernel: lg, sel, wsc [E] floats
  * and taken [E] bytes, rounded to 16 bytes. */

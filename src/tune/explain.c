@@ -8,6 +8,7 @@
  * directory, and what would run. It never launches a kernel; with --gpu it
  * plans for a GPU that is not present. */
 #include "tune/tune_internal.h"
+#include "cuda/route_shape.h"
 #include "util/util.h"
 
 #include <jansson.h>
@@ -199,6 +200,16 @@ fm_status fm_explain(const fm_explain_opts *o, char **out) {
         fm_kernel_config_format(&def, dcs, sizeof dcs);
         fm_kernel_config_format(&c.cfg, ccs, sizeof ccs);
         double mean_tpe = (double)T * d->topk / d->n_experts;
+        /* the router logits' shape (src/cuda/route_shape.c, as the engine decides) */
+        const int sms = key->sm_count > 0 ? key->sm_count : 132;
+        const int lg_gemv = fm_route_logits_gemv(T, d->hidden, d->n_experts, sms);
+        const long lg_blocks = fm_route_tile_blocks(T, d->hidden, d->n_experts, sms);
+        const int lg_rule = T <= FM_LG_SMALL_T || (T <= FM_LG_GEMV_MAX && 3 * lg_blocks < sms);
+        const char *lg_why = lg_gemv != lg_rule       ? "set by FP4MOE_CUDA_GEMV_T"
+                              : T <= FM_LG_SMALL_T   ? "up to 32 tokens"
+                              : T > FM_LG_GEMV_MAX   ? "above 128 tokens"
+                              : lg_gemv              ? "up to 128 tokens where the tiled grid would be under a third of the SMs"
+                                                     : "the tiled grid fills a third of the SMs or more";
         if (o->json) {
             json_t *e = json_object();
             json_array_append_new(jb, e);
@@ -219,6 +230,9 @@ fm_status fm_explain(const fm_explain_opts *o, char **out) {
             json_object_set_new(e, "considered", cons);
             json_object_set_new(e, "switch_tpe", json_real(def.switch_tpe));
             json_object_set_new(e, "mean_tokens_per_expert", json_real(mean_tpe));
+            json_object_set_new(e, "router_logits",
+                                json_pack("{s:s, s:I, s:s}", "shape", lg_gemv ? "gemv" : "tiled", "tiled_blocks",
+                                          (json_int_t)lg_blocks, "why", lg_why));
             json_object_set_new(e, "default", fm_tune_params_json(&def));
             json_t *lk = json_array();
             for (int i = 0; i < FM_TUNE_NDIRS; i++)
@@ -252,6 +266,8 @@ fm_status fm_explain(const fm_explain_opts *o, char **out) {
         sb_printf(&b, "  default          built-in: %s path (switch_tpe %g; mean tokens per expert B*k/E = %.2f)\n"
                       "                   %s\n",
                   fm_tune_path_token(def.path), (double)def.switch_tpe, mean_tpe, dcs);
+        sb_printf(&b, "  router logits    %s shape (%s; the tiled grid: %ld blocks on %d SMs)\n",
+                  lg_gemv ? "GEMV" : "tiled", lg_why, lg_blocks, sms);
         sb_printf(&b, "  config lookup    %s\n", fname);
         for (int i = 0; i < FM_TUNE_NDIRS; i++)
             sb_printf(&b, "                   %d. %s%s%s: %s\n", i + 1, tr[i].label, tr[i].dir[0] ? " " : "", tr[i].dir,
