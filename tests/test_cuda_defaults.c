@@ -110,7 +110,13 @@ static void test_env_check(void **state) {
                              {"FP4MOE_CUDA_LOGITS", "simt"}, {"FP4MOE_CUDA_WG_DOWN_KS", "4"},
                              {"FP4MOE_CUDA_WG_GU_KS", "1"}, {"FP4MOE_CUDA_SH_FORK", "0"},
                              {"FP4MOE_CUDA_PRE_WAIT", "0"}, {"FP4MOE_CUDA_SH_WIDE", "0"},
-                             {"FP4MOE_CUDA_WG_DOWN_TOKENS", "8"}, {"FP4MOE_CUDA_WG_TOKENS", "8"}};
+                             {"FP4MOE_CUDA_WG_DOWN_TOKENS", "8"}, {"FP4MOE_CUDA_WG_TOKENS", "8"},
+                             /* the ninth and tenth sessions' switches */
+                             {"FP4MOE_CUDA_SH_FORK_EARLY", "1"}, {"FP4MOE_CUDA_PRIO", "2"},
+                             {"FP4MOE_CUDA_GEMV_T", "128"}, {"FP4MOE_CUDA_HANDOFF", "0"},
+                             {"FP4MOE_CUDA_SH_TOKENS", "64"}, {"FP4MOE_CUDA_WG_GROUPS", "dn"},
+                             {"FP4MOE_CUDA_LOGITS_KS", "16"}, {"FP4MOE_CUDA_WG_L2PF", "4"},
+                             {"FP4MOE_CUDA_LOGITS", "bf16"}};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         setenv(good[i][0], good[i][1], 1);
         if (fm_cuda_env_check() != FM_OK) fail_msg("%s=%s refused: %s", good[i][0], good[i][1], fm_last_error());
@@ -132,6 +138,15 @@ static void test_env_check(void **state) {
                             {"FP4MOE_CUDA_SH_WIDE", "on", "FP4MOE_CUDA_SH_WIDE='on': expected 0|1"},
                             {"FP4MOE_CUDA_WG_DOWN_TOKENS", "24", "FP4MOE_CUDA_WG_DOWN_TOKENS='24': expected 8|16|32"},
                             {"FP4MOE_CUDA_WG_TOKENS", "4", "FP4MOE_CUDA_WG_TOKENS='4': expected 8|16|32"},
+                            {"FP4MOE_CUDA_SH_FORK_EARLY", "2", "FP4MOE_CUDA_SH_FORK_EARLY='2': expected 0|1"},
+                            {"FP4MOE_CUDA_PRIO", "3", "FP4MOE_CUDA_PRIO='3': expected 0|1|2"},
+                            {"FP4MOE_CUDA_GEMV_T", "48", "FP4MOE_CUDA_GEMV_T='48': expected 32|64|128"},
+                            {"FP4MOE_CUDA_HANDOFF", "2", "FP4MOE_CUDA_HANDOFF='2': expected 0|1"},
+                            {"FP4MOE_CUDA_SH_TOKENS", "16", "FP4MOE_CUDA_SH_TOKENS='16': expected 32|64"},
+                            {"FP4MOE_CUDA_WG_GROUPS", "4", "FP4MOE_CUDA_WG_GROUPS='4': expected 1|2|gu|dn"},
+                            {"FP4MOE_CUDA_LOGITS_KS", "4", "FP4MOE_CUDA_LOGITS_KS='4': expected 8|16|32"},
+                            {"FP4MOE_CUDA_WG_L2PF", "5", "FP4MOE_CUDA_WG_L2PF='5': expected 0|1|2|3|4|6|8"},
+                            {"FP4MOE_CUDA_LOGITS", "tf32", "FP4MOE_CUDA_LOGITS='tf32': expected simt|mma|bf16"},
                             {"FP4MOE_CUDA_WG_OCC", "0", "unknown environment variable FP4MOE_CUDA_WG_OCC"},
                             {"FP4MOE_CUDA_WGG", "1", "unknown environment variable FP4MOE_CUDA_WGG"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
