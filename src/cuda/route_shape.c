@@ -6,11 +6,26 @@ int fm_cuda_env_is(const char *name, const char *word);
 #define LG_KMIN 128  /* narrowest K slice of the tiled shape */
 #define LG_MAXKS 32  /* most K slices (the selection sums them) */
 
-/* FP4MOE_CUDA_LOGITS_KS=8|16 (v48, for comparisons). */
+/* FP4MOE_CUDA_LOGITS_KS=8|16 (v48, for comparisons). Read once, like the
+ * engine's other switches (these functions run at every routing launch). */
 static int lg_maxks(void) {
-    return fm_cuda_env_is("FP4MOE_CUDA_LOGITS_KS", "8")    ? 8
-           : fm_cuda_env_is("FP4MOE_CUDA_LOGITS_KS", "16") ? 16
-                                                            : LG_MAXKS;
+    static int v = -1;
+    if (v < 0)
+        v = fm_cuda_env_is("FP4MOE_CUDA_LOGITS_KS", "8")    ? 8
+            : fm_cuda_env_is("FP4MOE_CUDA_LOGITS_KS", "16") ? 16
+                                                             : LG_MAXKS;
+    return v;
+}
+
+/* FP4MOE_CUDA_GEMV_T=32|64|128 as that number, 0 when unset. Read once. */
+static int gemv_limit(void) {
+    static int v = -1;
+    if (v < 0)
+        v = fm_cuda_env_is("FP4MOE_CUDA_GEMV_T", "32")    ? 32
+            : fm_cuda_env_is("FP4MOE_CUDA_GEMV_T", "64")  ? 64
+            : fm_cuda_env_is("FP4MOE_CUDA_GEMV_T", "128") ? 128
+                                                           : 0;
+    return v;
 }
 
 void fm_route_tile_split(int T, int H, int E, int sms, int depth, int step, int *ks, int *kc) {
@@ -34,10 +49,7 @@ long fm_route_tile_blocks(int T, int H, int E, int sms) {
 }
 
 int fm_route_logits_gemv(int T, int H, int E, int sms) {
-    static const int lim[] = {32, 64, 128};
-    static const char *const word[] = {"32", "64", "128"};
-    for (int i = 0; i < 3; i++)
-        if (fm_cuda_env_is("FP4MOE_CUDA_GEMV_T", word[i])) return T <= lim[i];
+    if (gemv_limit()) return T <= gemv_limit();
     if (T <= FM_LG_SMALL_T) return 1;
     if (T > FM_LG_GEMV_MAX) return 0;
     return 3 * fm_route_tile_blocks(T, H, E, sms) < (sms > 0 ? sms : 132);
