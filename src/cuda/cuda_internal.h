@@ -133,6 +133,8 @@ typedef struct {
     int *stat_active;       /* where to record n_active (bench) or NULL      */
     int warp_group;         /* one-block selections with T * k <= 32 group
                              * the pairs in one warp's registers            */
+    int sel_spread;         /* one token's sums and scores over the whole
+                             * selection block (v50)                        */
     int early_trigger;      /* selection lets the expert kernels launch at
                              * its start (they prefetch the shared expert) */
     int l2first;            /* router rows read with an L2 evict-first policy */

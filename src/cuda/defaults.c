@@ -98,6 +98,8 @@ static const struct {
     {"FP4MOE_CUDA_FP4_DECODE", "v5|v6"},
     {"FP4MOE_CUDA_ROUTE_FUSE", "0|1"},
     {"FP4MOE_CUDA_ROUTE_WARPGROUP", "0|1"},
+    {"FP4MOE_CUDA_SEL_SPREAD", "0|1"},
+    {"FP4MOE_CUDA_SEL_EARLY", "0|1"},
     {"FP4MOE_CUDA_LOGITS", "simt|mma|bf16"},
     {"FP4MOE_CUDA_SH_PREFETCH", "0|1"},
     {"FP4MOE_CUDA_SH_EARLY", "0|1"},

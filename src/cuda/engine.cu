@@ -41,6 +41,8 @@ struct fm_cuda_engine {
     int prio;        /* stream priorities: 0 none, 1 routed chain above the shared branch, 2 the reverse (v38) */
     int l2pf;        /* FP4MOE_CUDA_WG_L2PF (v44) */
     int sh_tokens;   /* FP4MOE_CUDA_SH_TOKENS: 32, 64, or 0 for the default (v46) */
+    int sel_spread;  /* one token's selection sums and scores over the whole block (v50) */
+    int sel_early;   /* FP4MOE_CUDA_SEL_EARLY: the selection lets the expert kernels launch before its wait (v50b) */
     int handoff;     /* down starts per expert when its gate/up warps are done (v42):
                       * 0 never, 1 up to FM_HANDOFF_MAX_T tokens, 2 always */
     int sh_wide;     /* its wgmma launches with 32-token passes whatever the config's (v35) */
@@ -157,6 +159,15 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
     e->sh_tokens = fm_cuda_env_is("FP4MOE_CUDA_SH_TOKENS", "64")   ? 64
                    : fm_cuda_env_is("FP4MOE_CUDA_SH_TOKENS", "32") ? 32
                                                                    : 0;
+    /* One token's selection (T = 1, elementwise scoring families) spreads
+     * its slice sums and scores over the selection block's four warps, and
+     * one warp picks the top-k from them (v50); FP4MOE_CUDA_SEL_SPREAD=0
+     * keeps the whole selection on one warp */
+    e->sel_spread = !fm_cuda_env_is("FP4MOE_CUDA_SEL_SPREAD", "0");
+    /* FP4MOE_CUDA_SEL_EARLY=1: the selection kernel lets the expert kernels
+     * launch at its start, before it waits on the logits, at every batch
+     * size (v50b) */
+    e->sel_early = fm_cuda_env_is("FP4MOE_CUDA_SEL_EARLY", "1");
     /* FP4MOE_CUDA_SH_FORK_EARLY=1: above 32 tokens the tokens' prep runs as
      * a kernel of its own and the shared expert's branch forks after it,
      * beside the logits too (v38) */
@@ -881,7 +892,8 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
                      (parts & FM_ROUTE_PART_LOGITS) && (parts & FM_ROUTE_PART_SELECT);
     ep.sh_prefetch = e->sh_prefetch && lc->pdl && ep.sgate.n > 0 && !ev && !fork;
     ep.sh_early = e->sh_early && lc->pdl && ep.sgate.n > 0 && !ev && !fork;
-    rp.early_trigger = ep.sh_prefetch || ep.sh_early;
+    rp.early_trigger = ep.sh_prefetch || ep.sh_early || e->sel_early;
+    rp.sel_spread = e->sel_spread;
     ep.l2first = rp.l2first = e->l2first;
     ep.pre_wait = e->pre_wait;
     ep.l2pf = e->l2pf;

@@ -699,8 +699,8 @@ static __device__ __forceinline__ float4 bias_quad(const float4 (&rb)[SEL_RB], c
  * decode sizes its time is that warp's chain of dependent loads and
  * reductions (docs/perf.md, v29; instruction fetch was ruled out, v29b). */
 template <int RK>
-static __device__ void select_token(const fm_route_params &p, int t, unsigned char *ws, int *chosen, float *chosen_w) {
-    const int E = p.E, k = p.k, Ep = lg_stride(E);
+static __device__ void select_scores(const fm_route_params &p, int t, unsigned char *ws) {
+    const int E = p.E, Ep = lg_stride(E);
     const int lane = threadIdx.x & 31;
     const int T = p.T;
     /* A lane owns experts 128 c + 4 lane .. + 3 (chunks c of 128): every
@@ -708,8 +708,7 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
      * are short. */
     float *lg = (float *)ws;  /* [Ep] logits          */
     float *sel = lg + Ep;     /* [Ep] selection score, then the top-k keys */
-    float *wsc = sel + Ep;    /* [Ep] weight score    */
-    unsigned char *taken = (unsigned char *)(wsc + Ep); /* [Ep] group flags */
+    float *wsc = sel + Ep;    /* [Ep] weight score, then [Ep] bytes of group flags (select_pick) */
         /* The biases of the lane's first SEL_RB chunks into registers first,
          * then the K slices in order, every slice of two chunks loaded before
          * the first add: one round trip to L2 per 8 slices instead of one per
@@ -821,6 +820,20 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
             }
         }
         __syncwarp();
+}
+
+/* The rest of token t's selection, on one warp, from the scores in ws
+ * (select_scores or select_scores_block): the group limit, the top-k, the
+ * weights, and the writes. */
+template <int RK>
+static __device__ void select_pick(const fm_route_params &p, int t, unsigned char *ws, int *chosen, float *chosen_w) {
+    const int E = p.E, k = p.k, Ep = lg_stride(E);
+    const int lane = threadIdx.x & 31;
+    const int nch = (E + 127) / 128;
+    float *lg = (float *)ws;
+    float *sel = lg + Ep;
+    float *wsc = sel + Ep;
+    unsigned char *taken = (unsigned char *)(wsc + Ep);
 
         /* group limit (DeepSeek-V3 family): keep the topk_group groups with
          * the largest sum of their two best biased scores */
@@ -962,6 +975,70 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
             }
         }
         __syncwarp();
+}
+
+template <int RK>
+static __device__ void select_token(const fm_route_params &p, int t, unsigned char *ws, int *chosen, float *chosen_w) {
+    select_scores<RK>(p, t, ws);
+    select_pick<RK>(p, t, ws, chosen, chosen_w);
+}
+
+/* Families whose scores are elementwise (no reduction over the experts):
+ * the one-token selection can spread them over the block (v50). */
+template <int RK> struct sel_elementwise { static constexpr bool value = RK == FM_ROUTE_NOAUX_TC || RK == FM_ROUTE_DSV4; };
+
+/*
+ * v50: the slice sums and scores of one token (T = 1), spread over the
+ * block's RS_THREADS threads, two experts per thread (the one-warp
+ * selection works through 4 E / 128 experts per lane in series: at
+ * DeepSeek-V4-Flash's 256 experts, 8). The same sums in the same order and
+ * the same expressions as select_scores, so the scores are bit-identical;
+ * the caller synchronizes the block, then one warp runs select_pick. The
+ * biases (written by no kernel) come in before the wait on the logits.
+ */
+template <int RK>
+static __device__ void select_scores_block(const fm_route_params &p, int t, unsigned char *ws) {
+    const int E = p.E, Ep = lg_stride(E), T = p.T;
+    float *sel = (float *)ws + Ep;
+    float *wsc = sel + Ep;
+    for (int e = 2 * (int)threadIdx.x; e < E; e += 2 * RS_THREADS) {
+        const bool two = e + 1 < E;
+        /* the biases first: their loads and the slices' are in flight together */
+        float rb[2] = {0.0f, 0.0f}, sb[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            if (!h || two) {
+                if (p.router_bias) rb[h] = p.router_bias[e + h];
+                if (p.score_bias) sb[h] = p.score_bias[e + h];
+            }
+        float2 v = make_float2(0.0f, 0.0f);
+#pragma unroll 1
+        for (int s0 = 0; s0 < p.kslices; s0 += 16) {
+            float2 x[16];
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const size_t row = ((size_t)(s0 + j) * T + t) * Ep;
+                x[j] = s0 + j < p.kslices ? (two ? __ldcg((const float2 *)(p.logits + row + e))
+                                                 : make_float2(__ldcg(p.logits + row + e), 0.0f))
+                                          : make_float2(0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+                if (s0 + j < p.kslices) { v.x += x[j].x; v.y += x[j].y; }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (h && !two) break;
+            float l = h ? v.y : v.x;
+            if (p.router_bias) l += rb[h];
+            float sc;
+            if (RK == FM_ROUTE_DSV4) sc = sqrtf(l > 20.0f ? l : log1pf(expf(l)));
+            else sc = 1.0f / (1.0f + expf(-l));
+            wsc[e + h] = sc;
+            if (p.score_bias) sc += sb[h];
+            sel[e + h] = sc;
+        }
+    }
 }
 
 static __device__ void select_token_rt(const fm_route_params &p, int t, unsigned char *ws, int *chosen) {
@@ -1122,8 +1199,19 @@ __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p)
      * kernel this grid waited on */
     if (p.gu_done)
         for (int e = blockIdx.x * RS_THREADS + tid; e < E; e += gridDim.x * RS_THREADS) p.gu_done[e] = 0;
-    if (t < T)
+    if (sel_elementwise<RK>::value && small && T == 1 && p.sel_spread) {
+        /* v50: one token, its sums and scores over the whole block. The
+         * expert kernels may launch now, as they do when warps 1 - 3 of the
+         * one-warp selection find no token: their blocks then take their
+         * places on the SMs before the shared expert's (Kimi-K2 at B = 1:
+         * +6 us when they launched after the selection) */
+        pdl_launch_dependents();
+        select_scores_block<RK>(p, 0, rs_smem);
+        __syncthreads();
+        if (warp == 0) select_pick<RK>(p, 0, rs_smem, chosen[0], chosen_w[0]);
+    } else if (t < T) {
         select_token<RK>(p, t, rs_smem + (size_t)warp * sel_warp_bytes(E), chosen[warp], small ? chosen_w[warp] : NULL);
+    }
     pdl_launch_dependents();
     if (small) {
         __syncthreads();
