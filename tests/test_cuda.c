@@ -444,25 +444,27 @@ static void test_route_many_experts(void **state) {
                 }
 }
 
-/* v50: the one-token selection with its sums and scores spread over the
- * block (the default) against the one-warp selection (FP4MOE_CUDA_SEL_SPREAD=0,
- * an engine of its own): the same ids and weights bit for bit, the same
- * outputs up to the combine's order of additions (relative 1e-5), and
- * both against the float64 reference; the elementwise families (DeepSeek-V3
- * noaux_tc with its group limit, DeepSeek-V4 with its hash layer), odd and
- * even expert counts (a thread's last pair half outside the experts). */
+/* v50: the selection of one or two tokens with their sums and scores spread
+ * over the block (the default) against the one-warp selection
+ * (FP4MOE_CUDA_SEL_SPREAD=0, an engine of its own): the same ids and weights
+ * bit for bit, the same outputs up to the order of the combine's atomic
+ * additions (relative 1e-5), and both against the float64 reference; the
+ * elementwise families (DeepSeek-V3 noaux_tc with its group limit,
+ * DeepSeek-V4 with its hash layer), odd and even expert counts (a thread's
+ * last pair half outside the experts). */
 static void test_sel_spread(void **state) {
     (void)state;
     NEED_GPU();
     fm_cuda_engine *saved = g_eng, *eng[2] = {NULL, NULL};
     for (int v = 0; v < 2; v++) {
-        setenv("FP4MOE_CUDA_SEL_SPREAD", v ? "1" : "0", 1);
+        setenv("FP4MOE_CUDA_SEL_SPREAD", v ? "2" : "0", 1);
         fm_status es = fm_cuda_engine_new(0, &eng[v]);
         unsetenv("FP4MOE_CUDA_SEL_SPREAD");
         if (es) fail_msg("engine: %s", fm_last_error());
     }
     const char *presets[] = {"tiny-deepseek", "tiny-deepseek-v4"};
     const int Es[] = {0, 257, 300};
+    enum { TMAX = 2 };
     for (int pi = 0; pi < 2; pi++)
         for (int ei = 0; ei < 3; ei++)
             for (int hash = 0; hash < 2; hash++) {
@@ -478,43 +480,44 @@ static void test_sel_spread(void **state) {
                 if (fm_moe_layer_random(&d, FM_QF_NVFP4, 950 + pi * 8 + ei * 2 + hash, L, &hl))
                     fail_msg("random layer: %s", fm_last_error());
                 const int H = d.hidden, k = d.topk;
-                for (int rep = 0; rep < 3; rep++) {
-                    uint16_t xb[8192];
-                    float xf[8192];
-                    assert_true(H <= 8192);
-                    make_x(960 + rep, 1, H, xb, xf);
-                    const int32_t tok = (int32_t)(rep * 7 % (d.vocab_size > 0 ? d.vocab_size : 1));
-                    float *out[2];
-                    int32_t ids[2][RT_TEST_MAXK];
-                    float wts[2][RT_TEST_MAXK];
-                    assert_true(k <= RT_TEST_MAXK);
-                    for (int v = 0; v < 2; v++) {
-                        fm_cuda_layer *cl;
-                        g_eng = eng[v];
-                        if (fm_cuda_layer_upload(eng[v], &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
-                        cmp_result r;
-                        run_compare(&d, hl, cl, 1, xb, &tok, &r);
-                        check_ref(&r, 1, "SEL_SPREAD=%d %-16s E=%d layer %d rep %d", v, presets[pi], d.n_experts, L, rep);
-                        out[v] = malloc(sizeof(float) * (size_t)H);
-                        assert_non_null(out[v]);
-                        fm_moe_out o = {out[v], ids[v], wts[v]};
-                        if (fm_cuda_forward(eng[v], &d, cl, xb, FM_DT_BF16, 1, &tok, &o))
-                            fail_msg("fm_cuda_forward: %s", fm_last_error());
-                        fm_cuda_layer_free(cl);
+                assert_true(H <= 4096 && k <= RT_TEST_MAXK);
+                for (int T = 1; T <= TMAX; T++)
+                    for (int rep = 0; rep < 2; rep++) {
+                        uint16_t xb[TMAX * 4096];
+                        float xf[TMAX * 4096];
+                        make_x(960 + 10 * T + rep, T, H, xb, xf);
+                        int32_t tok[TMAX];
+                        for (int t = 0; t < T; t++)
+                            tok[t] = (int32_t)((rep * 7 + t * 3) % (d.vocab_size > 0 ? d.vocab_size : 1));
+                        float *out[2];
+                        int32_t ids[2][TMAX * RT_TEST_MAXK];
+                        float wts[2][TMAX * RT_TEST_MAXK];
+                        for (int v = 0; v < 2; v++) {
+                            fm_cuda_layer *cl;
+                            g_eng = eng[v];
+                            if (fm_cuda_layer_upload(eng[v], &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+                            cmp_result r;
+                            run_compare(&d, hl, cl, T, xb, tok, &r);
+                            check_ref(&r, 1, "SEL_SPREAD=%d %-16s E=%d layer %d T=%d rep %d", v ? 2 : 0, presets[pi],
+                                      d.n_experts, L, T, rep);
+                            out[v] = malloc(sizeof(float) * (size_t)T * H);
+                            assert_non_null(out[v]);
+                            fm_moe_out o = {out[v], ids[v], wts[v]};
+                            if (fm_cuda_forward(eng[v], &d, cl, xb, FM_DT_BF16, T, tok, &o))
+                                fail_msg("fm_cuda_forward: %s", fm_last_error());
+                            fm_cuda_layer_free(cl);
+                        }
+                        g_eng = saved;
+                        assert_memory_equal(ids[0], ids[1], sizeof(int32_t) * (size_t)T * k);
+                        assert_memory_equal(wts[0], wts[1], sizeof(float) * (size_t)T * k);
+                        double num = 0, den = 0;
+                        for (int i = 0; i < T * H; i++) {
+                            num += ((double)out[0][i] - out[1][i]) * ((double)out[0][i] - out[1][i]);
+                            den += (double)out[0][i] * out[0][i];
+                        }
+                        assert_true(num <= 1e-10 * den);
+                        free(out[0]); free(out[1]);
                     }
-                    g_eng = saved;
-                    assert_memory_equal(ids[0], ids[1], sizeof(int32_t) * (size_t)k);
-                    assert_memory_equal(wts[0], wts[1], sizeof(float) * (size_t)k);
-                    /* the outputs: the same up to the order of the k-way
-                     * combine's atomic adds */
-                    double num = 0, den = 0;
-                    for (int i = 0; i < H; i++) {
-                        num += ((double)out[0][i] - out[1][i]) * ((double)out[0][i] - out[1][i]);
-                        den += (double)out[0][i] * out[0][i];
-                    }
-                    assert_true(num <= 1e-10 * den);
-                    free(out[0]); free(out[1]);
-                }
                 fm_moe_layer_free(hl);
             }
     g_eng = saved;

@@ -133,10 +133,13 @@ typedef struct {
     int *stat_active;       /* where to record n_active (bench) or NULL      */
     int warp_group;         /* one-block selections with T * k <= 32 group
                              * the pairs in one warp's registers            */
-    int sel_spread;         /* one token's sums and scores over the whole
-                             * selection block (v50)                        */
-    int early_trigger;      /* selection lets the expert kernels launch at
-                             * its start (they prefetch the shared expert) */
+    int sel_spread;         /* up to this many tokens (0 - 2), their sums
+                             * and scores over the whole selection block
+                             * (v50)                                        */
+    int early_trigger;      /* the selection lets the expert kernels launch
+                             * at its start (1: they prefetch the shared
+                             * expert; FP4MOE_CUDA_SEL_EARLY=1) or right
+                             * after its wait on the logits (2)           */
     int l2first;            /* router rows read with an L2 evict-first policy */
     unsigned *gu_done;      /* [E] gate/up warps done per expert, zeroed by
                              * the selection kernel (v42), or NULL         */
@@ -179,6 +182,9 @@ typedef struct {
      * FP4MOE_CUDA_WG_L2PF; 0: no such requests) */
     int l2pf;
     int sms;                      /* SMs of the device (sizes the down's K split) */
+    /* the wgmma launches' K split when > 0 (the shared expert's launches on
+     * their branch, v51), else the rule of wg_ks */
+    int ks_force;
     const int *n_active, *act_e, *act_off, *act_cnt, *sorted_tok;
     const float *sorted_w;
     const uint16_t *x_prep;       /* [T][Hp]                                 */

@@ -41,8 +41,9 @@ struct fm_cuda_engine {
     int prio;        /* stream priorities: 0 none, 1 routed chain above the shared branch, 2 the reverse (v38) */
     int l2pf;        /* FP4MOE_CUDA_WG_L2PF (v44) */
     int sh_tokens;   /* FP4MOE_CUDA_SH_TOKENS: 32, 64, or 0 for the default (v46) */
-    int sel_spread;  /* one token's selection sums and scores over the whole block (v50) */
-    int sel_early;   /* FP4MOE_CUDA_SEL_EARLY: the selection lets the expert kernels launch before its wait (v50b) */
+    int sel_spread;  /* up to this many tokens, their selection sums and scores over the whole block (v50) */
+    int sh_ks;       /* FP4MOE_CUDA_SH_KS: the shared expert's K split on its branch, 0 the rule (v51) */
+    int sel_early;   /* when the selection lets the expert kernels launch: 0 after it, 1 before its wait, 2 after (v50b) */
     int handoff;     /* down starts per expert when its gate/up warps are done (v42):
                       * 0 never, 1 up to FM_HANDOFF_MAX_T tokens, 2 always */
     int sh_wide;     /* its wgmma launches with 32-token passes whatever the config's (v35) */
@@ -161,13 +162,23 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
                                                                    : 0;
     /* One token's selection (T = 1, elementwise scoring families) spreads
      * its slice sums and scores over the selection block's four warps, and
-     * one warp picks the top-k from them (v50); FP4MOE_CUDA_SEL_SPREAD=0
-     * keeps the whole selection on one warp */
-    e->sel_spread = !fm_cuda_env_is("FP4MOE_CUDA_SEL_SPREAD", "0");
-    /* FP4MOE_CUDA_SEL_EARLY=1: the selection kernel lets the expert kernels
-     * launch at its start, before it waits on the logits, at every batch
-     * size (v50b) */
-    e->sel_early = fm_cuda_env_is("FP4MOE_CUDA_SEL_EARLY", "1");
+     * one warp picks the top-k from them (v50; H200, B = 1: DeepSeek-V4-Flash
+     * -2 to -4 %, GLM-5 -1 %); FP4MOE_CUDA_SEL_SPREAD=0 keeps the whole
+     * selection on one warp, =2 spreads two tokens over two warps each too
+     * (level at B = 2) */
+    e->sel_spread = fm_cuda_env_is("FP4MOE_CUDA_SEL_SPREAD", "0") ? 0 : fm_cuda_env_is("FP4MOE_CUDA_SEL_SPREAD", "2") ? 2 : 1;
+    /* FP4MOE_CUDA_SH_KS=1|2|4|8: the shared expert's launches on its branch
+     * split K over that many CTAs (v51) */
+    {
+        const char *kv = getenv("FP4MOE_CUDA_SH_KS");
+        e->sh_ks = kv && *kv ? atoi(kv) : 0;
+    }
+    /* The selection kernel lets the expert kernels launch right after its
+     * wait on the logits, before it selects, so that their blocks take
+     * their places on the SMs early (v50b; H200: GLM-5 -1 to -3 % at B = 4 -
+     * 256, DeepSeek-V4-Flash level); FP4MOE_CUDA_SEL_EARLY=0 after the
+     * selection (before v50b), =1 before the wait (+6 % at B = 1 - 2) */
+    e->sel_early = fm_cuda_env_is("FP4MOE_CUDA_SEL_EARLY", "1") ? 1 : fm_cuda_env_is("FP4MOE_CUDA_SEL_EARLY", "0") ? 0 : 2;
     /* FP4MOE_CUDA_SH_FORK_EARLY=1: above 32 tokens the tokens' prep runs as
      * a kernel of its own and the shared expert's branch forks after it,
      * beside the logits too (v38) */
@@ -892,7 +903,7 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
                      (parts & FM_ROUTE_PART_LOGITS) && (parts & FM_ROUTE_PART_SELECT);
     ep.sh_prefetch = e->sh_prefetch && lc->pdl && ep.sgate.n > 0 && !ev && !fork;
     ep.sh_early = e->sh_early && lc->pdl && ep.sgate.n > 0 && !ev && !fork;
-    rp.early_trigger = ep.sh_prefetch || ep.sh_early || e->sel_early;
+    rp.early_trigger = ep.sh_prefetch || ep.sh_early || e->sel_early == 1 ? 1 : e->sel_early == 2 ? 2 : 0;
     rp.sel_spread = e->sel_spread;
     ep.l2first = rp.l2first = e->l2first;
     ep.pre_wait = e->pre_wait;
@@ -919,6 +930,7 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
         FM_CU(cudaStreamWaitEvent(e->side, e->fork_ev, 0));
         fm_expert_params sp = ep;
         sp.max_active = 0; /* the shared expert's items only */
+        sp.ks_force = e->sh_ks;
         fm_launch_cfg slc = *lc;
         slc.nt = shared_nt(e, lc, T);
         fm_launch_cfg sdc = slc;

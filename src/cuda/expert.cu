@@ -1429,11 +1429,12 @@ static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nma
     const size_t smem = (size_t)wg_smem_bytes(kind ? 2 : 1, nmax, nmat == 1, wgs);
     int64_t sh_blocks;
     int sh_chunks;
-    int ks = wgs > 1 ? 1
-                     : wg_ks(nmat == 2, grid_items(p, nmat, rpb, chunk, &sh_blocks, &sh_chunks), p->sms,
+    int ks = wgs > 1         ? 1
+             : p->ks_force > 0 ? p->ks_force
+                               : wg_ks(nmat == 2, grid_items(p, nmat, rpb, chunk, &sh_blocks, &sh_chunks), p->sms,
                              (int)((nmat == 2 ? p->gate.kp : p->down.kp) / FM_KSEG));
     /* gate/up's cluster reduction reuses CTA 0's rings for the others' sums */
-    if (nmat == 2 && (size_t)(ks - 1) * 2 * 4 * nmax * 128 * sizeof(float) > smem) ks = 1;
+    while (nmat == 2 && ks > 1 && (size_t)(ks - 1) * 2 * 4 * nmax * 128 * sizeof(float) > smem) ks /= 2;
     return launch_grid(p, nmat, pick_wg(kind, p->mx, nmax, wgs), rpb, chunk, 128 * wgs, smem, pdl, 4 * wgs, ks, ks,
                        nmat == 2 ? ks : 1, s,
                        nmat == 2 ? "fm_expert_wg_kernel (gate/up)" : "fm_expert_wg_kernel (down)");

@@ -988,8 +988,9 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
 template <int RK> struct sel_elementwise { static constexpr bool value = RK == FM_ROUTE_NOAUX_TC || RK == FM_ROUTE_DSV4; };
 
 /*
- * v50: the slice sums and scores of one token (T = 1), spread over the
- * block's RS_THREADS threads, two experts per thread (the one-warp
+ * v50: the slice sums and scores of token t by n threads (i: this
+ * thread's index among them), two experts per thread and round: at T = 1
+ * the block's RS_THREADS, at T = 2 half of them each (the one-warp
  * selection works through 4 E / 128 experts per lane in series: at
  * DeepSeek-V4-Flash's 256 experts, 8). The same sums in the same order and
  * the same expressions as select_scores, so the scores are bit-identical;
@@ -997,11 +998,11 @@ template <int RK> struct sel_elementwise { static constexpr bool value = RK == F
  * biases (written by no kernel) come in before the wait on the logits.
  */
 template <int RK>
-static __device__ void select_scores_block(const fm_route_params &p, int t, unsigned char *ws) {
+static __device__ void select_scores_block(const fm_route_params &p, int t, unsigned char *ws, int i, int n) {
     const int E = p.E, Ep = lg_stride(E), T = p.T;
     float *sel = (float *)ws + Ep;
     float *wsc = sel + Ep;
-    for (int e = 2 * (int)threadIdx.x; e < E; e += 2 * RS_THREADS) {
+    for (int e = 2 * i; e < E; e += 2 * n) {
         const bool two = e + 1 < E;
         /* the biases first: their loads and the slices' are in flight together */
         float rb[2] = {0.0f, 0.0f}, sb[2] = {0.0f, 0.0f};
@@ -1191,24 +1192,29 @@ __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p)
     }
     /* the expert kernels may start now: they only prefetch weights before
      * their own wait on this grid */
-    if (p.early_trigger) pdl_launch_dependents();
+    if (p.early_trigger == 1) pdl_launch_dependents();
     const bool small = p.warp_group && gridDim.x == 1 && T * p.k <= 32;
     pdl_wait();
+    if (p.early_trigger == 2) pdl_launch_dependents();
     /* the experts' gate/up completion counters (v42) start from zero: the
      * previous layer's down, their last reader, finished before the logits
      * kernel this grid waited on */
     if (p.gu_done)
         for (int e = blockIdx.x * RS_THREADS + tid; e < E; e += gridDim.x * RS_THREADS) p.gu_done[e] = 0;
-    if (sel_elementwise<RK>::value && small && T == 1 && p.sel_spread) {
-        /* v50: one token, its sums and scores over the whole block. The
+    if (sel_elementwise<RK>::value && small && T <= p.sel_spread) {
+        /* v50: one or two tokens, their sums and scores over the whole block
+         * (warps 2 t and 2 t + 1 for token t of two), then one warp per
+         * token picks its top-k into chosen[t]. The
          * expert kernels may launch now, as they do when warps 1 - 3 of the
          * one-warp selection find no token: their blocks then take their
          * places on the SMs before the shared expert's (Kimi-K2 at B = 1:
          * +6 us when they launched after the selection) */
         pdl_launch_dependents();
-        select_scores_block<RK>(p, 0, rs_smem);
+        const int wpt = RS_WARPS / T, tt = warp / wpt;
+        unsigned char *ws = rs_smem + (size_t)tt * sel_warp_bytes(E);
+        select_scores_block<RK>(p, tt, ws, tid - tt * wpt * 32, wpt * 32);
         __syncthreads();
-        if (warp == 0) select_pick<RK>(p, 0, rs_smem, chosen[0], chosen_w[0]);
+        if (warp == tt * wpt) select_pick<RK>(p, tt, ws, chosen[tt], chosen_w[tt]);
     } else if (t < T) {
         select_token<RK>(p, t, rs_smem + (size_t)warp * sel_warp_bytes(E), chosen[warp], small ? chosen_w[warp] : NULL);
     }
