@@ -444,27 +444,32 @@ static void test_route_many_experts(void **state) {
                 }
 }
 
-/* v50: the selection of one or two tokens with their sums and scores spread
- * over the block (the default) against the one-warp selection
- * (FP4MOE_CUDA_SEL_SPREAD=0, an engine of its own): the same ids and weights
- * bit for bit, the same outputs up to the order of the combine's atomic
+/* v50 / v52: the selection of one or two tokens with their sums and scores
+ * spread over the block, and 8-token selection blocks (FP4MOE_CUDA_SEL_SPREAD=2
+ * FP4MOE_CUDA_SEL_WARPS=8), against the one-warp selection in 4-token blocks
+ * (FP4MOE_CUDA_SEL_SPREAD=0; an engine each): the same ids and weights bit
+ * for bit, the same outputs up to the order of the combine's atomic
  * additions (relative 1e-5), and both against the float64 reference; the
  * elementwise families (DeepSeek-V3 noaux_tc with its group limit,
  * DeepSeek-V4 with its hash layer), odd and even expert counts (a thread's
- * last pair half outside the experts). */
+ * last pair half outside the experts), 1 - 8 tokens (one block or two;
+ * grouping in one warp or block-wide). */
 static void test_sel_spread(void **state) {
     (void)state;
     NEED_GPU();
     fm_cuda_engine *saved = g_eng, *eng[2] = {NULL, NULL};
     for (int v = 0; v < 2; v++) {
         setenv("FP4MOE_CUDA_SEL_SPREAD", v ? "2" : "0", 1);
+        setenv("FP4MOE_CUDA_SEL_WARPS", v ? "8" : "4", 1);
         fm_status es = fm_cuda_engine_new(0, &eng[v]);
         unsetenv("FP4MOE_CUDA_SEL_SPREAD");
+        unsetenv("FP4MOE_CUDA_SEL_WARPS");
         if (es) fail_msg("engine: %s", fm_last_error());
     }
     const char *presets[] = {"tiny-deepseek", "tiny-deepseek-v4"};
     const int Es[] = {0, 257, 300};
-    enum { TMAX = 2 };
+    enum { TMAX = 8 };
+    const int Ts[] = {1, 2, 5, 8};
     for (int pi = 0; pi < 2; pi++)
         for (int ei = 0; ei < 3; ei++)
             for (int hash = 0; hash < 2; hash++) {
@@ -481,10 +486,12 @@ static void test_sel_spread(void **state) {
                     fail_msg("random layer: %s", fm_last_error());
                 const int H = d.hidden, k = d.topk;
                 assert_true(H <= 4096 && k <= RT_TEST_MAXK);
-                for (int T = 1; T <= TMAX; T++)
+                for (int ti = 0; ti < 4; ti++)
                     for (int rep = 0; rep < 2; rep++) {
-                        uint16_t xb[TMAX * 4096];
-                        float xf[TMAX * 4096];
+                        const int T = Ts[ti];
+                        uint16_t *xb = malloc(sizeof(uint16_t) * TMAX * 4096);
+                        float *xf = malloc(sizeof(float) * TMAX * 4096);
+                        assert_non_null(xb); assert_non_null(xf);
                         make_x(960 + 10 * T + rep, T, H, xb, xf);
                         int32_t tok[TMAX];
                         for (int t = 0; t < T; t++)
@@ -498,8 +505,8 @@ static void test_sel_spread(void **state) {
                             if (fm_cuda_layer_upload(eng[v], &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
                             cmp_result r;
                             run_compare(&d, hl, cl, T, xb, tok, &r);
-                            check_ref(&r, 1, "SEL_SPREAD=%d %-16s E=%d layer %d T=%d rep %d", v ? 2 : 0, presets[pi],
-                                      d.n_experts, L, T, rep);
+                            check_ref(&r, 1, "SEL_SPREAD=%d SEL_WARPS=%d %-16s E=%d layer %d T=%d rep %d", v ? 2 : 0,
+                                      v ? 8 : 4, presets[pi], d.n_experts, L, T, rep);
                             out[v] = malloc(sizeof(float) * (size_t)T * H);
                             assert_non_null(out[v]);
                             fm_moe_out o = {out[v], ids[v], wts[v]};
@@ -516,7 +523,7 @@ static void test_sel_spread(void **state) {
                             den += (double)out[0][i] * out[0][i];
                         }
                         assert_true(num <= 1e-10 * den);
-                        free(out[0]); free(out[1]);
+                        free(out[0]); free(out[1]); free(xb); free(xf);
                     }
                 fm_moe_layer_free(hl);
             }

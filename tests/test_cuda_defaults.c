@@ -116,7 +116,10 @@ static void test_env_check(void **state) {
                              {"FP4MOE_CUDA_GEMV_T", "128"}, {"FP4MOE_CUDA_HANDOFF", "0"},
                              {"FP4MOE_CUDA_SH_TOKENS", "64"}, {"FP4MOE_CUDA_WG_GROUPS", "dn"},
                              {"FP4MOE_CUDA_LOGITS_KS", "16"}, {"FP4MOE_CUDA_WG_L2PF", "4"},
-                             {"FP4MOE_CUDA_LOGITS", "bf16"}};
+                             {"FP4MOE_CUDA_LOGITS", "bf16"},
+                             /* the eleventh session's */
+                             {"FP4MOE_CUDA_SEL_SPREAD", "2"}, {"FP4MOE_CUDA_SEL_EARLY", "0"},
+                             {"FP4MOE_CUDA_SH_KS", "8"}, {"FP4MOE_CUDA_SEL_WARPS", "8"}};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         setenv(good[i][0], good[i][1], 1);
         if (fm_cuda_env_check() != FM_OK) fail_msg("%s=%s refused: %s", good[i][0], good[i][1], fm_last_error());
@@ -147,6 +150,10 @@ static void test_env_check(void **state) {
                             {"FP4MOE_CUDA_LOGITS_KS", "4", "FP4MOE_CUDA_LOGITS_KS='4': expected 8|16|32"},
                             {"FP4MOE_CUDA_WG_L2PF", "5", "FP4MOE_CUDA_WG_L2PF='5': expected 0|1|2|3|4|6|8"},
                             {"FP4MOE_CUDA_LOGITS", "tf32", "FP4MOE_CUDA_LOGITS='tf32': expected simt|mma|bf16"},
+                            {"FP4MOE_CUDA_SEL_SPREAD", "3", "FP4MOE_CUDA_SEL_SPREAD='3': expected 0|1|2"},
+                            {"FP4MOE_CUDA_SEL_EARLY", "yes", "FP4MOE_CUDA_SEL_EARLY='yes': expected 0|1|2"},
+                            {"FP4MOE_CUDA_SH_KS", "3", "FP4MOE_CUDA_SH_KS='3': expected 1|2|4|8"},
+                            {"FP4MOE_CUDA_SEL_WARPS", "16", "FP4MOE_CUDA_SEL_WARPS='16': expected 4|8"},
                             {"FP4MOE_CUDA_WG_OCC", "0", "unknown environment variable FP4MOE_CUDA_WG_OCC"},
                             {"FP4MOE_CUDA_WGG", "1", "unknown environment variable FP4MOE_CUDA_WGG"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

@@ -3,6 +3,7 @@
 #ifndef FM_CUDA_INTERNAL_H
 #define FM_CUDA_INTERNAL_H
 #include "fp4moe.h"
+#include "cuda_env.h"
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -133,6 +134,7 @@ typedef struct {
     int *stat_active;       /* where to record n_active (bench) or NULL      */
     int warp_group;         /* one-block selections with T * k <= 32 group
                              * the pairs in one warp's registers            */
+    int sel_warps;          /* tokens (warps) per selection block: 4 or 8 */
     int sel_spread;         /* up to this many tokens (0 - 2), their sums
                              * and scores over the whole selection block
                              * (v50)                                        */
@@ -262,9 +264,6 @@ const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char *buf, size
  * (sm_90a); the first call runs a one-thread probe (engine creation, never
  * inside a stream capture), later calls return its answer. */
 int fm_cuda_wgmma_built(void);
-/* 1 when the environment variable `name` (an FP4MOE_CUDA_* switch, checked
- * by fm_cuda_env_check when an engine is made) is set to exactly `word`. */
-int fm_cuda_env_is(const char *name, const char *word);
 /* Streaming-read kernel for the bandwidth measurement; returns seconds. */
 fm_status fm_cuda_stream_read(const void *buf, size_t bytes, cudaStream_t s, int reps, double *best_s);
 #ifdef __cplusplus

@@ -2,6 +2,7 @@
  * CUDA needed) so that `explain` and the tuner can show what a GPU run would
  * pick on any machine. */
 #include "fp4moe.h"
+#include "cuda_env.h"
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,6 +102,7 @@ static const struct {
     {"FP4MOE_CUDA_SEL_SPREAD", "0|1|2"},
     {"FP4MOE_CUDA_SEL_EARLY", "0|1|2"},
     {"FP4MOE_CUDA_SH_KS", "1|2|4|8"},
+    {"FP4MOE_CUDA_SEL_WARPS", "4|8"},
     {"FP4MOE_CUDA_LOGITS", "simt|mma|bf16"},
     {"FP4MOE_CUDA_SH_PREFETCH", "0|1"},
     {"FP4MOE_CUDA_SH_EARLY", "0|1"},

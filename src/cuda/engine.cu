@@ -43,6 +43,7 @@ struct fm_cuda_engine {
     int sh_tokens;   /* FP4MOE_CUDA_SH_TOKENS: 32, 64, or 0 for the default (v46) */
     int sel_spread;  /* up to this many tokens, their selection sums and scores over the whole block (v50) */
     int sh_ks;       /* FP4MOE_CUDA_SH_KS: the shared expert's K split on its branch, 0 the rule (v51) */
+    int sel_warps;   /* FP4MOE_CUDA_SEL_WARPS: tokens per selection block, 4 or 8 (v52) */
     int sel_early;   /* when the selection lets the expert kernels launch: 0 after it, 1 before its wait, 2 after (v50b) */
     int handoff;     /* down starts per expert when its gate/up warps are done (v42):
                       * 0 never, 1 up to FM_HANDOFF_MAX_T tokens, 2 always */
@@ -166,6 +167,10 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
      * -2 to -4 %, GLM-5 -1 %); FP4MOE_CUDA_SEL_SPREAD=0 keeps the whole
      * selection on one warp, =2 spreads two tokens over two warps each too
      * (level at B = 2) */
+    /* FP4MOE_CUDA_SEL_WARPS=8: the selection kernel's blocks take 8 tokens
+     * (one warp each) instead of 4, so that up to 8 tokens are selected and
+     * grouped by one block (v52) */
+    e->sel_warps = fm_cuda_env_is("FP4MOE_CUDA_SEL_WARPS", "8") ? 8 : 4;
     e->sel_spread = fm_cuda_env_is("FP4MOE_CUDA_SEL_SPREAD", "0") ? 0 : fm_cuda_env_is("FP4MOE_CUDA_SEL_SPREAD", "2") ? 2 : 1;
     /* FP4MOE_CUDA_SH_KS=1|2|4|8: the shared expert's launches on its branch
      * split K over that many CTAs (v51) */
@@ -489,25 +494,25 @@ static fm_status upload_router(fm_cuda_layer *l, const float *w, const float *rb
     size_t nw = (size_t)l->E * l->H;
     FM_CU(cudaMalloc(&l->router_w, nw * sizeof(float)));
     FM_CU(cudaMemcpy(l->router_w, w, nw * sizeof(float), cudaMemcpyHostToDevice));
+    /* a BF16 copy for the v45 logits where every weight is exact in BF16:
+     * converted in the pass that checks, dropped at the first weight that
+     * is not */
+    uint16_t *wb = (uint16_t *)malloc(nw * sizeof(uint16_t));
+    if (!wb) return fm_error(FM_E_NOMEM, "out of memory (BF16 router, %zu weights)", nw);
     int exact = 1;
     for (size_t i = 0; i < nw && exact; i++) {
         uint32_t b;
         memcpy(&b, &w[i], sizeof b);
         exact = (b & 0xFFFFu) == 0;
+        wb[i] = (uint16_t)(b >> 16);
     }
+    cudaError_t err = cudaSuccess;
     if (exact) {
-        uint16_t *wb = (uint16_t *)malloc(nw * sizeof(uint16_t));
-        if (!wb) return fm_error(FM_E_NOMEM, "out of memory (BF16 router, %zu weights)", nw);
-        for (size_t i = 0; i < nw; i++) {
-            uint32_t b;
-            memcpy(&b, &w[i], sizeof b);
-            wb[i] = (uint16_t)(b >> 16);
-        }
-        cudaError_t err = cudaMalloc(&l->router_wb, nw * sizeof(uint16_t));
+        err = cudaMalloc(&l->router_wb, nw * sizeof(uint16_t));
         if (err == cudaSuccess) err = cudaMemcpy(l->router_wb, wb, nw * sizeof(uint16_t), cudaMemcpyHostToDevice);
-        free(wb);
-        if (err != cudaSuccess) return fm_error(FM_E_CUDA, "BF16 router upload: %s", cudaGetErrorString(err));
     }
+    free(wb);
+    if (err != cudaSuccess) return fm_error(FM_E_CUDA, "BF16 router upload: %s", cudaGetErrorString(err));
     if (rbias) {
         FM_CU(cudaMalloc(&l->router_bias, (size_t)l->E * sizeof(float)));
         FM_CU(cudaMemcpy(l->router_bias, rbias, (size_t)l->E * sizeof(float), cudaMemcpyHostToDevice));
@@ -905,6 +910,7 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
     ep.sh_early = e->sh_early && lc->pdl && ep.sgate.n > 0 && !ev && !fork;
     rp.early_trigger = ep.sh_prefetch || ep.sh_early || e->sel_early == 1 ? 1 : e->sel_early == 2 ? 2 : 0;
     rp.sel_spread = e->sel_spread;
+    rp.sel_warps = e->sel_warps;
     ep.l2first = rp.l2first = e->l2first;
     ep.pre_wait = e->pre_wait;
     ep.l2pf = e->l2pf;

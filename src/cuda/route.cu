@@ -30,10 +30,10 @@
 #define RT_THREADS 256
 #define RT_WARPS (RT_THREADS / 32)
 #define RT_MAXK 32
-#define RS_WARPS 4 /* tokens per selection block */
+#define RS_WARPS_MAX 8 /* tokens per selection block: 4, or 8 (FP4MOE_CUDA_SEL_WARPS) */
 #define SEL_RC 4   /* 128-expert chunks of top-k keys a selection lane holds in registers (E <= 512) */
 #define SEL_RB 2   /* 128-expert chunks of biases a selection lane holds in registers */
-#define RS_THREADS (RS_WARPS * 32)
+#define RS_THREADS_MAX (RS_WARPS_MAX * 32)
 #define GB 8      /* pairs per thread and round in the grouping */
 
 static __device__ __forceinline__ void pdl_wait(void) {
@@ -208,10 +208,6 @@ static_assert(FM_DONE_TILES < FM_ROUTE_COUNTERS, "routing block counters");
 
 /* The shape decision is route_shape.c's, which `fp4moe explain` shares. */
 #define LG_GEMV_MAX FM_LG_GEMV_MAX
-static int lg_use_gemv(int T, int H, int E, int sms) { return fm_route_logits_gemv(T, H, E, sms); }
-static void tile_split(int T, int H, int E, int sms, int depth, int step, int *ks, int *kc) {
-    fm_route_tile_split(T, H, E, sms, depth, step, ks, kc);
-}
 
 __global__ void __launch_bounds__(RT_THREADS) fm_logits_gemv_kernel(fm_route_params p) {
     const uint64_t rpol = router_policy();
@@ -456,6 +452,59 @@ static __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* Four BF16 router weights (v45), as ld_router4 reads four FP32 ones. */
+static __device__ __forceinline__ uint2 ld_router_bf4(const uint16_t *q, int first, uint64_t pol) {
+    uint2 r;
+    if (first)
+        asm("ld.global.nc.L2::cache_hint.v2.u32 {%0,%1}, [%2], %3;" : "=r"(r.x), "=r"(r.y) : "l"(q), "l"(pol));
+    else
+        r = __ldg((const uint2 *)q);
+    return r;
+}
+
+/* The tensor-core logits kernels' loader: a thread's four 4-wide pieces of
+ * one 64-K stage from K kb (rows lr and lr + 32 of each tile, K at lc and
+ * lc + 32): the tokens' activations as FP32, the router rows as FP32 or
+ * (v45) BF16, zeros past the tile's tokens, experts and K slice. */
+static __device__ __forceinline__ void tile_w4(const fm_route_params &p, int e, int k, int kend, uint64_t pol,
+                                               float4 &w) {
+    w = e < p.E && k < kend ? ld_router4(p.router_w + (size_t)e * p.H + k, p.l2first, pol) : make_float4(0, 0, 0, 0);
+}
+static __device__ __forceinline__ void tile_w4(const fm_route_params &p, int e, int k, int kend, uint64_t pol,
+                                               uint2 &w) {
+    w = e < p.E && k < kend ? ld_router_bf4(p.router_wb + (size_t)e * p.H + k, p.l2first, pol) : make_uint2(0, 0);
+}
+template <typename WV>
+static __device__ __forceinline__ void tile_stage_load(const fm_route_params &p, int t0, int e0, int lr, int lc, int kb,
+                                                       int kend, uint64_t pol, float4 (&xr)[4], WV (&wr)[4]) {
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        const int r = lr + 32 * (h & 1), k = kb + lc + 32 * (h >> 1);
+        xr[h] = t0 + r < p.T && k < kend ? load_x4(p.x, p.xdt, (size_t)(t0 + r) * p.H + k) : make_float4(0, 0, 0, 0);
+        tile_w4(p, e0 + r, k, kend, pol, wr[h]);
+    }
+}
+
+/* The tensor-core logits kernels' epilogue: warp (wm, wn)'s m16n8
+ * accumulators (tokens wm * 16 .., experts wn * 32 ..) into K slice
+ * blockIdx.z's partial logits. */
+static __device__ __forceinline__ void tile_store(const fm_route_params &p, const float (&acc)[4][4], int t0, int e0,
+                                                  int wm, int wn, int g, int q) {
+    const size_t ld = (size_t)lg_stride(p.E);
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int t = t0 + wm * 16 + g + 8 * hr;
+        if (t >= p.T) continue;
+        float *dst = p.logits + ((size_t)blockIdx.z * p.T + t) * ld;
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const int e = e0 + wn * 32 + nt * 8 + 2 * q;
+            if (e < p.E) dst[e] = acc[nt][2 * hr];
+            if (e + 1 < p.E) dst[e + 1] = acc[nt][2 * hr + 1];
+        }
+    }
+}
+
 __global__ void __launch_bounds__(RT_THREADS) fm_logits_mma_kernel(fm_route_params p, int kc) {
     const uint64_t rpol = router_policy();
     __shared__ __align__(16) float xs[LG_TILE][LGM_LD];
@@ -463,20 +512,13 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_mma_kernel(fm_route_para
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, q = lane & 3;
     const int wm = warp & 3, wn = warp >> 2; /* tokens wm*16.., experts wn*32.. */
-    const int H = p.H, E = p.E, T = p.T;
     int t0, e0, kbeg, kend;
     tile_start(p, kc, t0, e0, kbeg, kend);
     /* loader: rows lr and lr + 32 of each tile, 4 K values at lc and lc + 32 */
     const int lr = tid >> 3, lc = (tid & 7) * 4;
     float acc[4][4] = {};
     float4 xr[4], wr[4];
-#pragma unroll
-    for (int h = 0; h < 4; h++) {
-        const int r = lr + 32 * (h & 1), k = kbeg + lc + 32 * (h >> 1);
-        xr[h] = t0 + r < T && k < kend ? load_x4(p.x, p.xdt, (size_t)(t0 + r) * H + k) : make_float4(0, 0, 0, 0);
-        wr[h] = e0 + r < E && k < kend ? ld_router4(p.router_w + (size_t)(e0 + r) * H + k, p.l2first, rpol)
-                                       : make_float4(0, 0, 0, 0);
-    }
+    tile_stage_load(p, t0, e0, lr, lc, kbeg, kend, rpol, xr, wr);
     for (int kb = kbeg; kb < kend; kb += LGM_KS) {
 #pragma unroll
         for (int h = 0; h < 4; h++) {
@@ -485,13 +527,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_mma_kernel(fm_route_para
         }
         __syncthreads();
         /* the next stage's loads fly during this stage's MMAs */
-#pragma unroll
-        for (int h = 0; h < 4; h++) {
-            const int r = lr + 32 * (h & 1), k = kb + LGM_KS + lc + 32 * (h >> 1);
-            xr[h] = t0 + r < T && k < kend ? load_x4(p.x, p.xdt, (size_t)(t0 + r) * H + k) : make_float4(0, 0, 0, 0);
-            wr[h] = e0 + r < E && k < kend ? ld_router4(p.router_w + (size_t)(e0 + r) * H + k, p.l2first, rpol)
-                                           : make_float4(0, 0, 0, 0);
-        }
+        tile_stage_load(p, t0, e0, lr, lc, kb + LGM_KS, kend, rpol, xr, wr);
 #pragma unroll
         for (int k8 = 0; k8 < LGM_KS; k8 += 8) {
             uint32_t ah[4], al[4];
@@ -513,19 +549,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_mma_kernel(fm_route_para
         }
         __syncthreads();
     }
-    const size_t ld = (size_t)lg_stride(E);
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        const int t = t0 + wm * 16 + g + 8 * hr;
-        if (t >= T) continue;
-        float *dst = p.logits + ((size_t)blockIdx.z * T + t) * ld;
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-            const int e = e0 + wn * 32 + nt * 8 + 2 * q;
-            if (e < E) dst[e] = acc[nt][2 * hr];
-            if (e + 1 < E) dst[e + 1] = acc[nt][2 * hr + 1];
-        }
-    }
+    tile_store(p, acc, t0, e0, wm, wn, g, q);
 }
 
 /*
@@ -546,14 +570,6 @@ static __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&
                  "{%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-static __device__ __forceinline__ uint2 ld_router_bf4(const uint16_t *q, int first, uint64_t pol) {
-    uint2 r;
-    if (first)
-        asm("ld.global.nc.L2::cache_hint.v2.u32 {%0,%1}, [%2], %3;" : "=r"(r.x), "=r"(r.y) : "l"(q), "l"(pol));
-    else
-        r = __ldg((const uint2 *)q);
-    return r;
 }
 /* v's NT BF16 terms, largest first, packed in pairs: t[j] holds term j of
  * (v.x, v.y) and (v.z, v.w). Each term is v minus the terms before it,
@@ -582,7 +598,6 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_bf16_kernel(fm_route_par
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, q = lane & 3;
     const int wm = warp & 3, wn = warp >> 2; /* tokens wm*16.., experts wn*32.. */
-    const int H = p.H, E = p.E, T = p.T;
     int t0, e0, kbeg, kend;
     tile_start(p, kc, t0, e0, kbeg, kend);
     /* loader: rows lr and lr + 32 of each tile, 4 K values at lc and lc + 32 */
@@ -590,13 +605,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_bf16_kernel(fm_route_par
     float acc[4][4] = {};
     float4 xr[4];
     uint2 wr[4];
-#pragma unroll
-    for (int h = 0; h < 4; h++) {
-        const int r = lr + 32 * (h & 1), k = kbeg + lc + 32 * (h >> 1);
-        xr[h] = t0 + r < T && k < kend ? load_x4(p.x, p.xdt, (size_t)(t0 + r) * H + k) : make_float4(0, 0, 0, 0);
-        wr[h] = e0 + r < E && k < kend ? ld_router_bf4(p.router_wb + (size_t)(e0 + r) * H + k, p.l2first, rpol)
-                                       : make_uint2(0, 0);
-    }
+    tile_stage_load(p, t0, e0, lr, lc, kbeg, kend, rpol, xr, wr);
     for (int kb = kbeg; kb < kend; kb += LGM_KS) {
 #pragma unroll
         for (int h = 0; h < 4; h++) {
@@ -609,13 +618,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_bf16_kernel(fm_route_par
         }
         __syncthreads();
         /* the next stage's loads fly during this stage's MMAs */
-#pragma unroll
-        for (int h = 0; h < 4; h++) {
-            const int r = lr + 32 * (h & 1), k = kb + LGM_KS + lc + 32 * (h >> 1);
-            xr[h] = t0 + r < T && k < kend ? load_x4(p.x, p.xdt, (size_t)(t0 + r) * H + k) : make_float4(0, 0, 0, 0);
-            wr[h] = e0 + r < E && k < kend ? ld_router_bf4(p.router_wb + (size_t)(e0 + r) * H + k, p.l2first, rpol)
-                                           : make_uint2(0, 0);
-        }
+        tile_stage_load(p, t0, e0, lr, lc, kb + LGM_KS, kend, rpol, xr, wr);
 #pragma unroll
         for (int k16 = 0; k16 < LGM_KS; k16 += 16) {
             uint32_t a[NT][4];
@@ -637,19 +640,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_bf16_kernel(fm_route_par
         }
         __syncthreads();
     }
-    const size_t ld = (size_t)lg_stride(E);
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        const int t = t0 + wm * 16 + g + 8 * hr;
-        if (t >= T) continue;
-        float *dst = p.logits + ((size_t)blockIdx.z * T + t) * ld;
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-            const int e = e0 + wn * 32 + nt * 8 + 2 * q;
-            if (e < E) dst[e] = acc[nt][2 * hr];
-            if (e + 1 < E) dst[e + 1] = acc[nt][2 * hr + 1];
-        }
-    }
+    tile_store(p, acc, t0, e0, wm, wn, g, q);
 }
 
 
@@ -681,7 +672,7 @@ static __device__ __forceinline__ float4 bias_quad(const float4 (&rb)[SEL_RB], c
 }
 
 /*
- * Selection and grouping: one warp per token (RS_WARPS tokens per block).
+ * Selection and grouping: one warp per token (4 or 8 tokens per block).
  * The warp adds the K slices of its token's logits in slice order, applies
  * the family's scores, the group limit and the top-k exactly as fm_route
  * (ties to the lower expert index, ids ascending) and writes its ids and
@@ -990,7 +981,7 @@ template <int RK> struct sel_elementwise { static constexpr bool value = RK == F
 /*
  * v50: the slice sums and scores of token t by n threads (i: this
  * thread's index among them), two experts per thread and round: at T = 1
- * the block's RS_THREADS, at T = 2 half of them each (the one-warp
+ * the block's threads, at T = 2 half of them each (the one-warp
  * selection works through 4 E / 128 experts per lane in series: at
  * DeepSeek-V4-Flash's 256 experts, 8). The same sums in the same order and
  * the same expressions as select_scores, so the scores are bit-identical;
@@ -1176,17 +1167,18 @@ static __device__ void group_pairs_warp(const fm_route_params &p, int chosen[][R
 }
 
 template <int RK>
-__global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p) {
+__global__ void __launch_bounds__(RS_THREADS_MAX) fm_route_kernel(fm_route_params p) {
     extern __shared__ __align__(16) unsigned char rs_smem[];
     const int E = p.E, T = p.T;
     const int tid = threadIdx.x, warp = tid >> 5;
-    const int t = blockIdx.x * RS_WARPS + warp;
-    __shared__ int chosen[RS_WARPS][RT_MAXK];
-    __shared__ float chosen_w[RS_WARPS][RT_MAXK];
+    const int wpb = blockDim.x >> 5, nth = blockDim.x; /* tokens and threads per block */
+    const int t = blockIdx.x * wpb + warp;
+    __shared__ int chosen[RS_WARPS_MAX][RT_MAXK];
+    __shared__ float chosen_w[RS_WARPS_MAX][RT_MAXK];
     __shared__ int warp_tot[RT_WARPS];
     __shared__ unsigned is_last;
     /* the biases are written by no kernel: ask L2 for them before waiting */
-    for (int e = tid * 32; e < E; e += RS_THREADS * 32) {
+    for (int e = tid * 32; e < E; e += nth * 32) {
         if (p.score_bias) prefetch_l2_line(p.score_bias + e);
         if (p.router_bias) prefetch_l2_line(p.router_bias + e);
     }
@@ -1200,7 +1192,7 @@ __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p)
      * previous layer's down, their last reader, finished before the logits
      * kernel this grid waited on */
     if (p.gu_done)
-        for (int e = blockIdx.x * RS_THREADS + tid; e < E; e += gridDim.x * RS_THREADS) p.gu_done[e] = 0;
+        for (int e = blockIdx.x * nth + tid; e < E; e += gridDim.x * nth) p.gu_done[e] = 0;
     if (sel_elementwise<RK>::value && small && T <= p.sel_spread) {
         /* v50: one or two tokens, their sums and scores over the whole block
          * (warps 2 t and 2 t + 1 for token t of two), then one warp per
@@ -1210,7 +1202,7 @@ __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p)
          * places on the SMs before the shared expert's (Kimi-K2 at B = 1:
          * +6 us when they launched after the selection) */
         pdl_launch_dependents();
-        const int wpt = RS_WARPS / T, tt = warp / wpt;
+        const int wpt = wpb / T, tt = warp / wpt;
         unsigned char *ws = rs_smem + (size_t)tt * sel_warp_bytes(E);
         select_scores_block<RK>(p, tt, ws, tid - tt * wpt * 32, wpt * 32);
         __syncthreads();
@@ -1265,7 +1257,7 @@ extern "C" size_t fm_cuda_route_logit_floats(int T, int H, int E, int sms) {
     return m > c ? m : c;
 }
 
-extern "C" int fm_cuda_route_sep_prep(int T, int H, int E, int sms) { return !lg_use_gemv(T, H, E, sms); }
+extern "C" int fm_cuda_route_sep_prep(int T, int H, int E, int sms) { return !fm_route_logits_gemv(T, H, E, sms); }
 
 extern "C" fm_status fm_cuda_route_prepare(size_t smem) {
     if (smem > 48 * 1024)
@@ -1297,7 +1289,7 @@ static int route_logits_mma(void) { return route_logits_kind() > 0; }
 
 /* Name of the logits kernel the launch below takes at T tokens. */
 extern "C" const char *fm_cuda_route_logits_name(int T, int H, int E, int sms, int bf16_router, int xdt) {
-    if (lg_use_gemv(T, H, E, sms)) return "GEMV, FP32 FMA";
+    if (fm_route_logits_gemv(T, H, E, sms)) return "GEMV, FP32 FMA";
     const int k = route_logits_kind();
     if (k == 2 && bf16_router)
         return xdt == FM_DT_BF16 ? "BF16 mma.sync, one term (exact products, FP32 sums)"
@@ -1329,7 +1321,7 @@ extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int p
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
     if (parts & FM_ROUTE_PART_PREP) {
-        if (lg_use_gemv(p->T, p->H, p->E, p->sms))
+        if (fm_route_logits_gemv(p->T, p->H, p->E, p->sms))
             return fm_error(FM_E_ARG, "the routing prep kernel is for the SGEMM logits shape, not the GEMV one "
                                       "that T = %d takes here", p->T);
         const int64_t groups = (int64_t)p->T * (p->Hp / 8);
@@ -1342,14 +1334,14 @@ extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int p
         p->skip_prep = 1;
     }
     int ks, kc = 0;
-    const int gemv = lg_use_gemv(p->T, p->H, p->E, p->sms);
+    const int gemv = fm_route_logits_gemv(p->T, p->H, p->E, p->sms);
     if (gemv) {
         ks = (p->H + LG_KC - 1) / LG_KC;
         cfg.gridDim = dim3((unsigned)((p->E + RT_WARPS * LG_EW - 1) / (RT_WARPS * LG_EW)), (unsigned)ks,
                            (unsigned)((p->T + LG_TT - 1) / LG_TT));
     } else {
         const int mma = route_logits_mma();
-        tile_split(p->T, p->H, p->E, p->sms, mma ? 2 : 4, mma ? LGM_KS : LG_KSTEP, &ks, &kc);
+        fm_route_tile_split(p->T, p->H, p->E, p->sms, mma ? 2 : 4, mma ? LGM_KS : LG_KSTEP, &ks, &kc);
         cfg.gridDim = dim3((unsigned)((p->T + LG_TILE - 1) / LG_TILE), (unsigned)((p->E + LG_TILE - 1) / LG_TILE),
                            (unsigned)ks);
     }
@@ -1377,8 +1369,9 @@ extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int p
         }
     }
     if (!(parts & FM_ROUTE_PART_SELECT)) return FM_OK;
-    cfg.blockDim = dim3(RS_THREADS);
-    cfg.gridDim = dim3((unsigned)((p->T + RS_WARPS - 1) / RS_WARPS));
+    const int wpb = p->sel_warps == 8 ? 8 : 4;
+    cfg.blockDim = dim3(32 * wpb);
+    cfg.gridDim = dim3((unsigned)((p->T + wpb - 1) / wpb));
     cfg.dynamicSmemBytes = smem;
     FM_CU(cudaLaunchKernelEx(&cfg, route_kernel_for(p->route), *p));
     FM_CU_LAUNCH("fm_route_kernel");

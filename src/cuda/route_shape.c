@@ -1,7 +1,6 @@
 /* The router logits' shape decision (route_shape.h). */
 #include "route_shape.h"
-
-int fm_cuda_env_is(const char *name, const char *word);
+#include "cuda_env.h"
 
 #define LG_KMIN 128  /* narrowest K slice of the tiled shape */
 #define LG_MAXKS 32  /* most K slices (the selection sums them) */
