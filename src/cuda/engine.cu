@@ -167,13 +167,14 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
      * -2 to -4 %, GLM-5 -1 %); FP4MOE_CUDA_SEL_SPREAD=0 keeps the whole
      * selection on one warp, =2 spreads two tokens over two warps each too
      * (level at B = 2) */
+    e->sel_spread = fm_cuda_env_is("FP4MOE_CUDA_SEL_SPREAD", "0") ? 0 : fm_cuda_env_is("FP4MOE_CUDA_SEL_SPREAD", "2") ? 2 : 1;
     /* FP4MOE_CUDA_SEL_WARPS=8: the selection kernel's blocks take 8 tokens
      * (one warp each) instead of 4, so that up to 8 tokens are selected and
-     * grouped by one block (v52) */
+     * grouped by one block (v52: level) */
     e->sel_warps = fm_cuda_env_is("FP4MOE_CUDA_SEL_WARPS", "8") ? 8 : 4;
-    e->sel_spread = fm_cuda_env_is("FP4MOE_CUDA_SEL_SPREAD", "0") ? 0 : fm_cuda_env_is("FP4MOE_CUDA_SEL_SPREAD", "2") ? 2 : 1;
     /* FP4MOE_CUDA_SH_KS=1|2|4|8: the shared expert's launches on its branch
-     * split K over that many CTAs (v51) */
+     * split K over that many CTAs (v51: refuted, an A/B switch; gate/up's
+     * split halves until its cluster's partial sums fit the rings) */
     {
         const char *kv = getenv("FP4MOE_CUDA_SH_KS");
         e->sh_ks = kv && *kv ? atoi(kv) : 0;

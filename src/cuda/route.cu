@@ -985,8 +985,8 @@ template <int RK> struct sel_elementwise { static constexpr bool value = RK == F
  * selection works through 4 E / 128 experts per lane in series: at
  * DeepSeek-V4-Flash's 256 experts, 8). The same sums in the same order and
  * the same expressions as select_scores, so the scores are bit-identical;
- * the caller synchronizes the block, then one warp runs select_pick. The
- * biases (written by no kernel) come in before the wait on the logits.
+ * the caller synchronizes the block, then one warp runs select_pick. Each
+ * thread's bias loads are issued with its slices' loads.
  */
 template <int RK>
 static __device__ void select_scores_block(const fm_route_params &p, int t, unsigned char *ws, int i, int n) {
@@ -1195,12 +1195,12 @@ __global__ void __launch_bounds__(RS_THREADS_MAX) fm_route_kernel(fm_route_param
         for (int e = blockIdx.x * nth + tid; e < E; e += gridDim.x * nth) p.gu_done[e] = 0;
     if (sel_elementwise<RK>::value && small && T <= p.sel_spread) {
         /* v50: one or two tokens, their sums and scores over the whole block
-         * (warps 2 t and 2 t + 1 for token t of two), then one warp per
-         * token picks its top-k into chosen[t]. The
-         * expert kernels may launch now, as they do when warps 1 - 3 of the
-         * one-warp selection find no token: their blocks then take their
-         * places on the SMs before the shared expert's (Kimi-K2 at B = 1:
-         * +6 us when they launched after the selection) */
+         * (wpb / T warps per token), then the first warp of each token's
+         * picks its top-k into chosen[t]. The expert kernels may launch now
+         * (as v50b does for every selection, and as the one-warp path's
+         * idle warps did before it), so that their blocks take their places
+         * on the SMs before the shared expert's (Kimi-K2 at B = 1: +6 us
+         * when they launched after the selection) */
         pdl_launch_dependents();
         const int wpt = wpb / T, tt = warp / wpt;
         unsigned char *ws = rs_smem + (size_t)tt * sel_warp_bytes(E);
