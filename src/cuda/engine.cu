@@ -44,7 +44,8 @@ struct fm_cuda_engine {
     int sel_spread;  /* up to this many tokens, their selection sums and scores over the whole block (v50) */
     int sh_ks;       /* FP4MOE_CUDA_SH_KS: the shared expert's K split on its branch, 0 the rule (v51) */
     int sel_warps;   /* FP4MOE_CUDA_SEL_WARPS: tokens per selection block, 4 or 8 (v52) */
-    int sel_early;   /* when the selection lets the expert kernels launch: 0 after it, 1 before its wait, 2 after (v50b) */
+    int sel_early;   /* when the selection lets the expert kernels launch: 0 after it, 1 before its wait, 2 after,
+                      * -1 2 on the forked layout and 0 elsewhere (v50b) */
     int handoff;     /* down starts per expert when its gate/up warps are done (v42):
                       * 0 never, 1 up to FM_HANDOFF_MAX_T tokens, 2 always */
     int sh_wide;     /* its wgmma launches with 32-token passes whatever the config's (v35) */
@@ -179,12 +180,18 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
         const char *kv = getenv("FP4MOE_CUDA_SH_KS");
         e->sh_ks = kv && *kv ? atoi(kv) : 0;
     }
-    /* The selection kernel lets the expert kernels launch right after its
-     * wait on the logits, before it selects, so that their blocks take
-     * their places on the SMs early (v50b; H200: GLM-5 -1 to -3 % at B = 4 -
-     * 256, DeepSeek-V4-Flash level); FP4MOE_CUDA_SEL_EARLY=0 after the
-     * selection (before v50b), =1 before the wait (+6 % at B = 1 - 2) */
-    e->sel_early = fm_cuda_env_is("FP4MOE_CUDA_SEL_EARLY", "1") ? 1 : fm_cuda_env_is("FP4MOE_CUDA_SEL_EARLY", "0") ? 0 : 2;
+    /* Where the shared expert runs on its own branch, the selection kernel
+     * lets the expert kernels launch right after its wait on the logits,
+     * before it selects, so that the routed blocks take their places on the
+     * SMs before the shared expert's (v50b; H200: GLM-5 -1 to -3 % at B = 4 -
+     * 256, DeepSeek-V4-Flash level); elsewhere after selecting, as before
+     * (Qwen3-30B-A3B and gpt-oss-120b 0 to +1 % with the early point).
+     * FP4MOE_CUDA_SEL_EARLY=0 after the selection, =1 before the wait (+6 %
+     * at B = 1 - 2), =2 right after it, on every layout; -1: unset */
+    e->sel_early = fm_cuda_env_is("FP4MOE_CUDA_SEL_EARLY", "1")   ? 1
+                   : fm_cuda_env_is("FP4MOE_CUDA_SEL_EARLY", "0") ? 0
+                   : fm_cuda_env_is("FP4MOE_CUDA_SEL_EARLY", "2") ? 2
+                                                                  : -1;
     /* FP4MOE_CUDA_SH_FORK_EARLY=1: above 32 tokens the tokens' prep runs as
      * a kernel of its own and the shared expert's branch forks after it,
      * beside the logits too (v38) */
@@ -909,7 +916,10 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
                      (parts & FM_ROUTE_PART_LOGITS) && (parts & FM_ROUTE_PART_SELECT);
     ep.sh_prefetch = e->sh_prefetch && lc->pdl && ep.sgate.n > 0 && !ev && !fork;
     ep.sh_early = e->sh_early && lc->pdl && ep.sgate.n > 0 && !ev && !fork;
-    rp.early_trigger = ep.sh_prefetch || ep.sh_early || e->sel_early == 1 ? 1 : e->sel_early == 2 ? 2 : 0;
+    {
+        const int se = e->sel_early >= 0 ? e->sel_early : fork ? 2 : 0;
+        rp.early_trigger = ep.sh_prefetch || ep.sh_early || se == 1 ? 1 : se == 2 ? 2 : 0;
+    }
     rp.sel_spread = e->sel_spread;
     rp.sel_warps = e->sel_warps;
     ep.l2first = rp.l2first = e->l2first;
