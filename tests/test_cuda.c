@@ -263,15 +263,18 @@ static void test_launch_switches(void **state) {
     (void)state;
     NEED_GPU();
     const char *presets[] = {"tiny-deepseek", "tiny-deepseek-v4"};
-    /* SH_FORK, PRE_WAIT, SH_FORK_EARLY, PRIO, HANDOFF, SH_TOKENS (T = 130
-     * takes the separate prep kernel with SH_FORK_EARLY, and with SH_TOKENS
-     * 64 the shared expert's passes of 64, 64 and 2 tokens) */
-    enum { NSW = 6 };
+    /* SH_FORK, PRE_WAIT, SH_FORK_EARLY, PRIO, HANDOFF, SH_TOKENS, SEL_EARLY,
+     * SH_KS (T = 130 takes the separate prep kernel with SH_FORK_EARLY, and
+     * with SH_TOKENS 64 the shared expert's passes of 64, 64 and 2 tokens;
+     * SEL_EARLY 1 has the expert kernels resident before the logits end;
+     * "" leaves a switch unset) */
+    enum { NSW = 8 };
     static const char *names[NSW] = {"FP4MOE_CUDA_SH_FORK", "FP4MOE_CUDA_PRE_WAIT", "FP4MOE_CUDA_SH_FORK_EARLY",
-                                     "FP4MOE_CUDA_PRIO",    "FP4MOE_CUDA_HANDOFF",  "FP4MOE_CUDA_SH_TOKENS"};
-    const char *sets[][NSW] = {{"0", "0", "0", "0", "0", "32"}, {"0", "1", "0", "0", "0", "32"},
-                               {"1", "0", "0", "0", "0", "32"}, {"1", "1", "1", "1", "0", "32"},
-                               {"1", "1", "0", "2", "1", "32"}, {"1", "1", "0", "0", "1", "64"}};
+                                     "FP4MOE_CUDA_PRIO",    "FP4MOE_CUDA_HANDOFF",  "FP4MOE_CUDA_SH_TOKENS",
+                                     "FP4MOE_CUDA_SEL_EARLY", "FP4MOE_CUDA_SH_KS"};
+    const char *sets[][NSW] = {{"0", "0", "0", "0", "0", "32", "1", ""}, {"0", "1", "0", "0", "0", "32", "", ""},
+                               {"1", "0", "0", "0", "0", "32", "0", "1"}, {"1", "1", "1", "1", "0", "32", "2", "4"},
+                               {"1", "1", "0", "2", "1", "32", "1", "8"}, {"1", "1", "0", "0", "1", "64", "", ""}};
     const int Ts[] = {1, 7, 130};
     fm_cuda_engine *saved = g_eng;
     for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
@@ -299,8 +302,11 @@ static void test_launch_switches(void **state) {
                 make_x(300 + pi * 7 + T, T, H, xb, xf);
                 cmp_result r;
                 run_compare(&d, hl, cl, T, xb, NULL, &r);
-                check_ref(&r, 1, "SH_FORK=%s PRE_WAIT=%s SH_FORK_EARLY=%s PRIO=%s HANDOFF=%s SH_TOKENS=%s %-16s T=%3d",
-                          sets[si][0], sets[si][1], sets[si][2], sets[si][3], sets[si][4], sets[si][5], presets[pi], T);
+                check_ref(&r, 1,
+                          "SH_FORK=%s PRE_WAIT=%s SH_FORK_EARLY=%s PRIO=%s HANDOFF=%s SH_TOKENS=%s SEL_EARLY=%s SH_KS=%s "
+                          "%-16s T=%3d",
+                          sets[si][0], sets[si][1], sets[si][2], sets[si][3], sets[si][4], sets[si][5], sets[si][6],
+                          sets[si][7], presets[pi], T);
                 free(xb); free(xf);
             }
             fm_cuda_layer_free(cl);

@@ -162,6 +162,13 @@ static void test_env_check(void **state) {
         if (!strstr(fm_last_error(), bad[i][2])) fail_msg("%s=%s: message '%s'", bad[i][0], bad[i][1], fm_last_error());
         unsetenv(bad[i][0]);
     }
+    /* an unknown name lists every switch, the table's last one included
+     * (the list was cut at 511 characters before) */
+    setenv("FP4MOE_CUDA_NOPE", "1", 1);
+    assert_int_equal(fm_cuda_env_check(), FM_E_ARG);
+    if (!strstr(fm_last_error(), "FP4MOE_CUDA_WG, FP4MOE_CUDA_WG_TOKENS)"))
+        fail_msg("the list of switches is not whole: '%s'", fm_last_error());
+    unsetenv("FP4MOE_CUDA_NOPE");
     assert_int_equal(fm_cuda_env_check(), FM_OK);
 }
 

@@ -164,7 +164,7 @@ fm_status fm_cuda_env_check(void) {
         size_t i = 0, n = sizeof k_cuda_env / sizeof k_cuda_env[0];
         while (i < n && !(strlen(k_cuda_env[i].name) == nl && !strncmp(k_cuda_env[i].name, *e, nl))) i++;
         if (i == n) {
-            char known[512] = "";
+            char known[2048] = ""; /* every name: 32 switches take ~700 characters */
             for (size_t j = 0; j < n; j++) {
                 size_t l = strlen(known);
                 snprintf(known + l, sizeof known - l, "%s%s", j ? ", " : "", k_cuda_env[j].name);
