@@ -450,6 +450,17 @@ static void test_explain(void **state) {
     assert_non_null(strstr(text, "router logits    GEMV shape (up to 32 tokens"));
     assert_non_null(strstr(text, "router logits    tiled shape (the tiled grid fills a third of the SMs or more; "
                                  "the tiled grid: 128 blocks on 132 SMs)"));
+    /* the layer's schedule (schedule.c): B = 1's built-in small path (8-token
+     * tiles) on the shared expert's branch, its one token's selection
+     * spread; B = 64's wgmma path with 32-token shared passes, no handoff
+     * above 32 tokens */
+    assert_non_null(strstr(text, "schedule         shared expert: its own launches on a second stream, beside the "
+                                 "selection and the routed gate/up, 8-token passes"));
+    assert_non_null(strstr(text, "routed gate/up, 32-token passes"));
+    assert_non_null(strstr(text, "selection: the token's sums and scores over the selection block's warps"));
+    assert_non_null(strstr(text, "selection: one warp per token"));
+    assert_null(strstr(text, "down: starts per expert"));
+    assert_non_null(strstr(text, "expert kernels launched right after the selection's wait on the logits"));
     assert_non_null(strstr(text, "chosen           built-in default"));
     assert_non_null(strstr(text, "WARNING: no tuned config for NVIDIA H200"));
     assert_null(strstr(text, "chosen           tuned"));

@@ -133,7 +133,8 @@ typedef struct {
                              * launch)                                       */
     int *stat_active;       /* where to record n_active (bench) or NULL      */
     int warp_group;         /* one-block selections with T * k <= 32 group
-                             * the pairs in one warp's registers            */
+                             * the pairs in one warp's registers (set by
+                             * the engine from its schedule)                */
     int sel_warps;          /* tokens (warps) per selection block: 4 or 8 */
     int sel_spread;         /* up to this many tokens (0 - 2), their sums
                              * and scores over the whole selection block

@@ -7,6 +7,7 @@
  *   expert.cu  down + routing weight + combine (atomics into out).
  */
 #include "cuda_internal.h"
+#include "schedule.h"
 extern "C" {
 #include "cpu/cpu_int.h"
 #include "io/model_int.h"
@@ -16,10 +17,6 @@ extern "C" {
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Up to how many tokens the routed down takes over per expert by default
- * (v42; docs/perf.md). */
-#define FM_HANDOFF_MAX_T 32
 
 struct fm_cuda_engine {
     int device;
@@ -33,23 +30,14 @@ struct fm_cuda_engine {
     fm_kernel_config cfg;
     fm_phase_times *pt;
     int shared_enabled;
-    int pdl;
+    fm_sched sched;  /* the layer schedule's switches (schedule.c, shared with `fp4moe explain`) */
     int sh_prefetch; /* shared expert prefetched into L2 during routing */
     int sh_early;    /* shared expert's gate/up not waiting on routing (v27) */
-    int sh_fork;     /* shared expert on a branch of its own, beside the selection (v28) */
     int sh_fork_early; /* that branch forked before the logits where a prep kernel can run first (v38) */
     int prio;        /* stream priorities: 0 none, 1 routed chain above the shared branch, 2 the reverse (v38) */
     int l2pf;        /* FP4MOE_CUDA_WG_L2PF (v44) */
-    int sh_tokens;   /* FP4MOE_CUDA_SH_TOKENS: 32, 64, or 0 for the default (v46) */
-    int sel_spread;  /* up to this many tokens, their selection sums and scores over the whole block (v50) */
     int sh_ks;       /* FP4MOE_CUDA_SH_KS: the shared expert's K split on its branch, 0 the rule (v51) */
     int sel_warps;   /* FP4MOE_CUDA_SEL_WARPS: tokens per selection block, 4 or 8 (v52) */
-    int sel_early;   /* when the selection lets the expert kernels launch: 0 after it, 1 before its wait, 2 after,
-                      * -1 2 on the forked layout and 0 elsewhere (v50b) */
-    int handoff;     /* down starts per expert when its gate/up warps are done (v42):
-                      * 0 never, 1 up to FM_HANDOFF_MAX_T tokens, 2 always */
-    int sh_wide;     /* its wgmma launches with 32-token passes whatever the config's (v35) */
-    int pre_wait;    /* first weight loads before griddepcontrol.wait where they can be named (v28) */
     int l2first;     /* weights read with an L2 evict-first policy */
     int fp4_enc;  /* weights of new layers stored for the v6 decode        */
     int wgmma;    /* the wgmma kernels can run: sm_90 and built for sm_90a */
@@ -134,9 +122,9 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
     cudaRuntimeGetVersion(&e->rt_ver);
     cudaDriverGetVersion(&e->drv_ver);
     e->shared_enabled = 1;
-    e->pdl = prop.major >= 9;
-    const char *env = getenv("FP4MOE_CUDA_PDL");
-    if (env && *env) e->pdl = atoi(env) != 0 && prop.major >= 9;
+    /* PDL, the shared expert's branch and pass width, the handoff, the early
+     * weight loads, the selection's spread and launch trigger */
+    fm_sched_read(&e->sched, prop.major);
     /* FP4MOE_CUDA_FP4_DECODE=v5: checkpoint nibble order and the v5 decode
      * (kept to measure the two against each other) */
     /* FP4MOE_CUDA_SH_PREFETCH=1: the shared expert's weights are prefetched
@@ -145,30 +133,6 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
     /* FP4MOE_CUDA_SH_EARLY=1: the shared expert's gate/up runs during the
      * selection (needs PDL; v27) */
     e->sh_early = fm_cuda_env_is("FP4MOE_CUDA_SH_EARLY", "1");
-    /* The shared expert's two launches go on a second stream forked after
-     * the logits kernel and joined at the layer's end, so that they run
-     * beside the selection and the routed experts (v28);
-     * FP4MOE_CUDA_SH_FORK=0 keeps them in the routed launches */
-    e->sh_fork = !fm_cuda_env_is("FP4MOE_CUDA_SH_FORK", "0");
-    /* The shared expert's launches on that branch take passes of 32 tokens
-     * when the config's wgmma passes are narrower and the batch needs more
-     * than one of them: every token meets the shared expert, so each pass is
-     * a re-decode of its weights (v35); FP4MOE_CUDA_SH_WIDE=0 keeps the
-     * config's width */
-    e->sh_wide = !fm_cuda_env_is("FP4MOE_CUDA_SH_WIDE", "0");
-    /* Above 64 tokens those passes are 64 tokens wide (v46: half the
-     * re-decodes again); FP4MOE_CUDA_SH_TOKENS=64 from 33 tokens, =32 never
-     * (0: the default) */
-    e->sh_tokens = fm_cuda_env_is("FP4MOE_CUDA_SH_TOKENS", "64")   ? 64
-                   : fm_cuda_env_is("FP4MOE_CUDA_SH_TOKENS", "32") ? 32
-                                                                   : 0;
-    /* One token's selection (T = 1, elementwise scoring families) spreads
-     * its slice sums and scores over the selection block's four warps, and
-     * one warp picks the top-k from them (v50; H200, B = 1: DeepSeek-V4-Flash
-     * -2 to -4 %, GLM-5 -1 %); FP4MOE_CUDA_SEL_SPREAD=0 keeps the whole
-     * selection on one warp, =2 spreads two tokens over two warps each too
-     * (level at B = 2) */
-    e->sel_spread = fm_cuda_env_is("FP4MOE_CUDA_SEL_SPREAD", "0") ? 0 : fm_cuda_env_is("FP4MOE_CUDA_SEL_SPREAD", "2") ? 2 : 1;
     /* FP4MOE_CUDA_SEL_WARPS=8: the selection kernel's blocks take 8 tokens
      * (one warp each) instead of 4, so that up to 8 tokens are selected and
      * grouped by one block (v52: level) */
@@ -180,18 +144,6 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
         const char *kv = getenv("FP4MOE_CUDA_SH_KS");
         e->sh_ks = kv && *kv ? atoi(kv) : 0;
     }
-    /* Where the shared expert runs on its own branch, the selection kernel
-     * lets the expert kernels launch right after its wait on the logits,
-     * before it selects, so that the routed blocks take their places on the
-     * SMs before the shared expert's (v50b; H200: GLM-5 -1 to -3 % at B = 4 -
-     * 256, DeepSeek-V4-Flash level); elsewhere after selecting, as before
-     * (Qwen3-30B-A3B and gpt-oss-120b 0 to +1 % with the early point).
-     * FP4MOE_CUDA_SEL_EARLY=0 after the selection, =1 before the wait (+6 %
-     * at B = 1 - 2), =2 right after it, on every layout; -1: unset */
-    e->sel_early = fm_cuda_env_is("FP4MOE_CUDA_SEL_EARLY", "1")   ? 1
-                   : fm_cuda_env_is("FP4MOE_CUDA_SEL_EARLY", "0") ? 0
-                   : fm_cuda_env_is("FP4MOE_CUDA_SEL_EARLY", "2") ? 2
-                                                                  : -1;
     /* FP4MOE_CUDA_SH_FORK_EARLY=1: above 32 tokens the tokens' prep runs as
      * a kernel of its own and the shared expert's branch forks after it,
      * beside the logits too (v38) */
@@ -205,17 +157,6 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
         const char *pv = getenv("FP4MOE_CUDA_PRIO");
         e->prio = pv && *pv ? atoi(pv) : 0;
     }
-    /* On the forked layout with the wgmma kernels, the routed down's blocks
-     * start on an expert as soon as its gate/up warps have written h, not
-     * when the whole gate/up grid has (v42): by default up to 32 tokens,
-     * where the gate/up grid is a few waves and its tail weighs (H200:
-     * -3 to -6 % at B = 2 - 16, level from 64); FP4MOE_CUDA_HANDOFF=0 never,
-     * =1 at every batch size */
-    e->handoff = fm_cuda_env_is("FP4MOE_CUDA_HANDOFF", "0") ? 0 : fm_cuda_env_is("FP4MOE_CUDA_HANDOFF", "1") ? 2 : 1;
-    /* Down's blocks and the shared expert's issue their first two segments'
-     * weight loads before griddepcontrol.wait (v28); FP4MOE_CUDA_PRE_WAIT=0
-     * waits first */
-    e->pre_wait = !fm_cuda_env_is("FP4MOE_CUDA_PRE_WAIT", "0");
     /* FP4MOE_CUDA_WG_L2PF=N: the wgmma kernels' warps also ask L2 for their
      * weights N segments beyond the cp.async ring (v44), a deeper stream
      * without shared memory; 0 (default) none */
@@ -350,7 +291,7 @@ static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kern
             lc->nt = cfg->tile_n / 8;
             lc->warps = cfg->warps;
             lc->ksplit = 1;
-            lc->pdl = e->pdl;
+            lc->pdl = e->sched.pdl;
             lc->pipe = FM_PIPE_WGMMA;
             lc->wgmma = 1;
             return;
@@ -375,7 +316,7 @@ static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kern
     lc->nt = nt;
     lc->warps = w;
     lc->ksplit = ks;
-    lc->pdl = e->pdl;
+    lc->pdl = e->sched.pdl;
     lc->wgmma = e->wgmma;
     /* FP4MOE_CUDA_STAGES=N overrides the config's stages (A/B runs). */
     const char *env = getenv("FP4MOE_CUDA_STAGES");
@@ -862,24 +803,14 @@ static float route_scaling(const fm_model_desc *d) {
     return 1.0f;
 }
 
-/* The shared expert's pass width on its own branch (v35): 32 tokens where
- * the config's wgmma passes are narrower and T needs more than one of them
- * (every pass re-decodes its weights), else the config's. */
+/* The shared expert's pass width on its own branch (v35, v46; schedule.c). */
 static int shared_nt(const fm_cuda_engine *e, const fm_launch_cfg *lc, int T) {
-    if (!e->sh_wide || lc->pipe != FM_PIPE_WGMMA) return lc->nt;
-    /* v46: 64-token passes (one warpgroup per block) above 64 tokens by
-     * default (H200: -1 to -2 % at B = 128 and 512, level at 48 - 64 and
-     * 256), above 32 with FP4MOE_CUDA_SH_TOKENS=64, never with =32 */
-    if (e->sh_tokens != 32 && T > (e->sh_tokens == 64 ? 32 : 64) && lc->warps == 4) return 8;
-    return lc->nt < 4 && T > 8 * lc->nt ? 4 : lc->nt;
+    return fm_sched_shared_nt(&e->sched, lc->pipe == FM_PIPE_WGMMA, lc->nt, lc->warps, T);
 }
 
-/* Whether the routed down takes over per expert at T tokens (v42): the wgmma
- * kernels with PDL and the early weight loads, by default up to
- * FM_HANDOFF_MAX_T tokens. */
+/* Whether the routed down takes over per expert at T tokens (v42). */
 static int handoff_on(const fm_cuda_engine *e, const fm_launch_cfg *lc, int T) {
-    return (e->handoff == 2 || (e->handoff == 1 && T <= FM_HANDOFF_MAX_T)) && lc->pipe == FM_PIPE_WGMMA && lc->pdl &&
-           e->pre_wait;
+    return fm_sched_handoff(&e->sched, lc->pipe == FM_PIPE_WGMMA && lc->pdl, T);
 }
 
 /* The three launches of one layer on e->stream; x_dev is [T][H] of xdt. */
@@ -912,18 +843,19 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
     /* the shared expert on its own branch: forked once the logits kernel
      * has written the tokens' prep and zeroed the output, joined after the
      * routed down (phase timing keeps one stream) */
-    const int fork = e->sh_fork && ep.sgate.n > 0 && !ev && (parts & FM_ROUTE_PART_EXPERTS) &&
+    const int fork = e->sched.sh_fork && ep.sgate.n > 0 && !ev && (parts & FM_ROUTE_PART_EXPERTS) &&
                      (parts & FM_ROUTE_PART_LOGITS) && (parts & FM_ROUTE_PART_SELECT);
     ep.sh_prefetch = e->sh_prefetch && lc->pdl && ep.sgate.n > 0 && !ev && !fork;
     ep.sh_early = e->sh_early && lc->pdl && ep.sgate.n > 0 && !ev && !fork;
     {
-        const int se = e->sel_early >= 0 ? e->sel_early : fork ? 2 : 0;
+        const int se = fm_sched_trigger(&e->sched, fork);
         rp.early_trigger = ep.sh_prefetch || ep.sh_early || se == 1 ? 1 : se == 2 ? 2 : 0;
     }
-    rp.sel_spread = e->sel_spread;
+    rp.warp_group = e->sched.warp_group;
+    rp.sel_spread = e->sched.sel_spread;
     rp.sel_warps = e->sel_warps;
     ep.l2first = rp.l2first = e->l2first;
-    ep.pre_wait = e->pre_wait;
+    ep.pre_wait = e->sched.pre_wait;
     ep.l2pf = e->l2pf;
     ep.sms = e->sm_count;
     fm_status s;
@@ -1159,7 +1091,7 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
     choose_cfg(e, layers[0], T, &cfg, &lc, r->config_source, sizeof r->config_source);
     r->cfg = cfg;
     fm_cuda_kernel_names(&lc, layers[0]->fmt == FM_QF_MXFP4, r->kernel, sizeof r->kernel);
-    if (e->shared_enabled && e->sh_fork && layers[0]->SIp > 0 && shared_nt(e, &lc, T) != lc.nt) {
+    if (e->shared_enabled && e->sched.sh_fork && layers[0]->SIp > 0 && shared_nt(e, &lc, T) != lc.nt) {
         size_t n = strlen(r->kernel);
         snprintf(r->kernel + n, sizeof r->kernel - n, "; shared expert %d tokens per pass", 8 * shared_nt(e, &lc, T));
     }

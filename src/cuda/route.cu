@@ -1269,13 +1269,6 @@ extern "C" fm_status fm_cuda_route_prepare(size_t smem) {
     return FM_OK;
 }
 
-/* FP4MOE_CUDA_ROUTE_WARPGROUP=0 keeps the block-wide grouping at T * k <=
- * 32 (for comparisons). */
-static int route_warp_group_enabled(void) {
-    static const int v = !fm_cuda_env_is("FP4MOE_CUDA_ROUTE_WARPGROUP", "0");
-    return v;
-}
-
 /* The logits kernel above LG_SMALL_T tokens: BF16 tensor cores where the
  * router is exact in BF16 (v45, the default), else three TF32 terms on
  * tensor cores (v24), or the FP32 FMA SGEMM (before v24);
@@ -1346,7 +1339,6 @@ extern "C" fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int p
                            (unsigned)ks);
     }
     p->kslices = ks;
-    p->warp_group = route_warp_group_enabled();
     p->fuse = p->T <= LG_SMALL_T && (parts & FM_ROUTE_PART_LOGITS) && (parts & FM_ROUTE_PART_SELECT) &&
               route_fuse_enabled();
     if (parts & FM_ROUTE_PART_LOGITS) {

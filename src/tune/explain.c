@@ -9,6 +9,7 @@
  * plans for a GPU that is not present. */
 #include "tune/tune_internal.h"
 #include "cuda/route_shape.h"
+#include "cuda/schedule.h"
 #include "util/util.h"
 
 #include <jansson.h>
@@ -210,6 +211,25 @@ fm_status fm_explain(const fm_explain_opts *o, char **out) {
                               : T > FM_LG_GEMV_MAX   ? "above 128 tokens"
                               : lg_gemv              ? "up to 128 tokens where the tiled grid would be under a third of the SMs"
                                                      : "the tiled grid fills a third of the SMs or more";
+        /* the layer's schedule (src/cuda/schedule.c, as the engine decides):
+         * on sm_90 with the wgmma path chosen, where the datasheet names the
+         * compute capability */
+        const int cc = t.info ? t.info->cc : 0;
+        fm_sched sch;
+        fm_sched_read(&sch, cc / 10);
+        const int wg = cc == 90 && c.cfg.path == FM_PATH_WGMMA;
+        const int nt = c.cfg.tile_n <= 8 ? 1 : c.cfg.tile_n <= 16 ? 2 : 4;
+        const int fork = sch.sh_fork && d->n_shared > 0;
+        const int sh_tok = 8 * fm_sched_shared_nt(&sch, wg, nt, c.cfg.warps, T);
+        const int handoff = fm_sched_handoff(&sch, wg && sch.pdl, T);
+        const int spread =
+            fm_sched_sel_spread(&sch, d->route == FM_ROUTE_NOAUX_TC || d->route == FM_ROUTE_DSV4, T, d->topk);
+        const int trig = sch.pdl ? fm_sched_trigger(&sch, fork) : 0;
+        const char *sh_how = !d->n_shared ? "none" : fork ? "own stream" : "in the routed launches";
+        const char *trig_how = !sch.pdl      ? "after the selection (no programmatic dependent launch)"
+                               : trig == 1   ? "before the selection's wait on the logits"
+                               : trig == 2   ? "right after the selection's wait on the logits"
+                                             : "after the selection";
         if (o->json) {
             json_t *e = json_object();
             json_array_append_new(jb, e);
@@ -233,6 +253,13 @@ fm_status fm_explain(const fm_explain_opts *o, char **out) {
             json_object_set_new(e, "router_logits",
                                 json_pack("{s:s, s:I, s:s}", "shape", lg_gemv ? "gemv" : "tiled", "tiled_blocks",
                                           (json_int_t)lg_blocks, "why", lg_why));
+            if (cc) {
+                json_t *sj = json_pack("{s:s, s:b, s:s, s:s}", "shared_expert", sh_how, "down_per_expert", handoff,
+                                       "selection", spread ? "spread over the block" : "one warp per token",
+                                       "expert_launch", trig_how);
+                if (d->n_shared) json_object_set_new(sj, "shared_tokens_per_pass", json_integer(sh_tok));
+                json_object_set_new(e, "schedule", sj);
+            }
             json_object_set_new(e, "default", fm_tune_params_json(&def));
             json_t *lk = json_array();
             for (int i = 0; i < FM_TUNE_NDIRS; i++)
@@ -268,6 +295,22 @@ fm_status fm_explain(const fm_explain_opts *o, char **out) {
                   fm_tune_path_token(def.path), (double)def.switch_tpe, mean_tpe, dcs);
         sb_printf(&b, "  router logits    %s shape (%s; the tiled grid: %ld blocks on %d SMs)\n",
                   lg_gemv ? "GEMV" : "tiled", lg_why, lg_blocks, sms);
+        if (cc) {
+            if (d->n_shared)
+                sb_printf(&b, "  schedule         shared expert: %s, %d-token passes\n",
+                          fork ? "its own launches on a second stream, beside the selection and the routed gate/up"
+                               : "inside the routed launches",
+                          sh_tok);
+            else
+                sb_printf(&b, "  schedule         no shared expert\n");
+            sb_printf(&b, "                   down: %s\n",
+                      handoff ? "starts per expert as its gate/up ends (up to 32 tokens)"
+                              : "waits for the whole gate/up launch");
+            sb_printf(&b, "                   selection: %s\n",
+                      spread ? "the token's sums and scores over the selection block's warps, one warp's top-k"
+                             : "one warp per token");
+            sb_printf(&b, "                   expert kernels launched %s\n", trig_how);
+        }
         sb_printf(&b, "  config lookup    %s\n", fname);
         for (int i = 0; i < FM_TUNE_NDIRS; i++)
             sb_printf(&b, "                   %d. %s%s%s: %s\n", i + 1, tr[i].label, tr[i].dir[0] ? " " : "", tr[i].dir,
