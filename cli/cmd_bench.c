@@ -62,7 +62,7 @@ typedef struct {
     int T;
     double us, us_min, us_max, tps, active, gbps;
     int64_t bytes;
-    char kernel[384];
+    char kernel[640];
     char provenance[1024];
     char decision[2048]; /* the tuning decision at the start of the run */
 } row;

@@ -530,7 +530,8 @@ typedef struct {
     double us_min, us_max;    /* spread over replays                       */
     double active_experts;    /* mean over layers                          */
     int64_t bytes_per_layer;  /* weight bytes that must be read (mean)     */
-    char kernel[384];         /* kernel(s) that ran                        */
+    char kernel[640];         /* kernel(s) that ran: the longest line, with
+                               * every A/B switch that adds to it, is ~580 */
     fm_kernel_config cfg;     /* with which parameters                     */
     char config_source[512];  /* tuned file path or "built-in default"     */
     double route_us;          /* routing launches alone, same graph shape  */

@@ -1111,7 +1111,7 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
     if (!s && pdl0 && !lc.pdl) {
         char k[sizeof r->kernel];
         snprintf(k, sizeof k, "%s", r->kernel);
-        snprintf(r->kernel, sizeof r->kernel, "PDL OFF (the graph refused it); %.200s", k);
+        snprintf(r->kernel, sizeof r->kernel, "PDL OFF (the graph refused it); %s", k);
     }
     if (!s) {
         int *act = (int *)malloc(sizeof(int) * (size_t)n_layers);
