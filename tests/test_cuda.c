@@ -169,45 +169,57 @@ static void test_vs_reference(void **state) {
 }
 
 
+/* One tiny preset's layer against the float64 reference with F32, F16 and
+ * BF16 activations (F32 values drawn at full precision) at each T of Ts;
+ * nudge: every third router weight moved one FP32 ulp first, so that the
+ * router is not exact in BF16. */
+static void compare_dtypes(const char *preset, uint64_t layer_seed, uint64_t x_seed, const int *Ts, int nT, int nudge,
+                           const char *what) {
+    fm_model_desc d;
+    assert_int_equal(fm_preset_desc(preset, FM_QF_NVFP4, &d), FM_OK);
+    const int L = first_moe_layer(&d, 0), H = d.hidden, E = d.n_experts;
+    assert_true(L >= 0);
+    fm_moe_layer *hl;
+    if (fm_moe_layer_random(&d, FM_QF_NVFP4, layer_seed, L, &hl)) fail_msg("random layer: %s", fm_last_error());
+    if (nudge) {
+        float *rw = (float *)hl->router_w;
+        for (int64_t i = 0; i < (int64_t)E * H; i += 3) rw[i] = nextafterf(rw[i], INFINITY);
+    }
+    fm_cuda_layer *cl;
+    if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+    for (int ti = 0; ti < nT; ti++) {
+        const int T = Ts[ti];
+        float *xf = malloc(sizeof(float) * (size_t)T * H);
+        uint16_t *xh = malloc(sizeof(uint16_t) * (size_t)T * H), *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+        assert_non_null(xf); assert_non_null(xh); assert_non_null(xb);
+        for (int64_t i = 0; i < (int64_t)T * H; i++) {
+            xf[i] = fm_rng_normal(x_seed + T, 3, (uint64_t)i);
+            xh[i] = fm_f32_to_f16(xf[i]);
+            xb[i] = fm_f32_to_bf16(xf[i]);
+        }
+        const void *xs[3] = {xf, xh, xb};
+        const fm_dtype dts[3] = {FM_DT_F32, FM_DT_F16, FM_DT_BF16};
+        for (int di = 0; di < 3; di++) {
+            cmp_result r;
+            run_compare_dt(&d, hl, cl, T, xs[di], dts[di], NULL, &r);
+            check_ref(&r, 1, "%-16s %s%s input T=%3d", preset, what, fm_dtype_name(dts[di]), T);
+        }
+        free(xf); free(xh); free(xb);
+    }
+    fm_cuda_layer_free(cl);
+    fm_moe_layer_free(hl);
+}
+
 /* Activations given as F32 and F16, not only BF16: the router reads them at
  * full precision (the GEMV shape at T = 7, the tensor-core logits at 130,
  * whose lower terms are only non-zero for values that are not BF16) and the
- * experts read them rounded to BF16. F32 values drawn at full precision. */
+ * experts read them rounded to BF16. */
 static void test_input_dtypes(void **state) {
     (void)state;
     NEED_GPU();
-    const char *presets[] = {"tiny-deepseek", "tiny-qwen3"};
     const int Ts[] = {7, 130};
-    for (size_t pi = 0; pi < 2; pi++) {
-        fm_model_desc d;
-        assert_int_equal(fm_preset_desc(presets[pi], FM_QF_NVFP4, &d), FM_OK);
-        const int L = first_moe_layer(&d, 0);
-        assert_true(L >= 0);
-        fm_moe_layer *hl;
-        if (fm_moe_layer_random(&d, FM_QF_NVFP4, 77 + pi, L, &hl)) fail_msg("random layer: %s", fm_last_error());
-        fm_cuda_layer *cl;
-        if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
-        for (size_t ti = 0; ti < 2; ti++) {
-            const int T = Ts[ti], H = d.hidden;
-            float *xf = malloc(sizeof(float) * (size_t)T * H);
-            uint16_t *xh = malloc(sizeof(uint16_t) * (size_t)T * H);
-            assert_non_null(xf); assert_non_null(xh);
-            for (int64_t i = 0; i < (int64_t)T * H; i++) {
-                xf[i] = fm_rng_normal(500 + pi * 7 + T, 3, (uint64_t)i);
-                xh[i] = fm_f32_to_f16(xf[i]);
-            }
-            const void *xs[2] = {xf, xh};
-            const fm_dtype dts[2] = {FM_DT_F32, FM_DT_F16};
-            for (int di = 0; di < 2; di++) {
-                cmp_result r;
-                run_compare_dt(&d, hl, cl, T, xs[di], dts[di], NULL, &r);
-                check_ref(&r, 1, "%-16s %s input T=%3d", presets[pi], di ? "F16" : "F32", T);
-            }
-            free(xf); free(xh);
-        }
-        fm_cuda_layer_free(cl);
-        fm_moe_layer_free(hl);
-    }
+    compare_dtypes("tiny-deepseek", 77, 500, Ts, 2, 0, "");
+    compare_dtypes("tiny-qwen3", 78, 507, Ts, 2, 0, "");
 }
 
 /* A router that is not exact in BF16 (every third weight moved one FP32 ulp)
@@ -217,41 +229,9 @@ static void test_input_dtypes(void **state) {
 static void test_router_not_bf16(void **state) {
     (void)state;
     NEED_GPU();
-    const char *presets[] = {"tiny-deepseek-v4", "tiny-qwen3"};
     const int Ts[] = {33, 130};
-    for (size_t pi = 0; pi < 2; pi++) {
-        fm_model_desc d;
-        assert_int_equal(fm_preset_desc(presets[pi], FM_QF_NVFP4, &d), FM_OK);
-        const int L = first_moe_layer(&d, 0), H = d.hidden, E = d.n_experts;
-        assert_true(L >= 0);
-        fm_moe_layer *hl;
-        if (fm_moe_layer_random(&d, FM_QF_NVFP4, 313 + pi, L, &hl)) fail_msg("random layer: %s", fm_last_error());
-        float *rw = (float *)hl->router_w;
-        for (int64_t i = 0; i < (int64_t)E * H; i += 3) rw[i] = nextafterf(rw[i], INFINITY);
-        fm_cuda_layer *cl;
-        if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
-        for (size_t ti = 0; ti < 2; ti++) {
-            const int T = Ts[ti];
-            float *xf = malloc(sizeof(float) * (size_t)T * H);
-            uint16_t *xh = malloc(sizeof(uint16_t) * (size_t)T * H), *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
-            assert_non_null(xf); assert_non_null(xh); assert_non_null(xb);
-            for (int64_t i = 0; i < (int64_t)T * H; i++) {
-                xf[i] = fm_rng_normal(900 + pi * 7 + T, 3, (uint64_t)i);
-                xh[i] = fm_f32_to_f16(xf[i]);
-                xb[i] = fm_f32_to_bf16(xf[i]);
-            }
-            const void *xs[3] = {xf, xh, xb};
-            const fm_dtype dts[3] = {FM_DT_F32, FM_DT_F16, FM_DT_BF16};
-            for (int di = 0; di < 3; di++) {
-                cmp_result r;
-                run_compare_dt(&d, hl, cl, T, xs[di], dts[di], NULL, &r);
-                check_ref(&r, 1, "%-16s router not BF16, %s input T=%3d", presets[pi], fm_dtype_name(dts[di]), T);
-            }
-            free(xf); free(xh); free(xb);
-        }
-        fm_cuda_layer_free(cl);
-        fm_moe_layer_free(hl);
-    }
+    compare_dtypes("tiny-deepseek-v4", 313, 900, Ts, 2, 1, "router not BF16, ");
+    compare_dtypes("tiny-qwen3", 314, 907, Ts, 2, 1, "router not BF16, ");
 }
 
 /* The launch-order switches (docs/perf.md, v28): the shared expert inside
