@@ -1196,12 +1196,10 @@ __global__ void __launch_bounds__(RS_THREADS_MAX) fm_route_kernel(fm_route_param
     if (sel_elementwise<RK>::value && small && T <= p.sel_spread) {
         /* v50: one or two tokens, their sums and scores over the whole block
          * (wpb / T warps per token), then the first warp of each token's
-         * picks its top-k into chosen[t]. The expert kernels may launch now
-         * (as v50b does for every selection, and as the one-warp path's
-         * idle warps did before it), so that their blocks take their places
-         * on the SMs before the shared expert's (Kimi-K2 at B = 1: +6 us
-         * when they launched after the selection) */
-        pdl_launch_dependents();
+         * picks its top-k into chosen[t]. Where the shared expert has its
+         * own branch the expert kernels may launch from the wait above on
+         * (v50b); launched only after this selection, Kimi-K2's B = 1
+         * measured +6 us */
         const int wpt = wpb / T, tt = warp / wpt;
         unsigned char *ws = rs_smem + (size_t)tt * sel_warp_bytes(E);
         select_scores_block<RK>(p, tt, ws, tid - tt * wpt * 32, wpt * 32);

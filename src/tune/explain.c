@@ -163,6 +163,11 @@ fm_status fm_explain(const fm_explain_opts *o, char **out) {
         if (t.kind) sb_printf(&b, "config file for this key: %s\n", fname);
     }
 
+    /* the switches of the layer's schedule, as an engine made now reads them */
+    const int cc = t.kind && t.info ? t.info->cc : 0;
+    fm_sched sch;
+    fm_sched_read(&sch, cc / 10);
+
     for (int bi = 0; bi < o->n_batches; bi++) {
         int T = o->batches[bi];
         double act = fm_tune_expected_active(d->n_experts, d->topk, T);
@@ -214,9 +219,6 @@ fm_status fm_explain(const fm_explain_opts *o, char **out) {
         /* the layer's schedule (src/cuda/schedule.c, as the engine decides):
          * on sm_90 with the wgmma path chosen, where the datasheet names the
          * compute capability */
-        const int cc = t.info ? t.info->cc : 0;
-        fm_sched sch;
-        fm_sched_read(&sch, cc / 10);
         const int wg = cc == 90 && c.cfg.path == FM_PATH_WGMMA;
         const int nt = c.cfg.tile_n <= 8 ? 1 : c.cfg.tile_n <= 16 ? 2 : 4;
         const int fork = sch.sh_fork && d->n_shared > 0;
