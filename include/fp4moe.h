@@ -848,7 +848,9 @@ typedef enum {
     FM_VERDICT_COMPUTE,       /* >= 50 % of peak FLOP/s                     */
     FM_VERDICT_LATENCY,       /* >= 50 % of the step outside weight streaming */
     FM_VERDICT_BUSY,          /* utilization >= 80 %, below 70 % of floor   */
-    FM_VERDICT_UNDERUSED      /* none of the above                          */
+    FM_VERDICT_UNDERUSED,     /* none of the above                          */
+    FM_VERDICT_POWER          /* mean power >= 90 % of the limit with a power
+                               * throttle reason, below 90 % of the floor   */
 } fm_verdict;
 const char *fm_verdict_name(fm_verdict v); /* "bandwidth-bound", ...        */
 

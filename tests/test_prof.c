@@ -273,6 +273,73 @@ static void test_finish_and_verdicts(void **st) {
     fm_profile_free(p);
 }
 
+/* Power-bound: the GPU held at its power limit below 90 % of the floor (the
+ * H200's B = 16 - 512 case: 665 - 692 W of 700, sw_power_cap, SM clock
+ * 1600 - 1700 MHz); near the limit without a power reason, a power reason
+ * well below the limit, or at 90 % of the floor and above, it is not. */
+static void test_power_verdict(void **st) {
+    (void)st;
+    fm_profile *p = synthetic();
+    p->n_batch = 1;
+    p->tile_n = 8;
+    p->b[0].active_observed = 218;
+    const double floor80 = 1e9 * layer_bytes(218) / 4.6e12;
+    p->b[0].step_ns = floor80 / 0.78;
+    p->b[0].row_ns[FM_PH_GATEUP] = 0.6 * p->b[0].step_ns;
+    p->b[0].row_ns[FM_PH_DOWN] = 0.35 * p->b[0].step_ns;
+    p->b[0].t_end_s = 1;
+    p->samples = calloc(2, sizeof *p->samples);
+    p->n_samples = 2;
+    const double w[2] = {660, 670}, mhz[2] = {1650, 1740};
+    for (int i = 0; i < 2; i++) {
+        p->samples[i] = sample(0.3 + 0.4 * i, 99, 10, i ? 0x4 : 0);
+        p->samples[i].v[FM_TM_POWER_W] = w[i];
+        p->samples[i].v[FM_TM_POWER_LIMIT_W] = 700;
+        p->samples[i].v[FM_TM_SM_MHZ] = mhz[i];
+    }
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_int_equal(p->b[0].verdict, FM_VERDICT_POWER);
+    assert_string_equal(fm_verdict_name(p->b[0].verdict), "power-bound");
+    assert_string_equal(p->b[0].verdict_text, "power-bound: 95 % of the 700 W limit (sw_power_cap), SM clock 1695 MHz "
+                                              "mean (1740 max); 78 % of floor; tiles of 8 carry tokens in only "
+                                              "12.5 % of their rows");
+    /* with a compute peak the FLOP share is said too */
+    p->peak_flops = p->b[0].flops_per_step / (p->b[0].step_ns * 1e-9) / 0.2;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_non_null(strstr(p->b[0].verdict_text, "; 78 % of floor, 20 % of peak FLOP/s"));
+    p->peak_flops = 0;
+    /* a hardware power brake counts too; other reasons do not */
+    p->samples[1].throttle = 0x80;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_non_null(strstr(p->b[0].verdict_text, "(hw_power_brake)"));
+    p->samples[1].throttle = 0x20 | 0x1;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_int_equal(p->b[0].verdict, FM_VERDICT_BANDWIDTH);
+    assert_string_equal(p->b[0].verdict_text, "bandwidth-bound at 78 % of floor");
+    /* a power reason at 60 % of the limit: not held by power */
+    p->samples[1].throttle = 0x4;
+    p->samples[0].v[FM_TM_POWER_W] = p->samples[1].v[FM_TM_POWER_W] = 420;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_int_equal(p->b[0].verdict, FM_VERDICT_BANDWIDTH);
+    /* at the limit but at 92 % of the floor: the memory sets the pace */
+    p->samples[0].v[FM_TM_POWER_W] = p->samples[1].v[FM_TM_POWER_W] = 690;
+    p->b[0].step_ns = floor80 / 0.92;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_int_equal(p->b[0].verdict, FM_VERDICT_BANDWIDTH);
+    /* below 70 % of the floor at the limit: power-bound, not "busy" */
+    p->b[0].step_ns = floor80 / 0.55;
+    p->b[0].row_ns[FM_PH_GATEUP] = 0.6 * p->b[0].step_ns;
+    p->b[0].row_ns[FM_PH_DOWN] = 0.35 * p->b[0].step_ns;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_int_equal(p->b[0].verdict, FM_VERDICT_POWER);
+    assert_non_null(strstr(p->b[0].verdict_text, "99 % of the 700 W limit"));
+    /* no power limit known: no power verdict */
+    p->samples[0].v[FM_TM_POWER_LIMIT_W] = p->samples[1].v[FM_TM_POWER_LIMIT_W] = NAN;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_int_equal(p->b[0].verdict, FM_VERDICT_BUSY);
+    fm_profile_free(p);
+}
+
 static void test_contended_note(void **st) {
     (void)st;
     fm_profile *p = synthetic();
@@ -628,7 +695,7 @@ int main(void) {
         cmocka_unit_test(test_expected_active),    cmocka_unit_test(test_tile_fill),
         cmocka_unit_test(test_tile_fill_expected), cmocka_unit_test(test_kernel_phase),
         cmocka_unit_test(test_matrix_bytes),       cmocka_unit_test(test_throttle_str),
-        cmocka_unit_test(test_summarize),          cmocka_unit_test(test_finish_and_verdicts),
+        cmocka_unit_test(test_summarize),          cmocka_unit_test(test_finish_and_verdicts), cmocka_unit_test(test_power_verdict),
         cmocka_unit_test(test_delta),              cmocka_unit_test(test_json),
         cmocka_unit_test(test_trace),              cmocka_unit_test(test_html),
         cmocka_unit_test(test_write_atomic),       cmocka_unit_test(test_telemetry_cpu),

@@ -3,6 +3,9 @@
  * measured bandwidth, tile-row fill, and a verdict per batch size.
  *
  * Verdict thresholds (docs/profiling.md):
+ *   above 110 % of the floor                  -> bandwidth-bound (caches)
+ *   mean power >= 90 % of the limit, a power throttle reason seen, below
+ *      90 % of the floor                      -> power-bound
  *   >= 70 % of the floor                      -> bandwidth-bound
  *   >= 50 % of the peak FLOP/s (when known)   -> compute-bound
  *   >= 50 % of the step outside the weight-streaming phases (routing, sort,
@@ -27,6 +30,9 @@
 #define FASTER_THAN_FLOOR_PCT 110.0
 #define POOR_TILE_FILL 0.25
 #define CONTENDED_GAP 40.0 /* host CPU % minus this process's CPU %          */
+#define VERDICT_POWER_FRAC 0.9   /* mean power over the mean power limit         */
+#define VERDICT_POWER_BW_PCT 90.0 /* at or above this % of floor: bandwidth-bound */
+#define THROTTLE_POWER (0x4ull | 0x80ull) /* NVML sw_power_cap, hw_power_brake */
 
 const char *fm_time_source_name(fm_time_source s) {
     switch (s) {
@@ -44,6 +50,7 @@ const char *fm_verdict_name(fm_verdict v) {
     case FM_VERDICT_LATENCY: return "latency/launch-bound";
     case FM_VERDICT_BUSY: return "busy but not bandwidth-bound";
     case FM_VERDICT_UNDERUSED: return "under-used";
+    case FM_VERDICT_POWER: return "power-bound";
     }
     return "unknown";
 }
@@ -190,7 +197,24 @@ static void write_verdict(const fm_profile *p, fm_prof_batch *b) {
         set_text(extra, sizeof extra, "; tiles of %d carry tokens in only %.1f %% of their rows", b->tile_n,
                  100.0 * b->tile_fill);
 
-    if (pct >= VERDICT_BW_PCT) {
+    /* the GPU held at its power limit: its clocks, not the memory, set the
+     * pace of whatever is issue-bound (an FP4 decode is) */
+    const double pw = b->telem.mean[FM_TM_POWER_W], lim = b->telem.mean[FM_TM_POWER_LIMIT_W];
+    const uint64_t pthr = b->telem.throttle_any & THROTTLE_POWER;
+    const int capped = !isnan(pw) && !isnan(lim) && lim > 0 && pw >= VERDICT_POWER_FRAC * lim && pthr;
+
+    if (pct <= FASTER_THAN_FLOOR_PCT && pct < VERDICT_POWER_BW_PCT && capped) {
+        b->verdict = FM_VERDICT_POWER;
+        char why[64], clk[64] = "";
+        fm_telemetry_throttle_str(pthr, why, sizeof why);
+        if (!isnan(b->telem.mean[FM_TM_SM_MHZ]))
+            set_text(clk, sizeof clk, ", SM clock %.0f MHz mean (%.0f max)", b->telem.mean[FM_TM_SM_MHZ],
+                     b->telem.max[FM_TM_SM_MHZ]);
+        char fl[48] = "";
+        if (compute_frac >= 0.005) set_text(fl, sizeof fl, ", %.0f %% of peak FLOP/s", 100.0 * compute_frac);
+        set_text(b->verdict_text, cap, "power-bound: %.0f %% of the %.0f W limit (%s)%s; %.0f %% of floor%s%s",
+                 100.0 * pw / lim, lim, why, clk, pct, fl, extra);
+    } else if (pct >= VERDICT_BW_PCT) {
         b->verdict = FM_VERDICT_BANDWIDTH;
         if (pct > FASTER_THAN_FLOOR_PCT)
             set_text(b->verdict_text, cap,
