@@ -63,7 +63,7 @@ typedef struct {
     double us, us_min, us_max, tps, active, gbps;
     int64_t bytes;
     char kernel[640];
-    char provenance[1024];
+    char provenance[1344]; /* the kernel line (640), the config's path (512) and ~170 of text */
     char decision[2048]; /* the tuning decision at the start of the run */
 } row;
 

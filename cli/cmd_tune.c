@@ -50,7 +50,7 @@ static int parse_formats(const char *s, fm_qformat *out, int max) {
 static int tune_one(const fm_model_desc *d, const char *label, fm_qformat fmt, const int *batches, int nb,
                     const char *out_dir, double budget, double tol, int layers, uint64_t seed) {
     uint64_t t0 = fm_now_ns();
-    char tag[256];
+    char tag[1280]; /* the model's label (a path, up to 1200) and the format */
     snprintf(tag, sizeof tag, "%s %s", label, fm_qformat_name(fmt));
     fprintf(stderr, "fp4moe tune: %s: preparing %s layers of random weights and the reference...\n", tag,
             layers > 0 ? "the" : "enough");

@@ -1111,7 +1111,9 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
     if (!s && pdl0 && !lc.pdl) {
         char k[sizeof r->kernel];
         snprintf(k, sizeof k, "%s", r->kernel);
-        snprintf(r->kernel, sizeof r->kernel, "PDL OFF (the graph refused it); %s", k);
+        static const char pre[] = "PDL OFF (the graph refused it); ";
+        /* the longest kernel line (~580) fits beside the prefix */
+        snprintf(r->kernel, sizeof r->kernel, "%s%.*s", pre, (int)(sizeof r->kernel - sizeof pre), k);
     }
     if (!s) {
         int *act = (int *)malloc(sizeof(int) * (size_t)n_layers);

@@ -399,7 +399,9 @@ fm_status fm_tune_choose(const fm_tune_key *key, int T, fm_tune_choice *out) {
     stamper *sp = calloc(1, sizeof *sp);
     if (!sp) return fm_tune_choose_trail(key, T, out, NULL);
     for (int i = 0; i < FM_TUNE_NDIRS; i++) {
-        snprintf(sp->paths[2 * i], sizeof sp->paths[0], "%s", dirs[i]);
+        const size_t dl = strnlen(dirs[i], sizeof dirs[i] - 1); /* < sizeof sp->paths[0] */
+        memcpy(sp->paths[2 * i], dirs[i], dl);
+        sp->paths[2 * i][dl] = 0;
         if (dirs[i][0] && fm_path_join(sp->paths[2 * i + 1], sizeof sp->paths[0], dirs[i], name) != FM_OK)
             sp->paths[2 * i + 1][0] = 0;
     }
