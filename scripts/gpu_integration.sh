@@ -66,6 +66,8 @@ PY
         --batch 1,2,4,8,16,32,64,128,256,512 --layers 8 --json "$OUT/cli_bench_dsv4.json"
     t profile_dsv4 90 "$BIN/fp4moe" profile --device cuda --preset deepseek-v4-flash --batch 32,80 \
         --json "$OUT/profile.json" --trace "$OUT/profile_trace.json" --report "$OUT/profile_report.html" --quiet
+    # the profile's verdicts (bandwidth-, power-, latency-bound ...) into the summary
+    grep -A3 '^verdict:' "$OUT/profile_dsv4.log" | tail -n +2 | sed 's/^/  profile /' >> "$SUMMARY"
     t test_prof_cuda 60 "$BIN/test_prof_cuda"
     t test_dist_nccl 60 "$BIN/test_dist_nccl"
     t cpu_isa_check 60 "$BIN/cpu_isa_check"
