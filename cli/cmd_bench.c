@@ -21,7 +21,7 @@ static void bench_usage(FILE *f) {
             "usage: fp4moe bench [--model DIR | --preset NAME] [--format nvfp4|mxfp4|bf16]\n"
             "                    [--batch 1,4,16,64,256] [--layers N] [--device cpu|cuda] [--json FILE]\n"
             "                    [--threads N] [--isa auto|scalar|avx2|avx512] [--time-ms MS] [--seed S]\n"
-            "                    [--bw-mib MIB]\n\n"
+            "                    [--bw-mib MIB] [--sustain-ms MS]\n\n"
             "Measures this machine's memory bandwidth (streaming read, all threads), then for each\n"
             "batch size times one MoE layer: us per layer, tokens/s, active experts, bytes of weights\n"
             "read (active routed experts + shared expert + router), achieved GB/s and %% of the\n"
@@ -30,7 +30,12 @@ static void bench_usage(FILE *f) {
             "--preset builds seeded random weights in memory (default preset qwen3-30b-a3b);\n"
             "--model reads the MoE layers present in a checkpoint. --time-ms is the minimum timing\n"
             "per batch size (default 1000). --bw-mib is the probe's buffer (default 1024 MiB on the\n"
-            "CPU, 4096 MiB on a GPU, where a smaller read spends a larger share in the launch).\n\npresets:");
+            "CPU, 4096 MiB on a GPU, where a smaller read spends a larger share in the launch).\n"
+            "On a GPU each batch size is the median of 50 replays of one CUDA graph of the N layers,\n"
+            "after three warm-up replays: a burst, before the GPU's power management lowers its\n"
+            "clocks. --sustain-ms first replays the graph for MS milliseconds, so that the timed\n"
+            "replays run at the clocks the power limit allows under sustained load (a decode\n"
+            "server's case; on an H200 1000 ms is enough, docs/perf.md).\n\npresets:");
     for (size_t i = 0; i < fm_preset_count(); i++) fprintf(f, " %s", fm_preset_name(i));
     fprintf(f, "\n");
 }
@@ -68,7 +73,7 @@ typedef struct {
 } row;
 
 static int write_json(const char *path, const char *source, const fm_model_desc *d, fm_qformat fmt, int n_layers,
-                      double bw, const char *bw_what, const row *rows, int n) {
+                      double bw, const char *bw_what, long sustain_ms, const row *rows, int n) {
     json_t *root = json_object(), *arr = json_array();
     json_object_set_new(root, "version", json_string(FM_VERSION));
     json_object_set_new(root, "source", json_string(source));
@@ -82,6 +87,7 @@ static int write_json(const char *path, const char *source, const fm_model_desc 
     json_object_set_new(root, "layers_cycled", json_integer(n_layers));
     json_object_set_new(root, "bandwidth_gbps", json_real(bw * 1e-9));
     json_object_set_new(root, "bandwidth_probe", json_string(bw_what));
+    json_object_set_new(root, "sustain_ms", json_integer(sustain_ms));
     for (int i = 0; i < n; i++) {
         json_t *r = json_object();
         json_object_set_new(r, "batch", json_integer(rows[i].T));
@@ -122,7 +128,7 @@ int fm_cmd_bench(int argc, char **argv) {
     const char *model = NULL, *preset = NULL, *json = NULL, *fmt_s = NULL;
     int batches[MAX_BATCH] = {1, 4, 16, 64, 256}, n_batch = 5;
     int n_layers = 0, threads = 0, cuda = 0;
-    long time_ms = 1000, bw_mib = 0, seed = 1;
+    long time_ms = 1000, bw_mib = 0, seed = 1, sustain_ms = -1;
     fm_cpu_isa isa = FM_CPU_AUTO;
     fm_cli_dist dist = {0};
     for (int i = 1; i < argc; i++) {
@@ -150,6 +156,8 @@ int fm_cmd_bench(int argc, char **argv) {
             if (fm_cli_parse_isa("bench", v, &isa)) return 2;
         } else if (!strcmp(a, "--time-ms")) {
             if (fm_cli_parse_int("bench", a, v, 0, 3600000, &time_ms)) return 2;
+        } else if (!strcmp(a, "--sustain-ms")) {
+            if (fm_cli_parse_int("bench", a, v, 0, 600000, &sustain_ms)) return 2;
         } else if (!strcmp(a, "--bw-mib")) {
             if (fm_cli_parse_int("bench", a, v, 1, 1 << 20, &bw_mib)) return 2;
         } else if (!strcmp(a, "--seed")) {
@@ -165,6 +173,11 @@ int fm_cmd_bench(int argc, char **argv) {
         }
         i++;
     }
+    if (sustain_ms >= 0 && !cuda) {
+        fprintf(stderr, "fp4moe bench: error: --sustain-ms applies to --device cuda (the CPU path times for --time-ms)\n");
+        return 2;
+    }
+    if (sustain_ms < 0) sustain_ms = 0;
     if (model && preset) { fprintf(stderr, "fp4moe bench: error: give --model or --preset, not both\n"); return 2; }
     if (model && fmt_s) { fprintf(stderr, "fp4moe bench: error: --format applies to --preset only\n"); return 2; }
     if (!model && !preset) preset = "qwen3-30b-a3b";
@@ -216,6 +229,12 @@ int fm_cmd_bench(int argc, char **argv) {
     if (cuda) {
         if ((st = fm_cuda_engine_new(0, &ge))) { rc = fm_cli_fail("bench", st); goto done; }
         printf("device: %s\n", fm_cuda_engine_describe(ge));
+        fm_cuda_engine_set_sustain(ge, (double)sustain_ms);
+        if (sustain_ms > 0)
+            printf("timing: median of 50 graph replays per batch size, after %ld ms of sustained replays\n", sustain_ms);
+        else
+            printf("timing: median of 50 graph replays per batch size, after 3 warm-up replays (a burst; "
+                   "--sustain-ms times at sustained clocks)\n");
     } else {
         if ((st = fm_cpu_engine_new(isa, threads, &ce))) { rc = fm_cli_fail("bench", st); goto done; }
     }
@@ -330,7 +349,7 @@ int fm_cmd_bench(int argc, char **argv) {
     }
     rc = 0;
     if (json) {
-        rc = write_json(json, source, &d, fmt, n_layers, bw, bw_what, rows, n_batch);
+        rc = write_json(json, source, &d, fmt, n_layers, bw, bw_what, sustain_ms, rows, n_batch);
         if (!rc) printf("\nwrote %s\n", json);
     }
 done:

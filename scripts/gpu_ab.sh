@@ -7,7 +7,8 @@
 # Each variant runs `fp4moe bench --device cuda` (DeepSeek-V4-Flash, full
 # layer, the shipped configs) AB_ROUNDS times; the table printed last holds
 # the best µs per layer of each (variant, batch) and its ratio to the first
-# variant. AB_TEST=1 also runs test_cuda under each variant first.
+# variant. AB_TEST=1 also runs test_cuda under each variant first;
+# AB_SUSTAIN=MS times each batch after MS ms of sustained load (--sustain-ms).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -34,7 +35,7 @@ for r in $(seq 1 "$ROUNDS"); do
     for spec in $VARIANTS; do
         name=${spec%%:*}
         env $(vars_of "$spec") timeout 200 "$(bin_of "$spec")/fp4moe" bench --device cuda --preset "$PRESET" --batch "$BATCH" \
-            --layers 8 > "$OUT/ab_${name}_$r.txt" 2>&1
+            --layers 8 ${AB_SUSTAIN:+--sustain-ms $AB_SUSTAIN} > "$OUT/ab_${name}_$r.txt" 2>&1
         echo "round $r [$name] exit $?"
     done
 done

@@ -64,6 +64,10 @@ PY
     t forward_cuda 60 bash -c "$(declare -f fwd_check); BIN=$BIN OUT=$OUT fwd_check"
     t cli_bench_dsv4 120 "$BIN/fp4moe" bench --device cuda --preset deepseek-v4-flash \
         --batch 1,2,4,8,16,32,64,128,256,512 --layers 8 --json "$OUT/cli_bench_dsv4.json"
+    # the same after a second of sustained load per batch size: the clocks
+    # the GPU's power limit allows (a decode server's case)
+    t cli_bench_dsv4_sustained 200 "$BIN/fp4moe" bench --device cuda --preset deepseek-v4-flash \
+        --batch 1,2,4,8,16,32,64,128,256,512 --layers 8 --sustain-ms 1000 --json "$OUT/cli_bench_dsv4_sustained.json"
     t profile_dsv4 90 "$BIN/fp4moe" profile --device cuda --preset deepseek-v4-flash --batch 32,80 \
         --json "$OUT/profile.json" --trace "$OUT/profile_trace.json" --report "$OUT/profile_report.html" --quiet
     # the profile's verdicts (bandwidth-, power-, latency-bound ...) into the summary
@@ -81,6 +85,9 @@ PY
     done
     t cli_bench_dsv4_mxfp4 60 env FP4MOE_CONFIG_DIR="$OUT/configs" "$BIN/fp4moe" bench --device cuda --preset deepseek-v4-flash --format mxfp4 --batch 1,16,64,256 --layers 8
     { echo "-- fp4moe bench (the issue's command)"; sed -n '/^ batch/,$p' "$OUT/cli_bench_dsv4.log" | head -30
+      echo "-- the issue's command after 1000 ms of sustained load per batch size"
+      grep -E "^memory bandwidth|^timing" "$OUT/cli_bench_dsv4_sustained.log"
+      sed -n '/^ batch/,$p' "$OUT/cli_bench_dsv4_sustained.log" | grep -E "^ +[0-9]+ " | head -12
       echo "-- profile (head)"; head -60 "$OUT/profile_dsv4.log"
       echo "-- tune summary"; cat "$OUT/tune_summary.log"
       echo "-- the issue's command with the configs tuned in this call"; sed -n '/^ batch/,$p' "$OUT/cli_bench_dsv4_tuned.log" | head -24

@@ -742,6 +742,20 @@ static void test_bench_runs(void **state) {
         assert_non_null(strstr(r.config_source, "wgmma path needs sm_90"));
         assert_true(r.cfg.path != FM_PATH_WGMMA);
     }
+    /* sustained load first (fm_cuda_engine_set_sustain): the call lasts at
+     * least that long and times the same work; 0 turns it off again */
+    fm_cuda_engine_set_sustain(g_eng, 300);
+    const uint64_t t0 = fm_now_ns();
+    st = fm_cuda_bench(g_eng, &d, ls, 3, 5, 1, 5, &r);
+    const double wall_ms = (double)(fm_now_ns() - t0) * 1e-6;
+    fm_cuda_engine_set_sustain(g_eng, 0);
+    if (st) fail_msg("bench (sustained): %s", fm_last_error());
+    printf("# sustained 300 ms: %.1f us per layer, the call %.0f ms\n", r.us_per_layer, wall_ms);
+    assert_true(wall_ms >= 300.0);
+    assert_true(r.us_per_layer > 0 && r.us_min <= r.us_per_layer && r.us_per_layer <= r.us_max);
+    const uint64_t t1 = fm_now_ns();
+    if (fm_cuda_bench(g_eng, &d, ls, 3, 5, 1, 5, &r)) fail_msg("bench: %s", fm_last_error());
+    printf("# burst: the call %.0f ms\n", (double)(fm_now_ns() - t1) * 1e-6);
     for (int i = 0; i < 3; i++) fm_cuda_layer_free(ls[i]);
 }
 
