@@ -180,10 +180,6 @@ typedef struct {
     int pre_wait;
     /* 1: the weights are read with an L2 evict-first policy */
     int l2first;
-    /* the wgmma kernels ask L2 for each warp's weights and scales this many
-     * segments beyond those their cp.async ring holds (v44,
-     * FP4MOE_CUDA_WG_L2PF; 0: no such requests) */
-    int l2pf;
     int sms;                      /* SMs of the device (sizes the down's K split) */
     /* the wgmma launches' K split when > 0 (the shared expert's launches on
      * their branch, v51), else the rule of wg_ks */

@@ -116,7 +116,6 @@ static const struct {
     {"FP4MOE_CUDA_WG_DOWN_TOKENS", "8|16|32"},
     {"FP4MOE_CUDA_WG_GROUPS", "1|2|gu|dn"},
     {"FP4MOE_CUDA_LOGITS_KS", "8|16|32"},
-    {"FP4MOE_CUDA_WG_L2PF", "0|1|2|3|4|6|8"},
     {"FP4MOE_CUDA_PRE_WAIT", "0|1"},
     {"FP4MOE_CUDA_L2HINT", "0|1"},
     {"FP4MOE_CUDA_WG_DOWN2", "0|1"},

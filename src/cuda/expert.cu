@@ -848,9 +848,13 @@ static __device__ __forceinline__ void wg_wcopy(const fm_wg_pass &w, uint32_t wr
 #pragma unroll
     for (int m = 0; m < NMAT; m++) {
         const uint32_t d_ = wr_s + (S % NSTG) * WST + m * 1152;
-        cp_async16_pol(d_ + lane * 16, w.pa[m] + (int64_t)S * 1024, wpol);
-        cp_async16_pol(d_ + 512 + lane * 16, w.pb[m] + (int64_t)S * 1024, wpol);
-        if (lane < SPR) cp_async16_pol(d_ + 1024 + lane * 16, w.st[m] + (int64_t)S * (16 * SPR) + lane * 16, wpol);
+        /* unsigned 32-bit offsets: one IMAD.WIDE.U32 per address, where a
+         * signed 64-bit product took three to four (v53) */
+        const uint8_t *q_ = w.pa[m] + (uint32_t)S * 1024u;
+        cp_async16_pol(d_ + lane * 16, q_, wpol);
+        cp_async16_pol(d_ + 512 + lane * 16, q_ + 512, wpol);
+        if (lane < SPR)
+            cp_async16_pol(d_ + 1024 + lane * 16, w.st[m] + ((uint32_t)S * (16u * SPR) + (uint32_t)lane * 16u), wpol);
     }
 }
 #endif
@@ -914,7 +918,7 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
             if (WEIGHTS) wg_wcopy<NMAT, MX, NSTG>(w, wr_s, lane, (S), wpol);                                     \
             _Pragma("unroll") for (int k = 0; k < NIT; k++) {                                              \
                 if (!xin[k]) continue;                                                                     \
-                const uint8_t *q_ = xsrc[k] ? xsrc[k] + (int64_t)(S) * (FM_KSEG * 2) : xsafe;              \
+                const uint8_t *q_ = xsrc[k] ? xsrc[k] + (uint32_t)(S) * (uint32_t)(FM_KSEG * 2) : xsafe;   \
                 const bool v_ = xsrc[k] != NULL;                                                           \
                 cp_async_small<4>(st_ + xoff[k], q_, v_);                                                  \
                 cp_async_small<4>(st_ + xoff[k] + 128, q_ + 4, v_);                                        \
@@ -950,28 +954,12 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
     uint4 wa[NMAT], wb[NMAT];
     uint32_t ca[NMAT], cb[NMAT];
     const int nseg = w.nseg;
-    /* v44 (p.l2pf = D > 0): lanes 0 .. 2 NMAT - 1 of each warp ask L2 for
-     * the warp's 1024 bytes of weights (even lanes) or its scale tile (odd)
-     * of matrix lane / 2, D segments beyond the ring's LA, so that the
-     * ring's copies find them in L2 */
-    const int pfd = p.l2pf;
-    const bool pfl = pfd > 0 && lane < 2 * NMAT;
-    const uint8_t *pfp = NULL;
-    int pfb = 0, pfstep = 0;
-    if (pfl) {
-        const int m = lane >> 1;
-        pfp = (lane & 1) ? (m ? w.st[NMAT - 1] : w.st[0]) : (m ? w.pa[NMAT - 1] : w.pa[0]) - lane * 16;
-        pfb = pfstep = (lane & 1) ? 16 * SPR : 1024;
-    }
     /* w.pre: the weights of segments 0 .. LA - 1 are in flight already, in
      * a group of their own committed before these */
 #pragma unroll
     for (int j = 0; j < LA; j++) FM_WG_XCOPY(j, !w.pre);
-    if (pfl)
-        for (int j = LA; j < LA + pfd && j < nseg; j++) prefetch_l2(pfp + (int64_t)j * pfstep, (uint32_t)pfb);
 #pragma unroll 1
     for (int s = 0; s < nseg; s++) {
-        if (pfl && s + LA + pfd < nseg) prefetch_l2(pfp + (int64_t)(s + LA + pfd) * pfstep, (uint32_t)pfb);
         /* this thread's pieces of segment s have landed; after the barrier
          * everyone's have, and every warp is past the wait that retired the
          * MMAs that last read the stage refilled next */
