@@ -891,23 +891,27 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
     /* staging by cp.async, 4 bytes at a time (the reorder above): item
      * it = (token n = it / 16, 16-byte piece u = it % 16); tokens past the
      * pass are zero-filled */
+    /* a token past the pass copies nothing (source size 0) from row 0 of
+     * the source, whose segments are as many as any row's: its address
+     * runs along like the others', so the copies need no select (v53) */
     const uint8_t *xsrc[NIT];
     uint32_t xoff[NIT];
     bool xin[NIT]; /* the item exists (with WGS = 2 some threads have fewer) */
+    bool xv[NIT];  /* its token is in the pass                                */
 #pragma unroll
     for (int k = 0; k < NIT; k++) {
         const int it = tid + k * NTH, n = it >> 4, u = it & 15, ut = u >> 2, ud = u & 3;
         const int idx = w.pass0 + n;
         xin[k] = NITEMS % NTH == 0 || it < NITEMS;
-        xsrc[k] = NULL;
+        xv[k] = idx < w.o.cnt;
+        xsrc[k] = (const uint8_t *)w.src_base;
         xoff[k] = (uint32_t)(2 * ud * STEP + (n >> 3) * 256 + (n & 7) * 16 + 4 * ut);
-        if (idx < w.o.cnt) {
+        if (xv[k]) {
             const int pos = w.o.pos0 + idx;
             const int64_t row = GU ? (w.o.shared ? idx : p.sorted_tok[pos]) : pos;
             xsrc[k] = (const uint8_t *)(w.src_base + row * w.src_stride + u * 8);
         }
     }
-    const uint8_t *xsafe = (const uint8_t *)w.src_base;
     const uint64_t wpol = l2_policy(p.l2first);
     /* the weights first: their addresses need no load, so the first
      * segments' weight copies leave before the token rows have arrived */
@@ -918,8 +922,8 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
             if (WEIGHTS) wg_wcopy<NMAT, MX, NSTG>(w, wr_s, lane, (S), wpol);                                     \
             _Pragma("unroll") for (int k = 0; k < NIT; k++) {                                              \
                 if (!xin[k]) continue;                                                                     \
-                const uint8_t *q_ = xsrc[k] ? xsrc[k] + (uint32_t)(S) * (uint32_t)(FM_KSEG * 2) : xsafe;   \
-                const bool v_ = xsrc[k] != NULL;                                                           \
+                const uint8_t *q_ = xsrc[k] + (uint32_t)(S) * (uint32_t)(FM_KSEG * 2);                     \
+                const bool v_ = xv[k];                                                                     \
                 cp_async_small<4>(st_ + xoff[k], q_, v_);                                                  \
                 cp_async_small<4>(st_ + xoff[k] + 128, q_ + 4, v_);                                        \
                 cp_async_small<4>(st_ + xoff[k] + STEP, q_ + 8, v_);                                       \
