@@ -889,11 +889,10 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
     const uint8_t *wr_g = smem + w.wring_off + wi * (NSTG * WST);
 
     /* staging by cp.async, 4 bytes at a time (the reorder above): item
-     * it = (token n = it / 16, 16-byte piece u = it % 16); tokens past the
-     * pass are zero-filled */
-    /* a token past the pass copies nothing (source size 0) from row 0 of
-     * the source, whose segments are as many as any row's: its address
-     * runs along like the others', so the copies need no select (v53) */
+     * it = (token n = it / 16, 16-byte piece u = it % 16); a token past the
+     * pass is zero-filled: it copies nothing (source size 0) from row 0 of
+     * the source, whose address runs along the segments like the others',
+     * so that the copies need no select (v53) */
     const uint8_t *xsrc[NIT];
     uint32_t xoff[NIT];
     bool xin[NIT]; /* the item exists (with WGS = 2 some threads have fewer) */
