@@ -23,6 +23,7 @@ import collections
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -149,4 +150,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the output quietly
     sys.exit(main(sys.argv[1:]))
