@@ -196,6 +196,10 @@ int fm_cmd_bench(int argc, char **argv) {
     if (fmt == FM_QF_NONE) fmt = d.expert_format;
     if (!n_layers) n_layers = fm_cpu_bench_default_layers(&d, fmt);
     if (n_layers > MAX_LAYERS) n_layers = MAX_LAYERS;
+    if (sustain_ms > 0 && fm_cli_dist_active(&dist)) {
+        fprintf(stderr, "fp4moe bench: error: --sustain-ms times one GPU's graph; it does not apply with --tp / --ep\n");
+        return 2;
+    }
     if (fm_cli_dist_validate("bench", &dist, cuda ? FM_DEV_CUDA : FM_DEV_CPU)) return 2;
     if (fm_cli_dist_active(&dist)) {
         fm_moe_layer *L = NULL;

@@ -33,6 +33,7 @@ bad "--sustain-ms expects an integer in [0, 600000], got '600001'" --device cuda
 [ $? = 2 ] && grep -qF -- "--sustain-ms needs a value" "$T/stderr" || fail "--sustain-ms without a value: $(cat "$T/stderr")"
 bad "--sustain-ms applies to --device cuda" --preset tiny-qwen3 --sustain-ms 100
 bad "--sustain-ms applies to --device cuda" --sustain-ms 0 --device cpu
+bad "it does not apply with --tp / --ep" --device cuda --tp 2 --sustain-ms 100
 
 # Where no GPU is usable the CUDA path says so (exit non-zero, no JSON).
 "$CLI" bench --device cuda --preset tiny-qwen3 --batch 1 --layers 1 --sustain-ms 20 --json "$T/g.json" >"$T/g.out" 2>"$T/g.err"
