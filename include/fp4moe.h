@@ -513,7 +513,8 @@ void fm_cuda_engine_set_shared(fm_cuda_engine *e, int enabled);
 /* Benchmarks (fm_cuda_bench) first replay the graph for ms milliseconds
  * (0, the default: three warm-up replays only), so that the timed replays
  * run at the clocks the GPU's power limit allows under sustained load, not
- * in the burst before its power management lowers them. ms in (0, 600000]. */
+ * in the burst before its power management lowers them. ms in (0, 600000];
+ * any other value turns it off. */
 void fm_cuda_engine_set_sustain(fm_cuda_engine *e, double ms);
 
 fm_status fm_cuda_layer_upload(fm_cuda_engine *e, const fm_model_desc *d,
