@@ -784,6 +784,10 @@ typedef enum {
 } fm_telem_metric;
 const char *fm_telem_metric_name(fm_telem_metric m); /* "sm_util_pct", ... */
 
+/* NVML clocks-event (throttle) reason bits that the profile's verdict
+ * reads: the GPU lowered its clocks to stay within its power limit. */
+#define FM_THROTTLE_SW_POWER_CAP 0x4ull
+#define FM_THROTTLE_HW_POWER_BRAKE 0x80ull
 typedef struct {
     double t_s;             /* seconds since the run's t0                   */
     double v[FM_TM_COUNT];  /* NaN where not available                      */

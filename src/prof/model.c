@@ -32,7 +32,7 @@
 #define CONTENDED_GAP 40.0 /* host CPU % minus this process's CPU %          */
 #define VERDICT_POWER_FRAC 0.9   /* mean power over the mean power limit         */
 #define VERDICT_POWER_BW_PCT 90.0 /* at or above this % of floor: bandwidth-bound */
-#define THROTTLE_POWER (0x4ull | 0x80ull) /* NVML sw_power_cap, hw_power_brake */
+#define THROTTLE_POWER (FM_THROTTLE_SW_POWER_CAP | FM_THROTTLE_HW_POWER_BRAKE)
 
 const char *fm_time_source_name(fm_time_source s) {
     switch (s) {
@@ -203,7 +203,7 @@ static void write_verdict(const fm_profile *p, fm_prof_batch *b) {
     const uint64_t pthr = b->telem.throttle_any & THROTTLE_POWER;
     const int capped = !isnan(pw) && !isnan(lim) && lim > 0 && pw >= VERDICT_POWER_FRAC * lim && pthr;
 
-    if (pct <= FASTER_THAN_FLOOR_PCT && pct < VERDICT_POWER_BW_PCT && capped) {
+    if (pct < VERDICT_POWER_BW_PCT && capped) {
         b->verdict = FM_VERDICT_POWER;
         char why[64], clk[64] = "";
         fm_telemetry_throttle_str(pthr, why, sizeof why);

@@ -69,9 +69,9 @@ const char *fm_telem_metric_name(fm_telem_metric m) {
 
 void fm_telemetry_throttle_str(uint64_t bits, char *buf, size_t cap) {
     static const struct { uint64_t bit; const char *name; } k[] = {
-        {0x1, "gpu_idle"},           {0x2, "app_clocks"},          {0x4, "sw_power_cap"},
+        {0x1, "gpu_idle"},           {0x2, "app_clocks"},          {FM_THROTTLE_SW_POWER_CAP, "sw_power_cap"},
         {0x8, "hw_slowdown"},        {0x10, "sync_boost"},         {0x20, "sw_thermal"},
-        {0x40, "hw_thermal"},        {0x80, "hw_power_brake"},     {0x100, "display_clocks"},
+        {0x40, "hw_thermal"},        {FM_THROTTLE_HW_POWER_BRAKE, "hw_power_brake"},     {0x100, "display_clocks"},
     };
     if (!buf || !cap) return;
     buf[0] = 0;
