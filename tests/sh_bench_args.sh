@@ -1,46 +1,33 @@
 #!/usr/bin/env bash
 # fp4moe bench from the outside: --sustain-ms (the GPU's sustained-load
 # timing, docs/perf.md) is checked before any work: a clear error and exit 2
-# for bad values and for the CPU path, which times for --time-ms instead.
+# for bad values, for the CPU path (which times for --time-ms instead) and
+# with --tp / --ep; nothing on stdout, no JSON written.
 set -u
-CLI=${FM_CLI:-}
-if [ -z "$CLI" ] || [ ! -x "$CLI" ]; then echo "SKIPPED: FM_CLI not set (run through ctest)"; exit 77; fi
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+BIN=${FM_CLI:-}
+if [ -z "$BIN" ] || [ ! -x "$BIN" ]; then echo "SKIPPED: FM_CLI not set (run through ctest)"; exit 77; fi
+. "$(dirname "$0")/tool_args.inc.sh"
+LEFT=$T/out.json
+ARGS_PRE="bench --json $LEFT"
 
-bad() { # message args...
-    local msg=$1
-    shift
-    "$CLI" bench "$@" --json "$T/out.json" >"$T/stdout" 2>"$T/stderr"
-    local rc=$?
-    [ "$rc" = 2 ] || fail "bench $* -> rc $rc, wanted 2: $(cat "$T/stderr")"
-    grep -qF -- "$msg" "$T/stderr" || fail "bench $* -> stderr lacks '$msg': $(cat "$T/stderr")"
-    grep -q "AddressSanitizer\|runtime error" "$T/stderr" && fail "bench $*: sanitizer report"
-    [ -e "$T/out.json" ] && { fail "bench $* wrote its JSON"; rm -f "$T/out.json"; }
-    return 0
-}
-
-"$CLI" bench --help >"$T/help" || fail "--help exit status"
+"$BIN" bench --help >"$T/help" || fail "--help exit status"
 grep -qF -- "--sustain-ms MS" "$T/help" || fail "--help lacks --sustain-ms"
 grep -qF "median of 50 replays" "$T/help" || fail "--help does not say how the GPU timing works"
 
 bad "--sustain-ms expects an integer in [0, 600000], got '-1'" --device cuda --sustain-ms -1
 bad "--sustain-ms expects an integer in [0, 600000], got 'x'" --device cuda --sustain-ms x
 bad "--sustain-ms expects an integer in [0, 600000], got '600001'" --device cuda --sustain-ms 600001
-"$CLI" bench --device cuda --sustain-ms >"$T/stdout" 2>"$T/stderr"
-[ $? = 2 ] && grep -qF -- "--sustain-ms needs a value" "$T/stderr" || fail "--sustain-ms without a value: $(cat "$T/stderr")"
+bad "--sustain-ms needs a value" --device cuda --sustain-ms
 bad "--sustain-ms applies to --device cuda" --preset tiny-qwen3 --sustain-ms 100
 bad "--sustain-ms applies to --device cuda" --sustain-ms 0 --device cpu
 bad "it does not apply with --tp / --ep" --device cuda --tp 2 --sustain-ms 100
 
 # Where no GPU is usable the CUDA path says so (exit non-zero, no JSON).
-"$CLI" bench --device cuda --preset tiny-qwen3 --batch 1 --layers 1 --sustain-ms 20 --json "$T/g.json" >"$T/g.out" 2>"$T/g.err"
+"$BIN" bench --device cuda --preset tiny-qwen3 --batch 1 --layers 1 --sustain-ms 20 --json "$T/g.json" >"$T/g.out" 2>"$T/g.err"
 rc=$?
 if grep -q "no usable CUDA GPU\|no CUDA backend\|built without CUDA" "$T/g.err"; then
     [ "$rc" != 0 ] || fail "bench --device cuda without a GPU exited 0"
-    [ -e "$T/g.json" ] && fail "bench --device cuda without a GPU wrote its JSON"
+    [ ! -e "$T/g.json" ] || fail "bench --device cuda without a GPU wrote its JSON"
     echo "note: no usable GPU here; the sustained timing itself runs in test_cuda on the GPU machine"
 else
     [ "$rc" = 0 ] || fail "bench --device cuda --sustain-ms 20 exited $rc: $(cat "$T/g.err")"
@@ -48,5 +35,4 @@ else
     python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["sustain_ms"] == 20' "$T/g.json" || fail "JSON sustain_ms"
 fi
 
-[ "$fails" = 0 ] && echo "sh_bench_args: all passed"
-[ "$fails" = 0 ]
+finish bench

@@ -3,7 +3,8 @@
 # optionally, ARGS_PRE (arguments put before each case, e.g. an output file
 # that must not be left behind: set LEFT to its path) and ARGS_TIMEOUT.
 #   bad 'expected message' ARGS...   exit 2, the message on stderr, nothing
-#                                    on stdout, LEFT not created
+#                                    on stdout, LEFT not created, no
+#                                    sanitizer report
 #   finish NAME                      the summary line and the exit status
 T=$(mktemp -d /tmp/fm_sh_args.XXXXXX)
 trap 'rm -rf "$T"' EXIT
@@ -19,6 +20,7 @@ bad() {
     grep -qF -- "$want" "$T/err" || fail "$*: expected '$want' on stderr, got: $(cat "$T/err")"
     [ -z "${LEFT:-}" ] || [ ! -e "$LEFT" ] || fail "$*: left $LEFT behind"
     [ ! -s "$T/out" ] || fail "$*: wrote to stdout: $(cat "$T/out")"
+    ! grep -q "AddressSanitizer\|runtime error" "$T/err" || fail "$*: sanitizer report"
 }
 
 finish() {
