@@ -277,6 +277,14 @@ static void test_finish_and_verdicts(void **st) {
  * H200's B = 16 - 512 case: 665 - 692 W of 700, sw_power_cap, SM clock
  * 1600 - 1700 MHz); near the limit without a power reason, a power reason
  * well below the limit, or at 90 % of the floor and above, it is not. */
+/* A step of step_ns that is 95 % weight streaming (gate/up 60 %, down 35 %). */
+static void streaming_step(fm_prof_batch *b, double step_ns) {
+    memset(b->row_ns, 0, sizeof b->row_ns);
+    b->step_ns = step_ns;
+    b->row_ns[FM_PH_GATEUP] = 0.6 * step_ns;
+    b->row_ns[FM_PH_DOWN] = 0.35 * step_ns;
+}
+
 static void test_power_verdict(void **st) {
     (void)st;
     fm_profile *p = synthetic();
@@ -284,9 +292,7 @@ static void test_power_verdict(void **st) {
     p->tile_n = 8;
     p->b[0].active_observed = 218;
     const double floor80 = 1e9 * layer_bytes(218) / 4.6e12;
-    p->b[0].step_ns = floor80 / 0.78;
-    p->b[0].row_ns[FM_PH_GATEUP] = 0.6 * p->b[0].step_ns;
-    p->b[0].row_ns[FM_PH_DOWN] = 0.35 * p->b[0].step_ns;
+    streaming_step(&p->b[0], floor80 / 0.78);
     p->b[0].t_end_s = 1;
     p->samples = calloc(2, sizeof *p->samples);
     p->n_samples = 2;
@@ -323,13 +329,11 @@ static void test_power_verdict(void **st) {
     assert_int_equal(p->b[0].verdict, FM_VERDICT_BANDWIDTH);
     /* at the limit but at 92 % of the floor: the memory sets the pace */
     p->samples[0].v[FM_TM_POWER_W] = p->samples[1].v[FM_TM_POWER_W] = 690;
-    p->b[0].step_ns = floor80 / 0.92;
+    streaming_step(&p->b[0], floor80 / 0.92);
     assert_int_equal(fm_profile_finish(p), FM_OK);
     assert_int_equal(p->b[0].verdict, FM_VERDICT_BANDWIDTH);
     /* below 70 % of the floor at the limit: power-bound, not "busy" */
-    p->b[0].step_ns = floor80 / 0.55;
-    p->b[0].row_ns[FM_PH_GATEUP] = 0.6 * p->b[0].step_ns;
-    p->b[0].row_ns[FM_PH_DOWN] = 0.35 * p->b[0].step_ns;
+    streaming_step(&p->b[0], floor80 / 0.55);
     assert_int_equal(fm_profile_finish(p), FM_OK);
     assert_int_equal(p->b[0].verdict, FM_VERDICT_POWER);
     assert_non_null(strstr(p->b[0].verdict_text, "99 % of the 700 W limit"));
