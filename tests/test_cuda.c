@@ -564,6 +564,63 @@ static void test_nonfinite(void **state) {
     }
 }
 
+/* NVFP4 block scales the GPU stores otherwise than the checkpoint (v57, the
+ * upload's nv_canon_block): negative scales (their sign moves to the
+ * nibbles), zero and negative-zero scales over nonzero nibbles (the block
+ * is zero). Every matrix of the layer, routed and shared, gets each kind in
+ * a fixed pattern of its blocks; the output must match the reference. */
+static void set_scale_kinds(fm_qmatrix *q) {
+    uint8_t *sc = (uint8_t *)q->scales;
+    for (int64_t r = 0; r < q->rows; r++)
+        for (int64_t b = 0; b < q->cols / 16; b++) {
+            uint8_t *v = sc + r * q->scale_stride + b;
+            const int64_t i = r * 131 + b;
+            if (i % 5 == 1) *v |= 0x80;
+            else if (i % 7 == 3) *v = 0x00;
+            else if (i % 11 == 4) *v = 0x80;
+        }
+}
+static void test_scale_signs(void **state) {
+    (void)state;
+    NEED_GPU();
+    fm_model_desc d;
+    assert_int_equal(fm_preset_desc("tiny-deepseek", FM_QF_NVFP4, &d), FM_OK);
+    const int L = first_moe_layer(&d, 0), Ts[] = {1, 33, 130};
+    fm_moe_layer *hl;
+    assert_int_equal(fm_moe_layer_random(&d, FM_QF_NVFP4, 717, L, &hl), FM_OK);
+    for (int e = 0; e < hl->n_experts; e++) {
+        set_scale_kinds(&hl->gate[e]);
+        set_scale_kinds(&hl->up[e]);
+        set_scale_kinds(&hl->down[e]);
+    }
+    assert_true(hl->has_shared);
+    set_scale_kinds(&hl->sh_gate);
+    set_scale_kinds(&hl->sh_up);
+    set_scale_kinds(&hl->sh_down);
+    fm_cuda_layer *cl;
+    if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+    /* the wgmma kernels (sm_90; elsewhere the engine runs another path and
+     * the case still compares) and the small-batch mma.sync kernels */
+    const fm_kernel_config cfgs[] = {{FM_PATH_WGMMA, 64, 1, 4, 1, 16, 1.5f}, {FM_PATH_SMALL, 16, 8, 8, 1, 8, 1.5f}};
+    for (int c = 0; c < 2; c++) {
+        if (fm_cuda_engine_set_config(g_eng, &cfgs[c])) fail_msg("set config: %s", fm_last_error());
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            const int T = Ts[ti], H = d.hidden;
+            uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+            float *xf = malloc(sizeof(float) * (size_t)T * H);
+            assert_non_null(xb); assert_non_null(xf);
+            make_x(7170 + T, T, H, xb, xf);
+            cmp_result r;
+            run_compare(&d, hl, cl, T, xb, NULL, &r);
+            check_ref(&r, 1, "signed and zero scales, %s config, T=%3d", fm_kernel_path_name(cfgs[c].path), T);
+            free(xb); free(xf);
+        }
+    }
+    fm_cuda_engine_set_config(g_eng, NULL);
+    fm_cuda_layer_free(cl);
+    fm_moe_layer_free(hl);
+}
+
 /* Every kernel shape the tuner may choose computes the same function. */
 static void test_forced_configs(void **state) {
     (void)state;
@@ -954,6 +1011,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vs_reference),     cmocka_unit_test(test_all_on_one_expert),
         cmocka_unit_test(test_hash_duplicate_ids), cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_scale_signs),
         cmocka_unit_test(test_forced_configs),   cmocka_unit_test(test_layer_random_same),
         cmocka_unit_test(test_bad_inputs),       cmocka_unit_test(test_bench_runs),
         cmocka_unit_test(test_dsv4_flash_shape), cmocka_unit_test(test_dsv4_clamp),

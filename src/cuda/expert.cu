@@ -26,10 +26,10 @@
  * i.e. E2M1(n) * 2^-126 (codes +-0.5 land on BF16 subnormals, which BF16
  * arithmetic keeps). The words are stored bit-permuted at upload
  * (fm_fp4_enc_word) so that these placements cost 8 integer instructions per
- * 8 weights (v6) instead of 13 (v5, still built for FP4MOE_CUDA_FP4_DECODE=v5). One BF16x2 multiply by the block scale * 2^119 gives
- * E2M1 * scale * 2^-7, exact in BF16 (at most 5 significant bits); the
- * activations carry the compensating 2^7, and the per-tensor NVFP4 scale is
- * applied to the FP32 accumulator.
+ * 8 weights (v6) instead of 13 (v5, still built for FP4MOE_CUDA_FP4_DECODE=v5). One BF16x2 multiply by the block scale * 2^112
+ * (NVFP4, v57) or * 2^119 (MXFP4) gives E2M1 * scale * 2^-14 or 2^-7, exact
+ * in BF16; the activations carry a compensating 2^7, and the per-tensor
+ * NVFP4 scale times the 2^7 left over is applied to the FP32 accumulator.
  */
 #include "cuda_internal.h"
 #include "stream_read.cuh"
@@ -121,32 +121,52 @@ static __device__ __forceinline__ uint32_t bf_mul2(uint32_t a, uint32_t b) {
 #endif
 
 /* Both block scales of a 16-bit scale load (bytes b0, b1) as BF16x2
- * registers (b0 * 2^119, b0 * 2^119) and (b1 * 2^119, b1 * 2^119).
- * sm_89 and later (v23): the hardware's E4M3x2 -> F16x2 conversion (exact,
- * NaN kept), each half widened to FP32 and multiplied by 2^119 (exact: an
- * E4M3 value has 4 significant bits and 448 * 2^119 < the BF16 maximum),
- * then packed twice into a BF16 pair (exact, so the rounding mode does not
- * matter): 7 instructions for two scales.
+ * registers (b0 * 2^112, b0 * 2^112) and (b1 * 2^112, b1 * 2^112): times a
+ * decoded E2M1 * 2^-126, E2M1 * scale * 2^-14, exact in BF16 (at most 6
+ * significant bits, at least 2^-24); the NVFP4 epilogues multiply the
+ * per-tensor scale by the 2^7 that the activations' 2^7 leaves to make up
+ * (fm_nv_s2). The upload stores the scales canonical (nv_canon_block,
+ * engine.cu): no sign bit, and a zero scale only over zero nibbles.
+ * sm_89 and later (v57): the hardware's E4M3x2 -> F16x2 conversion (exact;
+ * an E4M3 value is an F16 normal with its 3 mantissa bits on top), then one
+ * shift and add: an F16 of exponent e and mantissa m shifted right by 3 has
+ * e at the BF16 exponent's low 5 bits and m's top 7 bits as the BF16
+ * mantissa, and adding 224 to that exponent makes it the F16's value times
+ * 2^(224 - 112) = 2^112; the E4M3 NaN (F16 exponent 31) lands on exponent
+ * 255 with a mantissa, a BF16 NaN, and a zero scale on 2^97 (times zero
+ * nibbles, 0). No carry crosses the halves (the F16 halves have zeros in
+ * their low 7 bits and the sums stay below 2^15). s0 and s1 are the halves
+ * broadcast, which ptxas folds into the decode's multiplies as operand
+ * selectors (HMUL2.BF16_V2 ... R.H0_H0): 2 instructions for two scales,
+ * where widening to FP32, multiplying and packing took 7 (v23).
  * Before sm_89 (v12): each E4M3 magnitude shifted left by 4 is a BF16 of
  * value E4M3 * 2^-120 (E4M3 subnormals land on BF16 subnormals, exact),
- * two exact power-of-two products make it * 2^119, and a magnitude of 0x7F
+ * two exact power-of-two products make it * 2^112, and a magnitude of 0x7F
  * (NaN) becomes a BF16 NaN first: 14 instructions. */
 static __device__ __forceinline__ void nv_scale_pair(uint32_t c, uint32_t &s0, uint32_t &s1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     uint32_t h;
     asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, lo;\n\t}" : "=r"(h) : "r"(c));
-    const float2 f = __half22float2(*(const __half2 *)&h); /* .x = b0, .y = b1 */
-    const float f0 = f.x * 0x1p119f, f1 = f.y * 0x1p119f;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(s0) : "f"(f0));
-    asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(s1) : "f"(f1));
+    const uint32_t y = (h >> 3) + 0x70007000u; /* (b0 * 2^112, b1 * 2^112) */
+    const __nv_bfloat162 yb = *(const __nv_bfloat162 *)&y;
+    const __nv_bfloat162 l2 = __low2bfloat162(yb), h2 = __high2bfloat162(yb);
+    s0 = *(const uint32_t *)&l2;
+    s1 = *(const uint32_t *)&h2;
 #else
     const uint32_t p = __byte_perm(c, 0u, 0x4140u); /* b0 in half 0, b1 in half 1 */
     uint32_t bf = ((p << 4) & 0x07F007F0u) | ((p << 8) & 0x80008000u);
     const uint32_t nan = (((p & 0x007F007Fu) + 0x00010001u) & 0x00800080u) * 0xFFu; /* 0x7F80 per NaN half */
-    bf = bf_mul2(bf_mul2(bf | nan, 0x7B807B80u), 0x7B007B00u); /* * 2^120, * 2^119 */
+    bf = bf_mul2(bf_mul2(bf | nan, 0x7B807B80u), 0x77807780u); /* * 2^120, * 2^112 */
     s0 = __byte_perm(bf, 0u, 0x1010u);
     s1 = __byte_perm(bf, 0u, 0x3232u);
 #endif
+}
+
+/* The per-tensor scale the epilogue applies: NVFP4's times 2^7 (see
+ * nv_scale_pair), MXFP4's (1) as it is (mx_scale_bits keeps 2^119). */
+template <bool MX>
+static __device__ __forceinline__ float fm_nv_s2(float s2) {
+    return MX ? s2 : s2 * 128.0f;
 }
 
 /* BF16 bits of an E8M0 scale 2^(e-127) times 2^119; the host rejects
@@ -662,8 +682,8 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_ke
         if (ks == 0 && r0 < rows_p) {
             /* made here, not before the loop, so that none of it holds a
              * register through the K loop */
-            const fm_epi o = {dA.bias, dB.bias, dA.scale2[e], NMAT == 2 ? dB.scale2[e] : 0.0f, dA.rows, rows_p, e, pos0,
-                              cnt, shared};
+            const fm_epi o = {dA.bias, dB.bias, fm_nv_s2<MX>(dA.scale2[e]),
+                              NMAT == 2 ? fm_nv_s2<MX>(dB.scale2[e]) : 0.0f, dA.rows, rows_p, e, pos0, cnt, shared};
 #pragma unroll
             for (int n = 0; n < NT; n++)
 #pragma unroll
@@ -881,7 +901,6 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
      * refilled at segment s last held segment s - 1, whose MMAs every warp
      * retired before the barrier of segment s */
     constexpr int LA = wg_la(GU), NSTG = LA + 1, WST = wg_wstage_bytes(NMAT);
-    constexpr int SPR = MX ? 4 : 8;
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3, wi = tid >> 5;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
     /* this warp's ring of weight tiles (1024 bytes) and their scales */
@@ -1129,8 +1148,8 @@ __global__ void __launch_bounds__(128 * WGS, fm_wg_min_blocks(NMAT, NMAX) / WGS)
     const fm_dmat &dA = GU ? (it.shared ? p.sgate : p.gate) : (it.shared ? p.sdown : p.down);
     const fm_dmat &dB = GU ? (it.shared ? p.sup : p.up) : dA;
     fm_wg_pass w;
-    w.o = {dA.bias, dB.bias, dA.scale2[e], GU ? dB.scale2[e] : 0.0f, dA.rows, dA.rows_p, e, it.pos0, it.cnt,
-           it.shared};
+    w.o = {dA.bias, dB.bias, fm_nv_s2<MX>(dA.scale2[e]), GU ? fm_nv_s2<MX>(dB.scale2[e]) : 0.0f, dA.rows, dA.rows_p, e,
+           it.pos0, it.cnt, it.shared};
     const int r0 = it.rb * RPB + (wi >> 2) * RWG + (wi & 3) * 16;
     w.rowA = r0 + g;
     w.rowB = r0 + g + 8;
