@@ -519,9 +519,9 @@ static void test_sel_spread(void **state) {
 }
 
 /* Non-finite values: an input that is not finite is refused naming token and
- * feature; a NaN block scale (E4M3 0x7F, E8M0 0xFF) reaches the output
- * through the GPU's scale decode and fails the call, as the reference
- * fails it. */
+ * feature; a NaN block scale (E4M3 0x7F, E8M0 0xFF), in an even or an odd
+ * block, reaches the output through the GPU's scale decode and fails the
+ * call, as the reference fails it. */
 static void test_nonfinite(void **state) {
     (void)state;
     NEED_GPU();
@@ -550,22 +550,29 @@ static void test_nonfinite(void **state) {
         assert_int_equal(fm_cuda_forward(g_eng, &d, cl, xb, FM_DT_BF16, T, NULL, &o), FM_OK);
         fm_cuda_layer_free(cl);
 
-        /* the first block scale of gate row 0 of every routed expert */
-        for (int e = 0; e < d.n_experts; e++) ((uint8_t *)hl->gate[e].scales)[0] = fmts[fi] == FM_QF_NVFP4 ? 0x7F : 0xFF;
-        if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
-        assert_int_equal(fm_cuda_forward(g_eng, &d, cl, xb, FM_DT_BF16, T, NULL, &o), FM_E_NUMERIC);
-        printf("# %s NaN scale: %s\n", fm_qformat_name(fmts[fi]), fm_last_error());
-        assert_non_null(strstr(fm_last_error(), "output token"));
-        fm_moe_out ro = {out, ids, w};
-        assert_int_equal(fm_moe_forward_ref(&d, hl, xb, FM_DT_BF16, T, NULL, &ro), FM_E_NUMERIC);
-        fm_cuda_layer_free(cl);
+        /* the first, then the second block scale of gate row 0 of every
+         * routed expert (the two halves of the kernels' scale pairs) */
+        for (int blk = 0; blk < 2; blk++) {
+            for (int e = 0; e < d.n_experts; e++) {
+                uint8_t *sc = (uint8_t *)hl->gate[e].scales;
+                sc[blk] = fmts[fi] == FM_QF_NVFP4 ? 0x7F : 0xFF;
+                if (blk == 1) sc[0] = sc[2];
+            }
+            if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+            assert_int_equal(fm_cuda_forward(g_eng, &d, cl, xb, FM_DT_BF16, T, NULL, &o), FM_E_NUMERIC);
+            printf("# %s NaN scale in block %d: %s\n", fm_qformat_name(fmts[fi]), blk, fm_last_error());
+            assert_non_null(strstr(fm_last_error(), "output token"));
+            fm_moe_out ro = {out, ids, w};
+            assert_int_equal(fm_moe_forward_ref(&d, hl, xb, FM_DT_BF16, T, NULL, &ro), FM_E_NUMERIC);
+            fm_cuda_layer_free(cl);
+        }
         fm_moe_layer_free(hl);
         free(xb); free(xf); free(out); free(ids); free(w);
     }
 }
 
 /* NVFP4 block scales the GPU stores otherwise than the checkpoint (v57, the
- * upload's nv_canon_block): negative scales (their sign moves to the
+ * upload's fm_nv_canon_block): negative scales (their sign moves to the
  * nibbles), zero and negative-zero scales over nonzero nibbles (the block
  * is zero). Every matrix of the layer, routed and shared, gets each kind in
  * a fixed pattern of its blocks; the output must match the reference. */

@@ -4,6 +4,7 @@
 #define FM_CUDA_INTERNAL_H
 #include "fp4moe.h"
 #include "cuda_env.h"
+#include "fp4_bits.h" /* FM_HD, the NVFP4 scale bits */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -48,11 +49,6 @@
  */
 #define FM_KSEG 128
 
-#ifdef __CUDACC__
-#define FM_HD __host__ __device__
-#else
-#define FM_HD
-#endif
 /* Byte offset of byte b of row r's packed data in the tiled layout. */
 static FM_HD inline int64_t fm_tile_packed_off(int64_t r, int64_t b, int nseg) {
     int64_t rg = r / 16, r16 = r % 16, s = b / 64, t = (b % 64) / 16;

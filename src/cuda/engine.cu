@@ -487,24 +487,6 @@ static fm_status upload_router(fm_cuda_layer *l, const float *w, const float *rb
     return FM_OK;
 }
 
-/* An NVFP4 block as the GPU's scale decode needs it (nv_scale_pair,
- * expert.cu; v57), with the same 16 values: a negative scale's sign moves to
- * the block's nibbles (each E2M1 sign bit flipped), a zero scale gets zero
- * nibbles, and a NaN scale stays NaN (0x7F). packed: the block's 8 bytes.
- * Returns the scale to store. */
-static uint8_t nv_canon_block(uint8_t sc, uint8_t *packed) {
-    if ((sc & 0x7F) == 0) {
-        memset(packed, 0, 8);
-        return 0;
-    }
-    if (sc & 0x80) {
-        sc &= 0x7F;
-        if (sc != 0x7F)
-            for (int i = 0; i < 8; i++) packed[i] ^= 0x88;
-    }
-    return sc;
-}
-
 /* Copies one host matrix into slot i of a device stack, padding rows and K. */
 static fm_status upload_matrix(fm_dmat *m, int i, const fm_qmatrix *q, int64_t K, fm_qformat fmt, const char *what,
                                int e, uint8_t *stage, uint8_t *sstage) {
@@ -532,7 +514,7 @@ static fm_status upload_matrix(fm_dmat *m, int i, const fm_qmatrix *q, int64_t K
                                 "kernel's range (2^8)",
                                 e, what, srow[b] - 127, (long long)r, (long long)b);
             sstage[fm_tile_scale_off(r, b, nseg, mx)] =
-                mx ? srow[b] : nv_canon_block(srow[b], stage + fm_tile_packed_off(r, b * 8, nseg));
+                mx ? srow[b] : fm_nv_canon_block(srow[b], stage + fm_tile_packed_off(r, b * 8, nseg));
         }
     }
     if (m->enc) /* pstride is a multiple of 64 bytes (kp is of 128 values) */

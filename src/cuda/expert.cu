@@ -125,20 +125,13 @@ static __device__ __forceinline__ uint32_t bf_mul2(uint32_t a, uint32_t b) {
  * decoded E2M1 * 2^-126, E2M1 * scale * 2^-14, exact in BF16 (at most 6
  * significant bits, at least 2^-24); the NVFP4 epilogues multiply the
  * per-tensor scale by the 2^7 that the activations' 2^7 leaves to make up
- * (fm_nv_s2). The upload stores the scales canonical (nv_canon_block,
- * engine.cu): no sign bit, and a zero scale only over zero nibbles.
- * sm_89 and later (v57): the hardware's E4M3x2 -> F16x2 conversion (exact;
- * an E4M3 value is an F16 normal with its 3 mantissa bits on top), then one
- * shift and add: an F16 of exponent e and mantissa m shifted right by 3 has
- * e at the BF16 exponent's low 5 bits and m's top 7 bits as the BF16
- * mantissa, and adding 224 to that exponent makes it the F16's value times
- * 2^(224 - 112) = 2^112; the E4M3 NaN (F16 exponent 31) lands on exponent
- * 255 with a mantissa, a BF16 NaN, and a zero scale on 2^97 (times zero
- * nibbles, 0). No carry crosses the halves (the F16 halves have zeros in
- * their low 7 bits and the sums stay below 2^15). s0 and s1 are the halves
- * broadcast, which ptxas folds into the decode's multiplies as operand
- * selectors (HMUL2.BF16_V2 ... R.H0_H0): 2 instructions for two scales,
- * where widening to FP32, multiplying and packing took 7 (v23).
+ * (fm_nv_s2). The upload stores the scales canonical (fm_nv_canon_block,
+ * fp4_bits.h): no sign bit, and a zero scale only over zero nibbles.
+ * sm_89 and later (v57): the hardware's E4M3x2 -> F16x2 conversion, then
+ * one shift and add (fm_nv_scale_bf16x2, fp4_bits.h); s0 and s1 are the
+ * halves broadcast, which ptxas folds into the decode's multiplies as
+ * operand selectors (HMUL2.BF16_V2 ... R.H0_H0): 2 instructions for two
+ * scales, where widening to FP32, multiplying and packing took 7 (v23).
  * Before sm_89 (v12): each E4M3 magnitude shifted left by 4 is a BF16 of
  * value E4M3 * 2^-120 (E4M3 subnormals land on BF16 subnormals, exact),
  * two exact power-of-two products make it * 2^112, and a magnitude of 0x7F
@@ -147,7 +140,7 @@ static __device__ __forceinline__ void nv_scale_pair(uint32_t c, uint32_t &s0, u
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     uint32_t h;
     asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, lo;\n\t}" : "=r"(h) : "r"(c));
-    const uint32_t y = (h >> 3) + 0x70007000u; /* (b0 * 2^112, b1 * 2^112) */
+    const uint32_t y = fm_nv_scale_bf16x2(h); /* (b0 * 2^112, b1 * 2^112) */
     const __nv_bfloat162 yb = *(const __nv_bfloat162 *)&y;
     const __nv_bfloat162 l2 = __low2bfloat162(yb), h2 = __high2bfloat162(yb);
     s0 = *(const uint32_t *)&l2;
