@@ -26,10 +26,12 @@
  * i.e. E2M1(n) * 2^-126 (codes +-0.5 land on BF16 subnormals, which BF16
  * arithmetic keeps). The words are stored bit-permuted at upload
  * (fm_fp4_enc_word) so that these placements cost 8 integer instructions per
- * 8 weights (v6) instead of 13 (v5, still built for FP4MOE_CUDA_FP4_DECODE=v5). One BF16x2 multiply by the block scale * 2^112
- * (NVFP4, v57) or * 2^119 (MXFP4) gives E2M1 * scale * 2^-14 or 2^-7, exact
- * in BF16; the activations carry a compensating 2^7, and the per-tensor
- * NVFP4 scale times the 2^7 left over is applied to the FP32 accumulator.
+ * 8 weights (v6) instead of 13 (v5, still built for
+ * FP4MOE_CUDA_FP4_DECODE=v5). One BF16x2 multiply by the block scale *
+ * 2^112 (NVFP4, v57) or * 2^119 (MXFP4) gives E2M1 * scale * 2^-14 or 2^-7,
+ * exact in BF16; the activations carry a compensating 2^7, and the
+ * per-tensor NVFP4 scale times the 2^7 left over is applied to the FP32
+ * accumulator.
  */
 #include "cuda_internal.h"
 #include "stream_read.cuh"
@@ -128,9 +130,9 @@ static __device__ __forceinline__ uint32_t bf_mul2(uint32_t a, uint32_t b) {
  * (fm_nv_s2). The upload stores the scales canonical (fm_nv_canon_block,
  * fp4_bits.h): no sign bit, and a zero scale only over zero nibbles.
  * sm_89 and later (v57): the hardware's E4M3x2 -> F16x2 conversion, then
- * one shift and add (fm_nv_scale_bf16x2, fp4_bits.h); s0 and s1 are the
+ * a shift and an or (fm_nv_scale_bf16x2, fp4_bits.h); s0 and s1 are the
  * halves broadcast, which ptxas folds into the decode's multiplies as
- * operand selectors (HMUL2.BF16_V2 ... R.H0_H0): 2 instructions for two
+ * operand selectors (HMUL2.BF16_V2 ... R.H0_H0): 3 instructions for two
  * scales, where widening to FP32, multiplying and packing took 7 (v23).
  * Before sm_89 (v12): each E4M3 magnitude shifted left by 4 is a BF16 of
  * value E4M3 * 2^-120 (E4M3 subnormals land on BF16 subnormals, exact),
