@@ -37,9 +37,21 @@ def ts(text):
     return t + (float("0." + frac) if frac else 0.0)
 
 
+def fail(msg):
+    print(f"power_plateaus: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def opened(path):
+    try:
+        return open(path, errors="replace")
+    except OSError as e:
+        fail(f"cannot read {path}: {e.strerror}")
+
+
 def read_samples(path):
     rows = []
-    with open(path) as f:
+    with opened(path) as f:
         for line in f:
             parts = [p.strip() for p in line.split(",")]
             if len(parts) < 6:
@@ -54,7 +66,8 @@ def read_samples(path):
                 continue
             rows.append((t, watts, limit, sm, thr))
     if not rows:
-        sys.exit(f"power_plateaus: no samples in {path}")
+        fail(f"no samples in {path} (nvidia-smi's csv: timestamp, power.draw, power.limit, clocks.sm, "
+             "clocks.mem, throttle reasons)")
     return rows
 
 
@@ -62,11 +75,14 @@ def stamped_lines(path):
     out = []
     if not os.path.exists(path):
         return out
-    with open(path) as f:
+    with opened(path) as f:
         for line in f:
             m = re.match(r"^(\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d+) (.*)$", line.rstrip("\n"))
             if m:
-                out.append((ts(m.group(1)), m.group(2)))
+                try:
+                    out.append((ts(m.group(1)), m.group(2)))
+                except ValueError:
+                    continue
     return out
 
 
@@ -85,15 +101,21 @@ def plateau(samples, t0, t1):
 
 def main():
     if len(sys.argv) != 2:
-        sys.exit("usage: power_plateaus.py OUT_DIR")
+        print("usage: power_plateaus.py OUT_DIR", file=sys.stderr)
+        return 2
     out = sys.argv[1]
+    if not os.path.isdir(out):
+        fail(f"{out} is not a directory")
     samples = read_samples(os.path.join(out, "power_smi.csv"))
     marks = {}
-    with open(os.path.join(out, "power_marks.txt")) as f:
+    with opened(os.path.join(out, "power_marks.txt")) as f:
         for line in f:
             parts = line.split(None, 2)
             if len(parts) == 3:
-                marks[parts[2].strip()] = ts(parts[0] + " " + parts[1])
+                try:
+                    marks[parts[2].strip()] = ts(parts[0] + " " + parts[1])
+                except ValueError:
+                    continue
 
     rows = []  # (name, GB/s or None, plateau)
     if "idle start" in marks and "idle end" in marks:
@@ -137,11 +159,19 @@ def main():
             b = sum((g - mx) * (p[0] - my) for g, p in reads) / sxx
             fit = (my - b * mx, b)  # watts, watts per GB/s
 
+    try:
+        sustain_s = float(os.environ.get("POWER_SUSTAIN_MS", "4000")) / 1000.0
+    except ValueError:
+        fail("POWER_SUSTAIN_MS is not a number")
+    benches = []
+    for name in glob.glob(os.path.join(out, "power_bench_*.txt")):
+        m = re.match(r"^power_bench_(\d+)\.txt$", os.path.basename(name))
+        if m:
+            benches.append((int(m.group(1)), name))
     layers = []
-    for name in sorted(glob.glob(os.path.join(out, "power_bench_*.txt")), key=lambda s: int(re.sub(r"\D", "", s) or 0)):
-        b = int(re.sub(r"\D", "", os.path.basename(name)))
+    for b, name in sorted(benches):
         us = gbs = pct = None
-        with open(name) as f:
+        with opened(name) as f:
             for line in f:
                 f_ = line.split()
                 if len(f_) > 6 and f_[0] == str(b) and re.match(r"^[0-9.]+$", f_[1]):
@@ -151,7 +181,6 @@ def main():
                     flt = [x for x in f_[2:] if re.match(r"^[0-9.]+$", x)]
                     gbs = float(flt[-1]) if flt else None
         t1 = marks.get(f"layer {b} end")
-        sustain_s = float(os.environ.get("POWER_SUSTAIN_MS", "4000")) / 1000.0
         p = plateau(samples, t1 - sustain_s, t1) if t1 else None
         layers.append((b, us, gbs, pct, p))
 
@@ -178,4 +207,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
