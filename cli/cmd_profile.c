@@ -39,6 +39,9 @@ static void help(FILE *f) {
             "  --peak-gflops X      compute roof for the roofline (default: measured on the CPU,\n"
             "                       datasheet table on the GPU)\n"
             "  --period-ms N        telemetry sampling period (default 20)\n"
+            "  --read-power-s S     GPU: keep the bandwidth probe's read up for S seconds while NVML\n"
+            "                       samples, the power baseline the verdict compares with (default 2.5;\n"
+            "                       0: skip; at least 1.5 otherwise, as NVML's power is a 1 s average)\n"
             "  --cuda-device N      GPU index (default 0)\n"
             "  --json FILE          everything as JSON\n"
             "  --trace FILE         Chrome trace JSON (Perfetto, chrome://tracing)\n"
@@ -157,6 +160,15 @@ int fm_cmd_profile(int argc, char **argv) {
         } else if (!strcmp(a, "--bandwidth")) {
             if (parse_double(a, v, 1e-6, 1e6, &d)) return 2;
             o.bandwidth_Bps = d * 1e9;
+        } else if (!strcmp(a, "--read-power-s")) {
+            if (parse_double(a, v, 0, 60, &d)) return 2;
+            if (d > 0 && d < FM_PROF_READ_SETTLE_S + 0.5) {
+                fprintf(stderr, "fp4moe %s: error: --read-power-s is 0 or at least %.1f (NVML's power reading is a "
+                                "one-second average), got '%s'\n",
+                        k_cmd, FM_PROF_READ_SETTLE_S + 0.5, v);
+                return 2;
+            }
+            o.read_power_s = d;
         } else if (!strcmp(a, "--peak-gflops")) {
             if (parse_double(a, v, 1e-6, 1e9, &d)) return 2;
             o.peak_flops = d * 1e9;

@@ -550,6 +550,10 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d,
                         uint64_t seed, int reps, fm_cuda_bench_result *r);
 /* Streaming-read bandwidth of device memory (bytes/s), measured now. */
 double fm_cuda_measure_bandwidth(fm_cuda_engine *e, size_t bytes);
+/* The same read kept up for `seconds` (the probe's grid-stride kernel back
+ * to back): its mean rate in bytes/s, 0 on failure (fm_last_error says
+ * why). What the device draws while it only streams memory (`profile`). */
+double fm_cuda_sustained_read(fm_cuda_engine *e, size_t bytes, double seconds);
 
 /* The built-in default config for a shape and batch (owned by src/cuda,
  * compiled without CUDA too, so `explain` works anywhere). */
@@ -848,6 +852,9 @@ int fm_prof_kernel_steps(fm_kernel_rec *r, size_t n, int layers_per_step, int *s
 
 /* ---- the profile */
 #define FM_PROF_MAX_BATCH 16
+/* NVML's power reading is a one-second average (H100/H200): a window's
+ * power is read from this many seconds after its start (the read baseline) */
+#define FM_PROF_READ_SETTLE_S 1.0
 /* Rows of the phase tables: the phases, then unattributed time, then total. */
 #define FM_PROF_ROW_UNATTR FM_PH_COUNT
 #define FM_PROF_ROW_TOTAL (FM_PH_COUNT + 1)
@@ -923,6 +930,12 @@ typedef struct {
     char bandwidth_note[160];
     double peak_flops;        /* 0: unknown                                 */
     char peak_note[160];
+    /* the streaming read alone, kept up while the telemetry samples (GPU
+     * with NVML; read_s 0: not run): its rate, its window on the run's
+     * timeline, and what the device drew once NVML's one-second power
+     * average had settled (fm_profile_finish) */
+    double read_s, read_Bps, read_t_begin_s, read_t_end_s;
+    fm_telem_summary read_telem;
     unsigned fused_mask;      /* phases fused into another                  */
     int tile_n;               /* tiles modelled (0: none)                   */
     /* results */
@@ -955,6 +968,8 @@ typedef struct {
     size_t bw_probe_bytes;    /* buffer of the bandwidth probe              */
     double peak_flops;        /* 0: measure (CPU) / known table (GPU)       */
     int period_ms;            /* telemetry period                           */
+    double read_power_s;      /* seconds of the sustained streaming read for
+                                 the power baseline (GPU with NVML; 0: none) */
     FILE *progress;           /* progress lines (NULL: none)                */
 } fm_prof_opts;
 

@@ -39,6 +39,10 @@ expect_error 2 "--steps expects an integer" "${Q[@]}" --steps 0
 expect_error 2 "--bandwidth expects a number" --preset tiny-qwen3 --bandwidth -3
 expect_error 2 "--bandwidth expects a number" --preset tiny-qwen3 --bandwidth nan
 expect_error 2 "--format expects nvfp4, mxfp4 or bf16" "${Q[@]}" --format fp8
+expect_error 2 "--read-power-s expects a number in [0, 60]" "${Q[@]}" --read-power-s -1
+expect_error 2 "--read-power-s expects a number in [0, 60]" "${Q[@]}" --read-power-s soon
+expect_error 2 "--read-power-s expects a number in [0, 60]" "${Q[@]}" --read-power-s 61
+expect_error 2 "--read-power-s is 0 or at least 1.5" "${Q[@]}" --read-power-s 1
 expect_error 2 "exactly one of --model DIR or --preset NAME" --batch 4
 expect_error 2 "exactly one of --model DIR or --preset NAME" "${Q[@]}" --model "$T"
 "$CLI" profile "${Q[@]}" --tile-n >"$T/stdout" 2>"$T/stderr"

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "fp4moe.h"
+#include "prof/prof_internal.h" /* fm_prof_fmt_read */
 
 static void test_expected_active(void **st) {
     (void)st;
@@ -341,6 +342,79 @@ static void test_power_verdict(void **st) {
     p->samples[0].v[FM_TM_POWER_LIMIT_W] = p->samples[1].v[FM_TM_POWER_LIMIT_W] = NAN;
     assert_int_equal(fm_profile_finish(p), FM_OK);
     assert_int_equal(p->b[0].verdict, FM_VERDICT_BUSY);
+    fm_profile_free(p);
+}
+
+/* The power baseline (profile's sustained streaming read): its window is
+ * read from one second after its start (NVML's power is a one-second
+ * average), the power-bound verdict sets the layer against it, every
+ * rendering says it, and a profile without it says why. */
+static void test_read_baseline(void **st) {
+    (void)st;
+    fm_profile *p = synthetic();
+    p->device = FM_DEV_CUDA;
+    p->n_batch = 1;
+    p->tile_n = 0;
+    p->b[0].active_observed = 218;
+    const double floor80 = 1e9 * layer_bytes(218) / 4.6e12;
+    streaming_step(&p->b[0], floor80 / 0.76);
+    p->b[0].t_begin_s = 6, p->b[0].t_end_s = 7;
+    p->read_s = 3.0, p->read_Bps = 4.55e12, p->read_t_begin_s = 2.0, p->read_t_end_s = 5.0;
+    p->samples = calloc(5, sizeof *p->samples);
+    p->n_samples = 5;
+    /* t, W, SM MHz, throttle: the read's ramp (2.3 s, left out), its settled
+     * part (3.5, 4.5 s), the layer (6.3, 6.8 s) */
+    const double t[5] = {2.3, 3.5, 4.5, 6.3, 6.8}, w[5] = {300, 696, 698, 694, 696}, mhz[5] = {1980, 1970, 1970, 1650, 1690};
+    for (int i = 0; i < 5; i++) {
+        p->samples[i] = sample(t[i], 99, 10, i ? 0x4 : 0);
+        p->samples[i].v[FM_TM_POWER_W] = w[i];
+        p->samples[i].v[FM_TM_POWER_LIMIT_W] = 700;
+        p->samples[i].v[FM_TM_SM_MHZ] = mhz[i];
+    }
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_int_equal(p->read_telem.n, 2);
+    assert_true(fabs(p->read_telem.mean[FM_TM_POWER_W] - 697.0) < 1e-9);
+    assert_int_equal(p->b[0].verdict, FM_VERDICT_POWER);
+    assert_string_equal(p->b[0].verdict_text,
+                        "power-bound: 99 % of the 700 W limit (sw_power_cap), SM clock 1670 MHz mean (1690 max); a "
+                        "streaming read alone drew 100 % of it at 4.55 TB/s; 76 % of floor");
+    char buf[256];
+    fm_prof_fmt_read(buf, sizeof buf, p);
+    assert_string_equal(buf, "4.55 TB/s for 3.0 s: 697 W mean (100 % of the 700 W limit), SM clock 1970 MHz, "
+                             "throttle sw_power_cap");
+    char *js = NULL, *html = NULL;
+    assert_int_equal(fm_profile_json(p, &js), FM_OK);
+    json_error_t err;
+    json_t *root = json_loads(js, 0, &err);
+    assert_non_null(root);
+    json_t *rd = json_object_get(root, "read_power");
+    assert_true(json_is_object(rd));
+    assert_true(fabs(json_real_value(json_object_get(rd, "Bps")) - 4.55e12) < 1);
+    json_t *tm = json_object_get(json_object_get(rd, "telemetry"), "mean");
+    assert_true(fabs(json_real_value(json_object_get(tm, "power_w")) - 697.0) < 1e-9);
+    json_decref(root);
+    free(js);
+    assert_int_equal(fm_profile_report_html(p, &html), FM_OK);
+    assert_non_null(strstr(html, "<span id=\"read-power\">4.55 TB/s for 3.0 s: 697 W mean"));
+    free(html);
+
+    /* no baseline (no NVML, or --read-power-s 0): the verdict is as before,
+     * and the renderings say why there is none */
+    p->read_s = 0;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_int_equal(p->read_telem.n, 0);
+    assert_null(strstr(p->b[0].verdict_text, "streaming read"));
+    fm_prof_fmt_read(buf, sizeof buf, p);
+    assert_string_equal(buf, "not measured (no NVML power readings, or --read-power-s 0)");
+    assert_int_equal(fm_profile_json(p, &js), FM_OK);
+    root = json_loads(js, 0, &err);
+    assert_non_null(root);
+    assert_true(json_is_null(json_object_get(root, "read_power")));
+    json_decref(root);
+    free(js);
+    p->device = FM_DEV_CPU;
+    fm_prof_fmt_read(buf, sizeof buf, p);
+    assert_string_equal(buf, "not measured (GPU only)");
     fm_profile_free(p);
 }
 
@@ -700,6 +774,7 @@ int main(void) {
         cmocka_unit_test(test_tile_fill_expected), cmocka_unit_test(test_kernel_phase),
         cmocka_unit_test(test_matrix_bytes),       cmocka_unit_test(test_throttle_str),
         cmocka_unit_test(test_summarize),          cmocka_unit_test(test_finish_and_verdicts), cmocka_unit_test(test_power_verdict),
+        cmocka_unit_test(test_read_baseline),
         cmocka_unit_test(test_delta),              cmocka_unit_test(test_json),
         cmocka_unit_test(test_trace),              cmocka_unit_test(test_html),
         cmocka_unit_test(test_write_atomic),       cmocka_unit_test(test_telemetry_cpu),

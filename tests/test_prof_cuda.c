@@ -62,6 +62,15 @@ static void test_profile_cuda(void **st) {
     if (strstr(p->telem_note, "NVML (")) {
         assert_false(isnan(p->b[1].telem.mean[FM_TM_SM_MHZ]));
         assert_false(isnan(p->b[1].telem.mean[FM_TM_POWER_W]));
+        /* the power baseline ran (default 2.5 s) at about the probe's rate,
+         * and its settled part has power readings */
+        assert_true(p->read_s >= 2.5 && p->read_s < 10);
+        assert_true(p->read_Bps > 0.5 * p->bandwidth_Bps && p->read_Bps < 1.2 * p->bandwidth_Bps);
+        assert_true(p->read_telem.n > 0);
+        assert_false(isnan(p->read_telem.mean[FM_TM_POWER_W]));
+        printf("streaming read alone: %.2f TB/s, %.0f W\n", p->read_Bps / 1e12, p->read_telem.mean[FM_TM_POWER_W]);
+    } else {
+        assert_true(p->read_s == 0);
     }
     char *html = NULL, *trace = NULL;
     assert_int_equal(fm_profile_report_html(p, &html), FM_OK);

@@ -259,6 +259,7 @@ const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char *buf, size
 int fm_cuda_wgmma_built(void);
 /* Streaming-read kernel for the bandwidth measurement; returns seconds. */
 fm_status fm_cuda_stream_read(const void *buf, size_t bytes, cudaStream_t s, int reps, double *best_s);
+fm_status fm_cuda_stream_read_for(const void *buf, size_t bytes, cudaStream_t s, double seconds, double *rate_Bps);
 #ifdef __cplusplus
 }
 #endif

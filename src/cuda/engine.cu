@@ -1167,3 +1167,21 @@ double fm_cuda_measure_bandwidth(fm_cuda_engine *e, size_t bytes) {
     cudaFree(buf);
     return s == FM_OK && best > 0 ? (double)bytes / best : 0.0;
 }
+
+double fm_cuda_sustained_read(fm_cuda_engine *e, size_t bytes, double seconds) {
+    if (!e) return fm_error(FM_E_ARG, "sustained read: NULL engine"), 0.0;
+    if (!(seconds > 0 && seconds <= 600)) return fm_error(FM_E_RANGE, "sustained read: %g s", seconds), 0.0;
+    if (cudaSetDevice(e->device) != cudaSuccess)
+        return fm_error(FM_E_CUDA, "sustained read: %s", cudaGetErrorString(cudaGetLastError())), 0.0;
+    if (bytes < (64u << 20)) bytes = 64u << 20;
+    bytes &= ~(size_t)32767;
+    void *buf = NULL;
+    if (cudaMalloc(&buf, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return fm_error(FM_E_NOMEM, "sustained read: no %zu MiB of device memory", bytes >> 20), 0.0;
+    }
+    double rate = 0;
+    fm_status s = fm_cuda_stream_read_for(buf, bytes, e->stream, seconds, &rate);
+    cudaFree(buf);
+    return s == FM_OK ? rate : 0.0;
+}

@@ -1667,3 +1667,50 @@ extern "C" fm_status fm_cuda_stream_read(const void *buf, size_t bytes, cudaStre
     *best_s = bulk && x[1] == x[0] && x[0] != 0 && best[1] < best[0] ? best[1] : best[0];
     return st;
 }
+
+/* The probe's grid-stride read of buf kept up for `seconds` of host time:
+ * batches of reads back to back (one event wait per batch, so the device
+ * never idles between reads of a batch), the mean rate over all of them.
+ * What the device draws while it only reads memory (`profile`'s power
+ * baseline). */
+extern "C" fm_status fm_cuda_stream_read_for(const void *buf, size_t bytes, cudaStream_t s, double seconds,
+                                             double *rate_Bps) {
+    int dev, sms;
+    *rate_Bps = 0;
+    FM_CU(cudaGetDevice(&dev));
+    FM_CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    fm_fill_hash_kernel<<<sms * 4, 256, 0, s>>>((uint32_t *)buf, bytes / 4);
+    FM_CU_LAUNCH("fm_fill_hash_kernel");
+    unsigned *acc;
+    FM_CU(cudaMalloc(&acc, sizeof(unsigned)));
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    fm_status st = FM_OK;
+    double gpu_s = 0, n_reads = 0;
+    const uint64_t t0 = fm_now_ns();
+    /* about 20 ms of reads per batch at an H200's 4.5 TB/s */
+    const double want = 9e10 / (double)bytes;
+    const int per = want < 1 ? 1 : want > 256 ? 256 : (int)want;
+    while (st == FM_OK && (double)(fm_now_ns() - t0) * 1e-9 < seconds) {
+        cudaEventRecord(a, s);
+        for (int r = 0; r < per; r++)
+            fm_gs_read_kernel<4, false><<<sms * 8, 512, 0, s>>>((const uint4 *)buf, bytes / 16, acc);
+        cudaEventRecord(b, s);
+        cudaError_t err = cudaGetLastError();
+        if (err == cudaSuccess) err = cudaEventSynchronize(b);
+        if (err != cudaSuccess) {
+            st = fm_error(FM_E_CUDA, "sustained read failed: %s", cudaGetErrorString(err));
+            break;
+        }
+        float ms = 0;
+        cudaEventElapsedTime(&ms, a, b);
+        gpu_s += ms * 1e-3;
+        n_reads += per;
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaFree(acc);
+    if (st == FM_OK && gpu_s > 0) *rate_Bps = n_reads * (double)bytes / gpu_s;
+    return st;
+}

@@ -38,4 +38,11 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
     (void)e; (void)d; (void)layers; (void)n_layers; (void)T; (void)seed; (void)reps; (void)r; return NOCUDA;
 }
 double fm_cuda_measure_bandwidth(fm_cuda_engine *e, size_t bytes) { (void)e; (void)bytes; return 0.0; }
+double fm_cuda_sustained_read(fm_cuda_engine *e, size_t bytes, double seconds) {
+    (void)e;
+    (void)bytes;
+    (void)seconds;
+    fm_error(FM_E_UNSUPPORTED, "this build has no CUDA backend");
+    return 0.0;
+}
 #endif

@@ -210,10 +210,15 @@ static void write_verdict(const fm_profile *p, fm_prof_batch *b) {
         if (!isnan(b->telem.mean[FM_TM_SM_MHZ]))
             set_text(clk, sizeof clk, ", SM clock %.0f MHz mean (%.0f max)", b->telem.mean[FM_TM_SM_MHZ],
                      b->telem.max[FM_TM_SM_MHZ]);
-        char fl[48] = "";
+        char fl[48] = "", rd[96] = "";
         if (compute_frac >= 0.005) set_text(fl, sizeof fl, ", %.0f %% of peak FLOP/s", 100.0 * compute_frac);
-        set_text(b->verdict_text, cap, "power-bound: %.0f %% of the %.0f W limit (%s)%s; %.0f %% of floor%s%s",
-                 100.0 * pw / lim, lim, why, clk, pct, fl, extra);
+        /* the power baseline: what reading alone at the probe's rate drew */
+        const double rw = p->read_telem.mean[FM_TM_POWER_W];
+        if (p->read_s > 0 && !isnan(rw))
+            set_text(rd, sizeof rd, "; a streaming read alone drew %.0f %% of it at %.2f TB/s", 100.0 * rw / lim,
+                     p->read_Bps / 1e12);
+        set_text(b->verdict_text, cap, "power-bound: %.0f %% of the %.0f W limit (%s)%s%s; %.0f %% of floor%s%s",
+                 100.0 * pw / lim, lim, why, clk, rd, pct, fl, extra);
     } else if (pct >= VERDICT_BW_PCT) {
         b->verdict = FM_VERDICT_BANDWIDTH;
         if (pct > FASTER_THAN_FLOOR_PCT)
@@ -252,6 +257,14 @@ fm_status fm_profile_finish(fm_profile *p) {
     if (p->E <= 0 || p->k <= 0 || p->k > p->E || p->H <= 0 || p->I <= 0)
         return fm_error(FM_E_ARG, "profile: bad shape E=%d k=%d H=%d I=%d", p->E, p->k, p->H, p->I);
     if (p->layers_per_step <= 0) return fm_error(FM_E_ARG, "profile: %d layers per step", p->layers_per_step);
+    /* the streaming read alone: from one second after its start, as NVML's
+     * power reading is a one-second average on these GPUs */
+    memset(&p->read_telem, 0, sizeof p->read_telem);
+    if (p->read_s > 0)
+        fm_telemetry_summarize(p->samples, p->n_samples, p->read_t_begin_s + FM_PROF_READ_SETTLE_S, p->read_t_end_s,
+                               &p->read_telem);
+    else
+        fm_telemetry_summarize(NULL, 0, 0, 0, &p->read_telem);
     for (int i = 0; i < p->n_batch; i++) {
         fm_prof_batch *b = &p->b[i];
         if (b->batch <= 0) return fm_error(FM_E_ARG, "profile: batch %d at index %d", b->batch, i);

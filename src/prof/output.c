@@ -205,6 +205,38 @@ static void fmt_metric(char *buf, size_t cap, double mean, double max, const cha
         snprintf(buf, cap, "%.0f/%.0f%s", mean, max, unit);
 }
 
+void fm_prof_fmt_read(char *buf, size_t cap, const fm_profile *p) {
+    const fm_telem_summary *t = &p->read_telem;
+    const double w = t->mean[FM_TM_POWER_W], lim = t->mean[FM_TM_POWER_LIMIT_W], mhz = t->mean[FM_TM_SM_MHZ];
+    if (!(p->read_s > 0)) {
+        snprintf(buf, cap, "not measured (%s)",
+                 p->device != FM_DEV_CUDA ? "GPU only" : "no NVML power readings, or --read-power-s 0");
+        return;
+    }
+    int n = snprintf(buf, cap, "%.2f TB/s for %.1f s", p->read_Bps / 1e12, p->read_s);
+    if (n < 0 || (size_t)n >= cap) return;
+    if (isnan(w)) {
+        snprintf(buf + n, cap - n, ": no power readings in its settled part");
+        return;
+    }
+    char thr[128];
+    fm_telemetry_throttle_str(t->throttle_any, thr, sizeof thr);
+    int m = snprintf(buf + n, cap - n, ": %.0f W mean", w);
+    if (m < 0 || (size_t)m >= cap - n) return;
+    n += m;
+    if (!isnan(lim) && lim > 0) {
+        m = snprintf(buf + n, cap - n, " (%.0f %% of the %.0f W limit)", 100.0 * w / lim, lim);
+        if (m < 0 || (size_t)m >= cap - n) return;
+        n += m;
+    }
+    if (!isnan(mhz)) {
+        m = snprintf(buf + n, cap - n, ", SM clock %.0f MHz", mhz);
+        if (m < 0 || (size_t)m >= cap - n) return;
+        n += m;
+    }
+    snprintf(buf + n, cap - n, ", throttle %s", thr);
+}
+
 void fm_profile_print(const fm_profile *p, FILE *f) {
     fprintf(f, "model: %s (%s), %s, E=%d k=%d H=%d I=%d", p->model, p->family, fm_qformat_name(p->fmt), p->E, p->k,
             p->H, p->I);
@@ -214,6 +246,11 @@ void fm_profile_print(const fm_profile *p, FILE *f) {
     fprintf(f, "times from: %s (%s)\n", fm_time_source_name(p->time_source), p->time_note);
     fprintf(f, "telemetry: %s\n", p->telem_note);
     fprintf(f, "bandwidth: %.2f GB/s (%s)\n", p->bandwidth_Bps / 1e9, p->bandwidth_note);
+    if (p->device == FM_DEV_CUDA) {
+        char rd[256];
+        fm_prof_fmt_read(rd, sizeof rd, p);
+        fprintf(f, "streaming read alone: %s\n", rd);
+    }
     if (p->peak_flops > 0)
         fprintf(f, "compute peak: %.1f GFLOP/s (%s)\n", p->peak_flops / 1e9, p->peak_note);
     else
@@ -363,6 +400,17 @@ fm_status fm_profile_json(const fm_profile *p, char **out) {
     json_object_set_new(root, "bandwidth_note", json_string(p->bandwidth_note));
     json_object_set_new(root, "peak_flops", jnum(p->peak_flops));
     json_object_set_new(root, "peak_note", json_string(p->peak_note));
+    if (p->read_s > 0) {
+        json_t *rd = json_object();
+        json_object_set_new(rd, "seconds", jnum(p->read_s));
+        json_object_set_new(rd, "Bps", jnum(p->read_Bps));
+        json_object_set_new(rd, "window_s", json_pack("[ff]", p->read_t_begin_s, p->read_t_end_s));
+        json_object_set_new(rd, "settle_s", jnum(FM_PROF_READ_SETTLE_S));
+        json_object_set_new(rd, "telemetry", summary_json(&p->read_telem));
+        json_object_set_new(root, "read_power", rd);
+    } else {
+        json_object_set_new(root, "read_power", json_null());
+    }
     json_object_set_new(root, "tile_n", json_integer(p->tile_n));
     json_t *fused = json_array();
     for (int r = 0; r < FM_PH_COUNT; r++)

@@ -30,6 +30,10 @@ void fm_prof_fmt_ms(char *buf, size_t cap, const fm_profile *p, int row, double 
 
 /* "13.8 % of 16 (expected)" or "n/a (not tiled)". */
 void fm_prof_fmt_tile(char *buf, size_t cap, const fm_prof_batch *b);
+/* The power baseline as every rendering prints it: "4.55 TB/s for 2.5 s:
+ * 697 W mean (100 % of the 700 W limit), SM clock 1971 MHz, throttle
+ * sw_power_cap", or why there is none. */
+void fm_prof_fmt_read(char *buf, size_t cap, const fm_profile *p);
 /* Title of a telemetry metric's counter track and chart; NULL for the
  * metrics not drawn on their own (the power limit is the power chart's
  * scale). */

@@ -397,7 +397,15 @@ fm_status fm_profile_report_html(const fm_profile *p, char **out) {
     fm_sb_escape(&sb, p->telem_note);
     fm_sb_printf(&sb, "<br>bandwidth: <span id=\"bandwidth\">%.2f</span> GB/s (", p->bandwidth_Bps / 1e9);
     fm_sb_escape(&sb, p->bandwidth_note);
-    fm_sb_puts(&sb, ")<br>compute peak: ");
+    if (p->device == FM_DEV_CUDA) {
+        char rd[256];
+        fm_prof_fmt_read(rd, sizeof rd, p);
+        fm_sb_puts(&sb, ")<br>streaming read alone: <span id=\"read-power\">");
+        fm_sb_escape(&sb, rd);
+        fm_sb_puts(&sb, "</span><br>compute peak: ");
+    } else {
+        fm_sb_puts(&sb, ")<br>compute peak: ");
+    }
     if (p->peak_flops > 0) fm_sb_printf(&sb, "%.1f GFLOP/s (", p->peak_flops / 1e9);
     else fm_sb_puts(&sb, "unknown (");
     fm_sb_escape(&sb, p->peak_note);

@@ -26,6 +26,7 @@ void fm_prof_opts_default(fm_prof_opts *o) {
     o->warmup = 1;
     o->seed = 1;
     o->period_ms = 20;
+    o->read_power_s = 2.5;
 }
 
 /* --------------------------------------------------- compute peak (CPU) */
@@ -174,6 +175,9 @@ static fm_status check_opts(const fm_prof_opts *o) {
         return fm_error(FM_E_RANGE, "profile: negative layer, thread or tile count");
     if (!(o->bandwidth_Bps >= 0) || !(o->peak_flops >= 0)) return fm_error(FM_E_RANGE, "profile: bad bandwidth or peak");
     if (o->period_ms < 1 || o->period_ms > 60000) return fm_error(FM_E_RANGE, "profile: telemetry period %d ms", o->period_ms);
+    if (!(o->read_power_s == 0 || (o->read_power_s >= FM_PROF_READ_SETTLE_S + 0.5 && o->read_power_s <= 60)))
+        return fm_error(FM_E_RANGE, "profile: a sustained read of %g s (0, or %.1f to 60)", o->read_power_s,
+                        FM_PROF_READ_SETTLE_S + 0.5);
     if (o->device != FM_DEV_CPU && o->device != FM_DEV_CUDA) return fm_error(FM_E_ARG, "profile: unknown device");
     return FM_OK;
 }
@@ -188,6 +192,7 @@ typedef struct {
     uint64_t t0;
     int *moe_idx; /* MoE layer indices of the model */
     int n_moe;
+    int nvml;     /* the telemetry reads the GPU's power */
 } run_ctx;
 
 static void progress(const run_ctx *c, const char *fmt, const char *a, int b) {
@@ -547,6 +552,21 @@ static fm_status run_cuda(run_ctx *c) {
             goto done;
         }
     }
+    /* the power baseline: the same streaming read kept up while NVML
+     * samples, so that the verdict can set the layer's power against what
+     * reading alone draws (fm_profile_finish) */
+    if (o->read_power_s > 0 && c->nvml) {
+        size_t bytes = o->bw_probe_bytes ? o->bw_probe_bytes : DEFAULT_GPU_PROBE;
+        progress(c, "streaming read for %s%d s beside the power readings", "", (int)(o->read_power_s + 0.5));
+        p->read_t_begin_s = now_s(c->t0);
+        p->read_Bps = fm_cuda_sustained_read(e, bytes, o->read_power_s);
+        p->read_t_end_s = now_s(c->t0);
+        if (!(p->read_Bps > 0)) {
+            st = fm_error(FM_E_CUDA, "profile: the sustained streaming read failed: %s", fm_last_error());
+            goto done;
+        }
+        p->read_s = p->read_t_end_s - p->read_t_begin_s;
+    }
     if (o->peak_flops > 0) {
         p->peak_flops = o->peak_flops;
         snprintf(p->peak_note, sizeof p->peak_note, "given with --peak-gflops");
@@ -690,6 +710,7 @@ fm_status fm_profile_run(const fm_prof_opts *o, fm_profile **out) {
     c.t0 = fm_now_ns();
     st = fm_telemetry_start(o->device, o->cuda_device, o->period_ms, c.t0, &tm);
     if (st != FM_OK) goto fail;
+    c.nvml = fm_telemetry_has_nvml(tm);
     snprintf(p->telem_note, sizeof p->telem_note, "%s", fm_telemetry_note(tm));
     st = o->device == FM_DEV_CUDA ? run_cuda(&c) : run_cpu(&c);
     fm_telemetry_stop(tm);
