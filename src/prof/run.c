@@ -552,21 +552,6 @@ static fm_status run_cuda(run_ctx *c) {
             goto done;
         }
     }
-    /* the power baseline: the same streaming read kept up while NVML
-     * samples, so that the verdict can set the layer's power against what
-     * reading alone draws (fm_profile_finish) */
-    if (o->read_power_s > 0 && c->nvml) {
-        size_t bytes = o->bw_probe_bytes ? o->bw_probe_bytes : DEFAULT_GPU_PROBE;
-        progress(c, "streaming read for %s%d s beside the power readings", "", (int)(o->read_power_s + 0.5));
-        p->read_t_begin_s = now_s(c->t0);
-        p->read_Bps = fm_cuda_sustained_read(e, bytes, o->read_power_s);
-        p->read_t_end_s = now_s(c->t0);
-        if (!(p->read_Bps > 0)) {
-            st = fm_error(FM_E_CUDA, "profile: the sustained streaming read failed: %s", fm_last_error());
-            goto done;
-        }
-        p->read_s = p->read_t_end_s - p->read_t_begin_s;
-    }
     if (o->peak_flops > 0) {
         p->peak_flops = o->peak_flops;
         snprintf(p->peak_note, sizeof p->peak_note, "given with --peak-gflops");
@@ -652,6 +637,25 @@ static fm_status run_cuda(run_ctx *c) {
         size_t l = strlen(p->time_note);
         snprintf(p->time_note + l, sizeof p->time_note - l, "; %llu records dropped",
                  (unsigned long long)fm_cupti_dropped(cu));
+    }
+    /* the power baseline: the bandwidth probe's read kept up while NVML
+     * samples, so that the verdict can set the layer's power against what
+     * reading alone draws (fm_profile_finish). After the batches, so that
+     * NVML's one-second power average carries none of it into a batch's
+     * window (its own window is read from 1 s after its start). */
+    if (st == FM_OK && o->read_power_s > 0 && c->nvml) {
+        fm_cupti_stop(cu); /* its records are read; the probe's kernels need none */
+        cu = NULL;
+        size_t bytes = o->bw_probe_bytes ? o->bw_probe_bytes : DEFAULT_GPU_PROBE;
+        progress(c, "streaming read for %s%d s beside the power readings", "", (int)(o->read_power_s + 0.5));
+        p->read_t_begin_s = now_s(c->t0);
+        p->read_Bps = fm_cuda_sustained_read(e, bytes, o->read_power_s);
+        p->read_t_end_s = now_s(c->t0);
+        if (!(p->read_Bps > 0)) {
+            st = fm_error(FM_E_CUDA, "profile: the sustained streaming read failed: %s", fm_last_error());
+            goto done;
+        }
+        p->read_s = p->read_t_end_s - p->read_t_begin_s;
     }
 done:
     fm_cupti_stop(cu);
