@@ -404,6 +404,26 @@ static void test_read_baseline(void **st) {
     assert_int_equal(fm_profile_finish(p), FM_OK);
     assert_int_equal(p->read_telem.n, 0);
     assert_null(strstr(p->b[0].verdict_text, "streaming read"));
+    /* a GPU batch of 1.5 s or more is read from 1 s after its start, like
+     * the baseline: the sample at 6.3 s (still NVML's average of the time
+     * before) drops out of a 6 - 7.9 s window, the one at 7.5 s stays */
+    p->b[0].t_end_s = 7.9;
+    p->samples[4].t_s = 7.5;
+    p->samples[3].v[FM_TM_POWER_W] = 300;
+    p->samples[3].throttle = 0;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_int_equal(p->b[0].telem.n, 1);
+    assert_true(fabs(p->b[0].telem.mean[FM_TM_POWER_W] - 696.0) < 1e-9);
+    assert_int_equal(p->b[0].verdict, FM_VERDICT_POWER);
+    /* on the CPU every window is read whole */
+    p->device = FM_DEV_CPU;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_int_equal(p->b[0].telem.n, 2);
+    p->device = FM_DEV_CUDA;
+    p->b[0].t_end_s = 7.0;
+    p->samples[4].t_s = 6.8;
+    p->samples[3].v[FM_TM_POWER_W] = 694;
+    p->samples[3].throttle = 0x4;
     fm_prof_fmt_read(buf, sizeof buf, p);
     assert_string_equal(buf, "not measured (no NVML power readings, or --read-power-s 0)");
     assert_int_equal(fm_profile_json(p, &js), FM_OK);

@@ -268,7 +268,13 @@ fm_status fm_profile_finish(fm_profile *p) {
     for (int i = 0; i < p->n_batch; i++) {
         fm_prof_batch *b = &p->b[i];
         if (b->batch <= 0) return fm_error(FM_E_ARG, "profile: batch %d at index %d", b->batch, i);
-        fm_telemetry_summarize(p->samples, p->n_samples, b->t_begin_s, b->t_end_s, &b->telem);
+        /* on a GPU, NVML's readings are one-second averages: a batch long
+         * enough is read from 1 s after its start (the run makes GPU batches
+         * last 2.2 s where NVML reads the power) */
+        double tb = b->t_begin_s;
+        if (p->device == FM_DEV_CUDA && b->t_end_s - b->t_begin_s >= FM_PROF_READ_SETTLE_S + 0.5)
+            tb += FM_PROF_READ_SETTLE_S;
+        fm_telemetry_summarize(p->samples, p->n_samples, tb, b->t_end_s, &b->telem);
         b->row_ns[FM_PROF_ROW_TOTAL] = b->step_ns;
         double attributed = 0, streaming = 0;
         for (int r = 0; r < FM_PH_COUNT; r++) {
