@@ -1141,32 +1141,27 @@ static __device__ void group_pairs_sorted(const fm_route_params &p, const int (&
     for (int size = 2; size <= 32 * Q; size <<= 1) {
 #pragma unroll
         for (int j = size >> 1; j > 0; j >>= 1) {
+            if (j == 32) {
+                /* Q = 2, size 64: one ascending block, the partner the same
+                 * lane's other register, register 0 the lower position */
+                if (key[0] > key[Q - 1]) {
+                    const unsigned tk = key[0];
+                    key[0] = key[Q - 1];
+                    key[Q - 1] = tk;
+                    const float tw = w[0];
+                    w[0] = w[Q - 1];
+                    w[Q - 1] = tw;
+                }
+                continue;
+            }
 #pragma unroll
             for (int q = 0; q < Q; q++) {
-                const int pos = q * 32 + lane;
-                const bool up = (pos & size) == 0; /* this block of `size` sorts ascending */
-                if (j >= 32) {
-                    /* the partner is the same lane's other register (Q = 2,
-                     * size 64: one ascending block, register 0 the lower) */
-                    if (q == 0 && Q == 2) {
-                        const bool swap = up ? key[0] > key[Q - 1] : key[0] < key[Q - 1];
-                        if (swap) {
-                            const unsigned tk = key[0];
-                            key[0] = key[Q - 1];
-                            key[Q - 1] = tk;
-                            const float tw = w[0];
-                            w[0] = w[Q - 1];
-                            w[Q - 1] = tw;
-                        }
-                    }
-                    continue;
-                }
+                /* ascending where bit `size` of the position is 0; the
+                 * lower position of a pair keeps the smaller key there */
+                const bool up = ((q * 32 + lane) & size) == 0, lo = (lane & j) == 0;
                 const unsigned ok = __shfl_xor_sync(0xffffffffu, key[q], j);
                 const float ow = __shfl_xor_sync(0xffffffffu, w[q], j);
-                const bool lo = (lane & j) == 0;
-                /* keep the smaller key at the lower position of an ascending block */
-                const bool take = up == lo ? ok < key[q] : ok > key[q];
-                if (take) {
+                if (up == lo ? ok < key[q] : ok > key[q]) {
                     key[q] = ok;
                     w[q] = ow;
                 }
