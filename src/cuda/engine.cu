@@ -1155,13 +1155,28 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
     return s;
 }
 
+/* The probe's buffer on e's device: at least 64 MiB, whole 32 KB chunks for
+ * the bulk-copy read; NULL with the error set when it cannot be had. */
+static void *probe_buffer(fm_cuda_engine *e, size_t *bytes) {
+    if (cudaSetDevice(e->device) != cudaSuccess) {
+        fm_error(FM_E_CUDA, "bandwidth probe: %s", cudaGetErrorString(cudaGetLastError()));
+        return NULL;
+    }
+    if (*bytes < (64u << 20)) *bytes = 64u << 20;
+    *bytes &= ~(size_t)32767;
+    void *buf = NULL;
+    if (cudaMalloc(&buf, *bytes) != cudaSuccess) {
+        cudaGetLastError();
+        fm_error(FM_E_NOMEM, "bandwidth probe: no %zu MiB of device memory", *bytes >> 20);
+        return NULL;
+    }
+    return buf;
+}
+
 double fm_cuda_measure_bandwidth(fm_cuda_engine *e, size_t bytes) {
     if (!e) return 0.0;
-    if (cudaSetDevice(e->device) != cudaSuccess) return 0.0;
-    if (bytes < (64u << 20)) bytes = 64u << 20;
-    bytes &= ~(size_t)32767; /* whole 32 KB chunks for the bulk-copy read */
-    void *buf = NULL;
-    if (cudaMalloc(&buf, bytes) != cudaSuccess) { cudaGetLastError(); return 0.0; }
+    void *buf = probe_buffer(e, &bytes);
+    if (!buf) return 0.0;
     double best = 0;
     fm_status s = fm_cuda_stream_read(buf, bytes, e->stream, 10, &best);
     cudaFree(buf);
@@ -1171,15 +1186,8 @@ double fm_cuda_measure_bandwidth(fm_cuda_engine *e, size_t bytes) {
 double fm_cuda_sustained_read(fm_cuda_engine *e, size_t bytes, double seconds) {
     if (!e) return fm_error(FM_E_ARG, "sustained read: NULL engine"), 0.0;
     if (!(seconds > 0 && seconds <= 600)) return fm_error(FM_E_RANGE, "sustained read: %g s", seconds), 0.0;
-    if (cudaSetDevice(e->device) != cudaSuccess)
-        return fm_error(FM_E_CUDA, "sustained read: %s", cudaGetErrorString(cudaGetLastError())), 0.0;
-    if (bytes < (64u << 20)) bytes = 64u << 20;
-    bytes &= ~(size_t)32767;
-    void *buf = NULL;
-    if (cudaMalloc(&buf, bytes) != cudaSuccess) {
-        cudaGetLastError();
-        return fm_error(FM_E_NOMEM, "sustained read: no %zu MiB of device memory", bytes >> 20), 0.0;
-    }
+    void *buf = probe_buffer(e, &bytes);
+    if (!buf) return 0.0;
     double rate = 0;
     fm_status s = fm_cuda_stream_read_for(buf, bytes, e->stream, seconds, &rate);
     cudaFree(buf);

@@ -1615,22 +1615,32 @@ __global__ void fm_fill_hash_kernel(uint32_t *p, size_t n) {
         p[i] = (uint32_t)(i * 2654435761u) ^ 0x5bd1e995u;
 }
 
-/* Fills buf (ours: the caller's scratch) with a hash of the word index, then
- * the best seconds of reps timed reads of it (after one untimed) by the
- * grid-stride loads and, where the build has the sm_90a code, by the TMA bulk
- * copies; a bulk read counts only if its XOR of the bytes equals the loads'. */
-extern "C" fm_status fm_cuda_stream_read(const void *buf, size_t bytes, cudaStream_t s, int reps, double *best_s) {
-    int dev, sms;
+/* What both reads of the probe's buffer start with: the device's SM count,
+ * buf (the caller's scratch) filled with a hash of the word index, and n_acc
+ * words for the reads' XORs. */
+static fm_status stream_prep(const void *buf, size_t bytes, cudaStream_t s, int n_acc, int *sms, unsigned **acc) {
+    int dev;
     FM_CU(cudaGetDevice(&dev));
-    FM_CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    FM_CU(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev));
+    fm_fill_hash_kernel<<<*sms * 4, 256, 0, s>>>((uint32_t *)buf, bytes / 4);
+    FM_CU_LAUNCH("fm_fill_hash_kernel");
+    FM_CU(cudaMalloc(acc, n_acc * sizeof(unsigned)));
+    return FM_OK;
+}
+
+/* Fills buf with a hash of the word index, then the best seconds of reps
+ * timed reads of it (after one untimed) by the grid-stride loads and, where
+ * the build has the sm_90a code, by the TMA bulk copies; a bulk read counts
+ * only if its XOR of the bytes equals the loads'. */
+extern "C" fm_status fm_cuda_stream_read(const void *buf, size_t bytes, cudaStream_t s, int reps, double *best_s) {
     const int bulk = fm_cuda_wgmma_built() && bytes % FM_BULK_CH == 0;
     if (bulk)
         FM_CU(cudaFuncSetAttribute(fm_bulk_read_kernel<FM_BULK_NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    FM_BULK_NS * FM_BULK_CH));
-    fm_fill_hash_kernel<<<sms * 4, 256, 0, s>>>((uint32_t *)buf, bytes / 4);
-    FM_CU_LAUNCH("fm_fill_hash_kernel");
+    int sms;
     unsigned *acc;
-    FM_CU(cudaMalloc(&acc, 2 * sizeof(unsigned)));
+    fm_status ps = stream_prep(buf, bytes, s, 2, &sms, &acc);
+    if (ps != FM_OK) return ps;
     cudaEvent_t a, b;
     cudaEventCreate(&a);
     cudaEventCreate(&b);
@@ -1675,14 +1685,11 @@ extern "C" fm_status fm_cuda_stream_read(const void *buf, size_t bytes, cudaStre
  * baseline). */
 extern "C" fm_status fm_cuda_stream_read_for(const void *buf, size_t bytes, cudaStream_t s, double seconds,
                                              double *rate_Bps) {
-    int dev, sms;
     *rate_Bps = 0;
-    FM_CU(cudaGetDevice(&dev));
-    FM_CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    fm_fill_hash_kernel<<<sms * 4, 256, 0, s>>>((uint32_t *)buf, bytes / 4);
-    FM_CU_LAUNCH("fm_fill_hash_kernel");
+    int sms;
     unsigned *acc;
-    FM_CU(cudaMalloc(&acc, sizeof(unsigned)));
+    fm_status ps = stream_prep(buf, bytes, s, 1, &sms, &acc);
+    if (ps != FM_OK) return ps;
     cudaEvent_t a, b;
     cudaEventCreate(&a);
     cudaEventCreate(&b);
