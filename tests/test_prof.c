@@ -436,6 +436,22 @@ static void test_read_baseline(void **st) {
     fm_prof_fmt_read(buf, sizeof buf, p);
     assert_string_equal(buf, "not measured (GPU only)");
     fm_profile_free(p);
+
+    /* the options: 0, or 1.5 to 60 seconds; anything else is refused before
+     * the run starts, naming the value */
+    const double bad[] = {-1.0, 1.0, 60.5, NAN};
+    for (int i = 0; i < 4; i++) {
+        fm_prof_opts o;
+        fm_prof_opts_default(&o);
+        o.preset = "tiny-qwen3";
+        o.batches[0] = 2;
+        o.n_batch = 1;
+        o.read_power_s = bad[i];
+        fm_profile *q = NULL;
+        assert_int_equal(fm_profile_run(&o, &q), FM_E_RANGE);
+        assert_null(q);
+        assert_non_null(strstr(fm_last_error(), "sustained read of"));
+    }
 }
 
 static void test_contended_note(void **st) {
