@@ -791,6 +791,75 @@ static void test_kernel_steps_overlap(void **st) {
     assert_true(sum == 900); /* the union of the three intervals */
 }
 
+/* The CUDA backend's forked layout: routing and the routed experts on one
+ * stream, the shared expert's two launches (the same template) on a stream
+ * with no routing kernel. They are "shared", not gate/up, down and other,
+ * and count only where no routing-stream kernel of their device runs, so
+ * the phases add up to the union of the busy time. */
+static void test_kernel_steps_forked_shared(void **st) {
+    (void)st;
+    const char *ek = "void fm_expert_wg_kernel<2, false, 2, false, 1>(fm_expert_params, int, int)";
+    fm_kernel_rec r[16];
+    size_t n = 0;
+    for (uint64_t t = 0; t < 2000; t += 1000) {
+        r[n++] = krec("fm_logits_gemv_kernel(fm_route_params)", t, 50, 1);
+        r[n++] = krec("fm_route_kernel<4>(fm_route_params)", t + 50, 50, 1);
+        r[n++] = krec(ek, t + 100, 500, 1);
+        r[n++] = krec(ek, t + 600, 300, 1);
+        /* the shared expert: gate/up wholly beside the selection and the
+         * routed gate/up; its down 50 ns beside the routed down, 100 after */
+        r[n] = krec(ek, t + 60, 240, 1), r[n++].stream = 9;
+        r[n] = krec(ek, t + 850, 150, 1), r[n++].stream = 9;
+    }
+    /* a routing-free stream of another device: nothing of device 0 hides it */
+    r[n] = krec(ek, 100, 100, 1), r[n].stream = 11, r[n++].device = 1;
+    int step_of[16];
+    double ns[FM_PH_COUNT];
+    assert_int_equal(fm_prof_kernel_steps(r, n, 2, step_of, ns), 1);
+    assert_true(ns[FM_PH_ROUTE] == 200);
+    assert_true(ns[FM_PH_GATEUP] == 1000);
+    assert_true(ns[FM_PH_DOWN] == 600);
+    assert_true(ns[FM_PH_SHARED] == 2 * 100 + 100);
+    assert_true(ns[FM_PH_OTHER] == 0);
+    int shared = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(step_of[i], 0);
+        if (r[i].stream != 7) {
+            assert_int_equal(r[i].phase, FM_PH_SHARED);
+            shared++;
+        }
+    }
+    assert_int_equal(shared, 5);
+
+    /* the kernel table keeps the shared expert's launches apart */
+    fm_profile *p = fm_profile_new();
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++) {
+        fm_prof_span sp;
+        memset(&sp, 0, sizeof sp);
+        sp.t_us = r[i].start_ns * 1e-3, sp.dur_us = (r[i].end_ns - r[i].start_ns) * 1e-3;
+        sp.pid = 2, sp.tid = (int)r[i].stream, sp.kind = 4, sp.phase = r[i].phase, sp.step = step_of[i];
+        snprintf(sp.name, sizeof sp.name, "%.95s", r[i].name);
+        fm_profile_add_span(p, &sp);
+    }
+    fm_prof_kernel_row kr[8];
+    int steps = 0, nk = fm_prof_kernel_rows(p, 0, kr, 8, &steps);
+    assert_int_equal(steps, 1);
+    assert_int_equal(nk, 5); /* logits, selection, and the template as gate/up, down, shared */
+    int seen = 0;
+    for (int j = 0; j < nk; j++)
+        if (kr[j].phase == FM_PH_SHARED) {
+            assert_true(kr[j].launches == 5);
+            assert_true(fabs(kr[j].us - (2 * 0.240 + 2 * 0.150 + 0.100)) < 1e-9);
+            seen++;
+        } else if (kr[j].phase == FM_PH_GATEUP) {
+            assert_true(kr[j].launches == 2);
+            seen++;
+        }
+    assert_int_equal(seen, 2);
+    fm_profile_free(p);
+}
+
 static void test_cupti_without_build(void **st) {
     (void)st;
 #ifdef FM_HAVE_CUPTI
@@ -816,7 +885,7 @@ int main(void) {
         cmocka_unit_test(test_write_atomic),       cmocka_unit_test(test_telemetry_cpu),
         cmocka_unit_test(test_telemetry_nvml_absent), cmocka_unit_test(test_cupti_without_build),
         cmocka_unit_test(test_kernel_steps_graph), cmocka_unit_test(test_kernel_steps_no_graph),
-        cmocka_unit_test(test_kernel_steps_overlap),
+        cmocka_unit_test(test_kernel_steps_overlap), cmocka_unit_test(test_kernel_steps_forked_shared),
         cmocka_unit_test(test_contended_note),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -133,7 +133,9 @@ int fm_prof_kernel_rows(const fm_profile *p, int bi, fm_prof_kernel_row *rows, i
         if (s->kind != 4 || s->batch_index != bi || s->step < 0) continue;
         if (s->step > max_step) max_step = s->step;
         int j = 0;
-        while (j < n && strcmp(rows[j].name, s->name)) j++;
+        /* by name and phase: one template runs the routed experts and, on
+         * its own stream, the shared expert */
+        while (j < n && (rows[j].phase != s->phase || strcmp(rows[j].name, s->name))) j++;
         if (j == n) {
             if (n == cap) continue;
             rows[n++] = (fm_prof_kernel_row){s->name, s->phase, 0, 0};

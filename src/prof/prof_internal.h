@@ -39,7 +39,8 @@ void fm_prof_fmt_read(char *buf, size_t cap, const fm_profile *p);
  * scale). */
 const char *fm_prof_metric_title(fm_telem_metric m);
 
-/* Kernels of one batch that ran inside its measured steps, by name. */
+/* Kernels of one batch that ran inside its measured steps, by name and
+ * phase. */
 typedef struct {
     const char *name; /* into the profile's spans */
     int phase;
