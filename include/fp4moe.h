@@ -843,12 +843,12 @@ void fm_cupti_stop(fm_cupti *c);          /* disables and frees            */
  * (> 1) are the steps. Without graphs, routing kernels count the layers
  * (one per layer; layers_per_step per step). Kernels named "...expert..."
  * that the name rules leave in FM_PH_OTHER are gate/up when first after a
- * routing kernel on their stream, down when second, and the shared
- * expert's on a stream that runs no routing kernel (the CUDA backend's
- * shared-expert branch). Each nanosecond of a stream counts once, under the
- * kernel that started first; a stream without routing kernels counts only
- * the nanoseconds in which no routing stream of its device ran a kernel, so
- * the phases add up to at most the steps' busy time. Sorts r by (stream,
+ * routing kernel on their stream, down when second (the CUDA backend's
+ * shared-expert launches on their own stream are named fm_shared_expert_*:
+ * shared by the name rules). Each nanosecond of a device counts once: under
+ * the kernel that started first among those not in the shared phase, and
+ * for the shared phase's kernels only where no other kernel of the device
+ * ran, so the phases add up to at most the steps' busy time. Sorts r by (stream,
  * start) and updates r[i].phase; step_of[i] (may be NULL) gets the step
  * index of record i, or -1. Fills ns_per_step (mean over steps); returns
  * the number of steps (0 when none were found). */

@@ -10,26 +10,12 @@ static int cmp_start(const void *a, const void *b) {
     return x->start_ns < y->start_ns ? -1 : x->start_ns > y->start_ns;
 }
 
-/* Streams that run a routing kernel carry the layer's chain (routing, then
- * the expert GEMMs); a stream without one is a branch beside it: fp4moe's
- * CUDA backend forks the shared expert onto such a stream after the router
- * logits. route_stream[i]: record i's stream runs routing kernels. Records
- * are sorted by (stream, start). */
-static void mark_route_streams(const fm_kernel_rec *r, size_t n, unsigned char *route_stream) {
-    for (size_t a = 0; a < n;) {
-        size_t b = a;
-        int routes = 0;
-        while (b < n && r[b].stream == r[a].stream) routes |= r[b++].phase == FM_PH_ROUTE;
-        for (size_t i = a; i < b; i++) route_stream[i] = (unsigned char)routes;
-        a = b;
-    }
-}
-
 /* The expert GEMMs may share one kernel template (fp4moe's CUDA backend
  * runs gate/up and down through one fm_expert_kernel<...>), so the name
- * cannot tell them apart; their order after the routing kernel can. On a
- * stream without routing kernels they are the shared expert's. */
-static void assign_expert_phases(fm_kernel_rec *r, size_t n, const unsigned char *route_stream) {
+ * cannot tell them apart; their order after the routing kernel can. (The
+ * shared expert's launches on their own stream are named
+ * fm_shared_expert_*: the name rules make them shared.) */
+static void assign_expert_phases(fm_kernel_rec *r, size_t n) {
     uint32_t stream = UINT32_MAX;
     int nth = 0;
     for (size_t i = 0; i < n; i++) {
@@ -39,10 +25,6 @@ static void assign_expert_phases(fm_kernel_rec *r, size_t n, const unsigned char
         }
         if (r[i].phase == FM_PH_ROUTE) nth = 0;
         if (r[i].phase != FM_PH_OTHER || !strstr(r[i].name, "expert")) continue;
-        if (!route_stream[i]) {
-            r[i].phase = FM_PH_SHARED;
-            continue;
-        }
         nth++;
         if (nth == 1) r[i].phase = FM_PH_GATEUP;
         else if (nth == 2) r[i].phase = FM_PH_DOWN;
@@ -65,76 +47,94 @@ static const group *find(const group *g, size_t m, uint32_t corr) {
     return bsearch(&key, g, m, sizeof *g, cmp_group);
 }
 
-/* An interval of the routing streams' busy time on one device. */
+/* Sort key of a record: per device, in start order, the shared expert's
+ * after the others (they are counted second). */
 typedef struct {
-    uint32_t device;
-    uint64_t s, e;
-} busy;
+    uint32_t device, shared;
+    uint64_t start;
+    size_t i;
+} dkey;
 
-static int cmp_busy(const void *a, const void *b) {
-    const busy *x = a, *y = b;
+static int cmp_dev(const void *a, const void *b) {
+    const dkey *x = a, *y = b;
     if (x->device != y->device) return x->device < y->device ? -1 : 1;
-    return x->s < y->s ? -1 : x->s > y->s;
+    if (x->shared != y->shared) return x->shared < y->shared ? -1 : 1;
+    return x->start < y->start ? -1 : x->start > y->start;
 }
 
-/* Nanoseconds of [s, e) that the union u[0 .. m) (sorted, disjoint) of one
- * device's routing streams covers. */
-static uint64_t covered_by(const busy *u, size_t m, uint32_t device, uint64_t s, uint64_t e) {
-    size_t lo = 0, hi = m;
-    while (lo < hi) { /* first interval of the device ending after s */
-        size_t mid = lo + (hi - lo) / 2;
-        if (u[mid].device < device || (u[mid].device == device && u[mid].e <= s)) lo = mid + 1;
-        else hi = mid;
-    }
+typedef struct {
+    uint64_t s, e;
+} span;
+
+/* Nanoseconds of [s, e) that u[0 .. m) (sorted, disjoint) covers; *j: the
+ * first interval that may still meet a later [s, e) of a sweep in start
+ * order. */
+static uint64_t covered_by(const span *u, size_t m, size_t *j, uint64_t s, uint64_t e) {
+    while (*j < m && u[*j].e <= s) (*j)++;
     uint64_t c = 0;
-    for (size_t j = lo; j < m && u[j].device == device && u[j].s < e; j++) {
-        uint64_t a = u[j].s > s ? u[j].s : s, b = u[j].e < e ? u[j].e : e;
+    for (size_t q = *j; q < m && u[q].s < e; q++) {
+        uint64_t a = u[q].s > s ? u[q].s : s, b = u[q].e < e ? u[q].e : e;
         if (b > a) c += b - a;
     }
     return c;
 }
 
-/* Kernels of one stream may overlap: with programmatic dependent launch a
- * kernel starts while its predecessor drains. Phase times count each
- * nanosecond of a stream once, under the kernel that was running first.
- * A stream without routing kernels (the shared expert's branch) runs beside
- * the routing streams: its kernels count only the nanoseconds in which no
- * routing stream's kernel of the same device ran, so that the phases add up
+/* Kernels overlap: with programmatic dependent launch a kernel starts while
+ * its predecessor drains, and the CUDA backend runs the shared expert on a
+ * stream of its own beside the routing and the routed experts. Phase times
+ * count each nanosecond of a device once: under the kernel that started
+ * first among those that are not the shared expert's, and for the shared
+ * expert's kernels only the nanoseconds in which no other kernel of the
+ * device ran (the time it adds to the layer's chain). So the phases add up
  * to the union of the busy time and never past the step. Returns 0 when out
  * of memory. */
-static int exclusive_ns(const fm_kernel_rec *r, size_t n, const int *step, const unsigned char *route_stream,
-                        uint64_t *ex) {
-    uint32_t stream = UINT32_MAX;
-    uint64_t covered = 0;
-    size_t nb = 0;
-    for (size_t i = 0; i < n; i++) nb += step[i] >= 0 && route_stream[i];
-    busy *u = fm_malloc((nb ? nb : 1) * sizeof *u);
-    if (!u) return 0;
-    nb = 0;
-    for (size_t i = 0; i < n; i++)
-        if (step[i] >= 0 && route_stream[i] && r[i].end_ns > r[i].start_ns)
-            u[nb++] = (busy){r[i].device, r[i].start_ns, r[i].end_ns};
-    qsort(u, nb, sizeof *u, cmp_busy);
-    size_t m = 0; /* merged in place: disjoint, sorted by (device, start) */
-    for (size_t j = 0; j < nb; j++) {
-        if (m && u[m - 1].device == u[j].device && u[j].s <= u[m - 1].e) {
-            if (u[j].e > u[m - 1].e) u[m - 1].e = u[j].e;
-        } else {
-            u[m++] = u[j];
-        }
+static int exclusive_ns(const fm_kernel_rec *r, size_t n, const int *step, uint64_t *ex) {
+    dkey *key = fm_malloc((n ? n : 1) * sizeof *key);
+    span *u = fm_malloc((n ? n : 1) * sizeof *u);
+    if (!key || !u) {
+        free(key);
+        free(u);
+        return 0;
     }
+    size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         ex[i] = 0;
-        if (step[i] < 0) continue; /* outside the measured steps */
-        if (r[i].stream != stream) {
-            stream = r[i].stream;
-            covered = 0;
-        }
-        uint64_t s = r[i].start_ns > covered ? r[i].start_ns : covered;
-        ex[i] = r[i].end_ns > s ? r[i].end_ns - s : 0;
-        if (ex[i] && !route_stream[i]) ex[i] -= covered_by(u, m, r[i].device, s, r[i].end_ns);
-        if (r[i].end_ns > covered) covered = r[i].end_ns;
+        if (step[i] >= 0) /* outside the measured steps: nothing */
+            key[m++] = (dkey){r[i].device, r[i].phase == FM_PH_SHARED, r[i].start_ns, i};
     }
+    qsort(key, m, sizeof *key, cmp_dev);
+    for (size_t a = 0; a < m;) {
+        const uint32_t dev = key[a].device;
+        size_t b = a;
+        while (b < m && key[b].device == dev) b++;
+        /* the device's kernels but the shared expert's: the union u */
+        size_t nu = 0, q = a;
+        uint64_t covered = 0;
+        for (; q < b && !key[q].shared; q++) {
+            const fm_kernel_rec *k = &r[key[q].i];
+            uint64_t s = k->start_ns > covered ? k->start_ns : covered;
+            ex[key[q].i] = k->end_ns > s ? k->end_ns - s : 0;
+            if (k->end_ns > k->start_ns) {
+                if (nu && k->start_ns <= u[nu - 1].e) {
+                    if (k->end_ns > u[nu - 1].e) u[nu - 1].e = k->end_ns;
+                } else {
+                    u[nu++] = (span){k->start_ns, k->end_ns};
+                }
+            }
+            if (k->end_ns > covered) covered = k->end_ns;
+        }
+        /* the shared expert's: outside u and outside each other */
+        covered = 0;
+        size_t j = 0;
+        for (; q < b; q++) {
+            const fm_kernel_rec *k = &r[key[q].i];
+            uint64_t s = k->start_ns > covered ? k->start_ns : covered;
+            if (k->end_ns > s) ex[key[q].i] = k->end_ns - s - covered_by(u, nu, &j, s, k->end_ns);
+            if (k->end_ns > covered) covered = k->end_ns;
+        }
+        a = b;
+    }
+    free(key);
     free(u);
     return 1;
 }
@@ -144,22 +144,18 @@ int fm_prof_kernel_steps(fm_kernel_rec *r, size_t n, int layers_per_step, int *s
     for (int q = 0; q < FM_PH_COUNT; q++) ns_per_step[q] = 0;
     if (!r || n == 0) return 0;
     qsort(r, n, sizeof *r, cmp_start);
-    unsigned char *rs = fm_malloc(n);
     uint64_t *ex = fm_malloc(n * sizeof *ex);
     int *sof = fm_malloc(n * sizeof *sof);
-    if (!rs || !ex || !sof) {
-        free(rs);
+    if (!ex || !sof) {
         free(ex);
         free(sof);
         return 0;
     }
-    mark_route_streams(r, n, rs);
-    assign_expert_phases(r, n, rs);
+    assign_expert_phases(r, n);
 
     /* correlation ids and their kernel counts */
     group *g = fm_malloc(n * sizeof *g);
     if (!g) {
-        free(rs);
         free(ex);
         free(sof);
         return 0;
@@ -208,11 +204,10 @@ int fm_prof_kernel_steps(fm_kernel_rec *r, size_t n, int layers_per_step, int *s
             sof[i] = s;
         }
     }
-    if (!exclusive_ns(r, n, sof, rs, ex)) steps = 0;
+    if (!exclusive_ns(r, n, sof, ex)) steps = 0;
     for (size_t i = 0; steps > 0 && i < n; i++)
         if (sof[i] >= 0) ns_per_step[r[i].phase] += (double)ex[i];
     free(g);
-    free(rs);
     free(ex);
     free(sof);
     if (steps > 0)
