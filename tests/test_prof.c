@@ -226,10 +226,21 @@ static void test_finish_and_verdicts(void **st) {
     assert_int_equal(b->verdict, FM_VERDICT_BUSY);
     assert_non_null(strstr(b->verdict_text, "busy but not bandwidth-bound: 40 % of floor at 97 % SM utilization"));
     assert_non_null(strstr(b->verdict_text, "tiles of 128"));
+    assert_null(strstr(b->verdict_text, "routing"));
     assert_true(fabs(b->tokens_per_expert - 480.0 / 218.0) < 1e-12);
     /* FLOPs: 2 * 3 * H * I * k per token plus the router GEMV */
     double fl = 80.0 * (2.0 * 3 * 4096 * 2048 * 6 + 2.0 * 4096 * 256);
     assert_true(fabs(b->flops_per_step - fl) < 1.0);
+
+    /* Routing at 20 % of the step is named, before the tiles. */
+    p->b[1].row_ns[FM_PH_ROUTE] = 0.2 * p->b[1].step_ns;
+    p->b[1].row_ns[FM_PH_GATEUP] = 0.45 * p->b[1].step_ns;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_int_equal(b->verdict, FM_VERDICT_BUSY);
+    assert_non_null(strstr(b->verdict_text, "97 % SM utilization; routing is 20 % of the step, before the experts' "
+                                            "weights can be read; tiles of 128"));
+    p->b[1].row_ns[FM_PH_ROUTE] = 0;
+    p->b[1].row_ns[FM_PH_GATEUP] = 0.55 * p->b[1].step_ns;
 
     /* Latency-bound: routing and gaps dominate. */
     memset(&p->b[0].row_ns, 0, sizeof p->b[0].row_ns);

@@ -13,6 +13,8 @@
  *                                             -> latency/launch-bound
  *   utilization >= 80 % (GPU SM, else host CPU) -> busy but not bandwidth-bound
  *   otherwise                                 -> under-used
+ * The last two name routing's share of the step when it is >= 10 %: the
+ * experts' weights cannot be read before it.
  * 70 % rather than 90 %: streaming kernels that reach 70-85 % of a measured
  * read bandwidth are at the practical ceiling of a real GEMV-like kernel
  * (calm: ~86 %), so below 70 % there is a gap worth explaining. */
@@ -29,6 +31,7 @@
 #define VERDICT_BUSY_UTIL 80.0
 #define FASTER_THAN_FLOOR_PCT 110.0
 #define POOR_TILE_FILL 0.25
+#define VERDICT_ROUTE_SHARE 0.1 /* routing's share of the step named in a verdict */
 #define CONTENDED_GAP 40.0 /* host CPU % minus this process's CPU %          */
 #define VERDICT_POWER_FRAC 0.9   /* mean power over the mean power limit         */
 #define VERDICT_POWER_BW_PCT 90.0 /* at or above this % of floor: bandwidth-bound */
@@ -196,6 +199,13 @@ static void write_verdict(const fm_profile *p, fm_prof_batch *b) {
     if (b->tile_fill >= 0 && b->tile_fill < POOR_TILE_FILL)
         set_text(extra, sizeof extra, "; tiles of %d carry tokens in only %.1f %% of their rows", b->tile_n,
                  100.0 * b->tile_fill);
+    /* below the floor without a power cap: routing in series with the reads
+     * is the first thing to name (the experts are not known before it) */
+    char route[96] = "";
+    const double route_share = b->step_ns > 0 ? b->row_ns[FM_PH_ROUTE] / b->step_ns : 0;
+    if (route_share >= VERDICT_ROUTE_SHARE)
+        set_text(route, sizeof route, "; routing is %.0f %% of the step, before the experts' weights can be read",
+                 100.0 * route_share);
 
     /* the GPU held at its power limit: its clocks, not the memory, set the
      * pace of whatever is issue-bound (an FP4 decode is) */
@@ -239,14 +249,16 @@ static void write_verdict(const fm_profile *p, fm_prof_batch *b) {
                  100.0 * (1.0 - b->stream_share), pct, extra);
     } else if (!isnan(util) && util >= VERDICT_BUSY_UTIL) {
         b->verdict = FM_VERDICT_BUSY;
-        set_text(b->verdict_text, cap, "busy but not bandwidth-bound: %.0f %% of floor at %.0f %% %s%s", pct, util,
-                 util_name, extra);
+        set_text(b->verdict_text, cap, "busy but not bandwidth-bound: %.0f %% of floor at %.0f %% %s%s%s", pct, util,
+                 util_name, route, extra);
     } else {
         b->verdict = FM_VERDICT_UNDERUSED;
         if (!isnan(util))
-            set_text(b->verdict_text, cap, "under-used: %.0f %% of floor at %.0f %% %s%s", pct, util, util_name, extra);
+            set_text(b->verdict_text, cap, "under-used: %.0f %% of floor at %.0f %% %s%s%s", pct, util, util_name, route,
+                     extra);
         else
-            set_text(b->verdict_text, cap, "under-used: %.0f %% of floor (no utilization samples)%s", pct, extra);
+            set_text(b->verdict_text, cap, "under-used: %.0f %% of floor (no utilization samples)%s%s", pct, route,
+                     extra);
     }
 }
 
@@ -281,8 +293,9 @@ fm_status fm_profile_finish(fm_profile *p) {
             attributed += b->row_ns[r];
             if (is_streaming_row(r)) streaming += b->row_ns[r];
         }
-        /* With concurrent kernels the phases may overlap and sum past the
-         * step; the unattributed row is never negative. */
+        /* The phases add up to at most the busy time (CUPTI: each
+         * nanosecond of a device once), so this is the time outside any
+         * kernel; never negative. */
         b->row_ns[FM_PROF_ROW_UNATTR] = b->step_ns > attributed ? b->step_ns - attributed : 0.0;
         b->stream_share = b->step_ns > 0 ? streaming / b->step_ns : 0.0;
         if (b->stream_share > 1.0) b->stream_share = 1.0;
