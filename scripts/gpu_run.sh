@@ -114,12 +114,17 @@ fi
 # What a kernel that only reads the active experts' bytes achieves at the
 # sizes of DeepSeek-V4-Flash's B = 1 and B = 4 layers (tiles, grid and
 # loads of the expert kernels, no decode; tests/tools/cuda_readpat.cu):
-# the ceiling the expert kernels are compared with in docs/perf.md.
+# the ceiling the expert kernels are compared with in docs/perf.md. The
+# "--nrg 192" rows read a layer's routed gate/up and down bytes in one
+# launch (6, 12 and 24 experts: B = 1, 2 and 4): the fastest any design
+# that routes first, then reads, could read them.
 if has readpat; then
     echo "== read-pattern ceiling"
     {
         for a in "--experts 6" "--experts 6 --nrg 128 --nseg 16 --mats 2" "--experts 23 --occ 4" "--experts 23 --occ 6" \
-            "--experts 23 --nrg 128 --nseg 16 --mats 2 --occ 4" "--experts 23 --nrg 128 --nseg 16 --mats 2 --occ 6"; do
+            "--experts 23 --nrg 128 --nseg 16 --mats 2 --occ 4" "--experts 23 --nrg 128 --nseg 16 --mats 2 --occ 6" \
+            "--experts 6 --nrg 192 --nseg 32 --mats 2" "--experts 12 --nrg 192 --nseg 32 --mats 2" \
+            "--experts 24 --nrg 192 --nseg 32 --mats 2"; do
             echo "-- cuda_readpat $a --scales sep"
             timeout 60 "$BIN/cuda_readpat" $a --scales sep --reps 10
         done
