@@ -829,8 +829,13 @@ typedef struct {
     char name[128];
     uint64_t start_ns, end_ns; /* on the fm_now_ns() clock                  */
     uint32_t device, stream, correlation, graph_id;
+    uint32_t dyn_smem;         /* dynamic shared memory of the launch, bytes */
     fm_phase phase;            /* fm_prof_kernel_phase(name)                */
 } fm_kernel_rec;
+/* The CUDA backend's launches of the shared expert on its own stream ask
+ * for this many bytes of dynamic shared memory beyond what they use (every
+ * launch's own need is a multiple of 16): dyn_smem % 16 == 8 marks them. */
+#define FM_CUDA_SHARED_SMEM_MARK 8
 typedef struct fm_cupti fm_cupti;
 fm_status fm_cupti_start(fm_cupti **out); /* one collector at a time       */
 fm_status fm_cupti_flush(fm_cupti *c);    /* records so far become visible */
@@ -843,9 +848,8 @@ void fm_cupti_stop(fm_cupti *c);          /* disables and frees            */
  * (> 1) are the steps. Without graphs, routing kernels count the layers
  * (one per layer; layers_per_step per step). Kernels named "...expert..."
  * that the name rules leave in FM_PH_OTHER are gate/up when first after a
- * routing kernel on their stream, down when second (the CUDA backend's
- * shared-expert launches on their own stream are named fm_shared_expert_*:
- * shared by the name rules). Each nanosecond of a device counts once: under
+ * routing kernel on their stream, down when second, shared when their
+ * dyn_smem carries FM_CUDA_SHARED_SMEM_MARK. Each nanosecond of a device counts once: under
  * the kernel that started first among those not in the shared phase, and
  * for the shared phase's kernels only where no other kernel of the device
  * ran, so the phases add up to at most the steps' busy time. Sorts r by (stream,

@@ -2,17 +2,16 @@
 """Per-layer timeline of a CUDA trace from `fp4moe profile --device cuda --trace`:
 for each layer (one router-logits kernel to the next) the medians, in µs, of the
 logits kernel, the selection's end after the logits' end, the routed gate/up and
-down kernels and the shared expert's kernels (named fm_shared_expert_*, or
+down kernels and the shared expert's kernels (phase "shared" in the trace, or
 on another stream than the logits'), all relative to the logits kernel's end.
     python3 scripts/trace_layers.py TRACE.json [...]"""
 import json, re, statistics as st, sys
 
 # the expert kernels' template arguments, mangled (CUPTI) or demangled:
 # fm_expert_wg_kernel<NMAT, MX, NMAX, D2> and fm_expert_kernel<NT, NMAT, ...>;
-# down is NMAT 1 or D2 (the 128-row down runs as two 64-row "matrices"); the
-# shared expert's launches on its own stream are fm_shared_expert_*
-_WG = re.compile(r'fm_(?:shared_)?expert_wg_kernel(?:ILi(\d+)ELb(\d)ELi(\d+)ELb(\d)E|<(\d+), *(\w+), *(\d+), *(\w+)>)')
-_MMA = re.compile(r'fm_(?:shared_)?expert_kernel(?:ILi(\d+)ELi(\d+)E|<(\d+), *(\d+))')
+# down is NMAT 1 or D2 (the 128-row down runs as two 64-row "matrices")
+_WG = re.compile(r'fm_expert_wg_kernel(?:ILi(\d+)ELb(\d)ELi(\d+)ELb(\d)E|<(\d+), *(\w+), *(\d+), *(\w+)>)')
+_MMA = re.compile(r'fm_expert_kernel(?:ILi(\d+)ELi(\d+)E|<(\d+), *(\d+))')
 
 
 def kind(name):
@@ -43,7 +42,8 @@ def layers(ev):
         for e in ks[a + 1:b]:
             k = kind(e['name'])
             if not k: continue
-            side = e.get('tid') != main or 'fm_shared_expert' in e['name']
+            args = e.get('args')
+            side = e.get('tid') != main or (isinstance(args, dict) and args.get('phase') == 'shared')
             key = ('sh_' if side and k in ('GU', 'DN') else '') + k
             if key in seen: continue
             seen[key] = 1

@@ -29,26 +29,26 @@ assert tl.kind("_Z16fm_expert_kernelILi2ELi1ELb0ELi1ELb1EEv16fm_expert_paramsii"
 assert tl.kind("void fm_expert_wg_kernel<2, 0, 4, 1>(fm_expert_params, int, int)") == "DN"
 assert tl.kind("void fm_expert_wg_kernel<2, 0, 4, 0>(fm_expert_params, int, int)") == "GU"
 assert tl.kind(LG) == "LG" and tl.kind(SEL) == "SEL" and tl.kind("memcpy") is None
-SGU = "_Z26fm_shared_expert_wg_kernelILi2ELb0ELi2ELb0ELi1EEv16fm_expert_paramsii"
-SDN = "_Z26fm_shared_expert_wg_kernelILi2ELb0ELi2ELb1ELi1EEv16fm_expert_paramsii"
-assert tl.kind(SGU) == "GU" and tl.kind(SDN) == "DN"
-assert tl.kind("_Z23fm_shared_expert_kernelILi2ELi1ELb0ELi1ELb1EEv16fm_expert_paramsii") == "DN"
 
 
-def k(name, ts, dur, tid=1):
-    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "tid": tid, "pid": 1}
+def k(name, ts, dur, tid=1, phase=None):
+    e = {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "tid": tid, "pid": 1}
+    if phase:
+        e["args"] = {"phase": phase}
+    return e
 
 
 # three layers 100 us apart; layer L: logits [0, 4), selection ends at 10,
 # routed gate/up [11, 60) and down [58, 95) on tid 1, the shared expert's
-# gate/up [5, 20) and down [20, 30) on tid 2 (layer 1: under its own names
-# on tid 1, as CUPTI may report a graph's branch); a routing-only pair first
+# gate/up [5, 20) and down [20, 30) on tid 2 (layer 1: on tid 1, as CUPTI may
+# report a graph's branch, with the profile's phase "shared"); a routing-only pair first
 # (no experts: not a layer of the table); the last logits closes layer 2
 ev = [k(LG, -50, 3), k(SEL, -47, 2)]
 for L in range(3):
     b = 100.0 * L
     ev += [k(LG, b, 4), k(SEL, b + 2, 8 + L), k(GU, b + 11, 49), k(DN, b + 58, 37),
-           k(GU, b + 5, 15, tid=2) if L != 1 else k(SGU, b + 5, 15), k(DN, b + 20, 10, tid=2) if L != 1 else k(SDN, b + 20, 10)]
+           k(GU, b + 5, 15, tid=2) if L != 1 else k(GU, b + 5, 15, phase="shared"),
+           k(DN, b + 20, 10, tid=2) if L != 1 else k(DN, b + 20, 10, phase="shared")]
 ev.append(k(LG, 300, 4))
 ev.append({"ph": "M", "name": "process_name", "pid": 1})  # not a kernel
 

@@ -803,31 +803,37 @@ static void test_kernel_steps_overlap(void **st) {
 }
 
 /* The CUDA backend's forked layout: routing and the routed experts on one
- * stream, the shared expert's two launches (the same body, named
- * fm_shared_expert_*) beside them; in a graph CUPTI may report them on the
- * routing stream or on another. They are "shared", not gate/up, down and
- * other, do not disturb the order that names the routed gate/up and down,
- * and count only where no other kernel of their device runs, so the phases
- * add up to the union of the busy time. */
+ * stream, the shared expert's two launches (the same kernels, marked by
+ * FM_CUDA_SHARED_SMEM_MARK bytes of dynamic shared memory) beside them; in
+ * a graph CUPTI may report them on the routing stream or on another. They
+ * are "shared", not gate/up, down and other, do not disturb the order that
+ * names the routed gate/up and down, and count only where no other kernel of
+ * their device runs, so the phases add up to the union of the busy time. */
+static fm_kernel_rec smem_rec(fm_kernel_rec r, uint32_t dyn, uint32_t stream) {
+    r.dyn_smem = dyn;
+    r.stream = stream;
+    return r;
+}
+
 static void test_kernel_steps_forked_shared(void **st) {
     (void)st;
     const char *ek = "void fm_expert_wg_kernel<2, false, 2, false, 1>(fm_expert_params, int, int)";
-    const char *sk = "void fm_shared_expert_wg_kernel<2, false, 2, false, 1>(fm_expert_params, int, int)";
+    const uint32_t need = 40320, mark = need + FM_CUDA_SHARED_SMEM_MARK;
     fm_kernel_rec r[16];
     size_t n = 0;
     for (uint64_t t = 0; t < 2000; t += 1000) {
         const uint32_t side = t ? 7 : 9; /* layer 2's branch on the routing stream */
         r[n++] = krec("fm_logits_gemv_kernel(fm_route_params)", t, 50, 1);
-        r[n++] = krec("fm_route_kernel<4>(fm_route_params)", t + 50, 50, 1);
-        r[n++] = krec(ek, t + 100, 500, 1);
-        r[n++] = krec(ek, t + 600, 300, 1);
+        r[n++] = smem_rec(krec("fm_route_kernel<4>(fm_route_params)", t + 50, 50, 1), 27264 + 8, 7);
+        r[n++] = smem_rec(krec(ek, t + 100, 500, 1), need, 7);
+        r[n++] = smem_rec(krec(ek, t + 600, 300, 1), need, 7);
         /* the shared expert: gate/up wholly beside the selection and the
          * routed gate/up; its down 50 ns beside the routed down, 100 after */
-        r[n] = krec(sk, t + 60, 240, 1), r[n++].stream = side;
-        r[n] = krec(sk, t + 850, 150, 1), r[n++].stream = side;
+        r[n++] = smem_rec(krec(ek, t + 60, 240, 1), mark, side);
+        r[n++] = smem_rec(krec(ek, t + 850, 150, 1), mark, side);
     }
     /* another device: nothing of device 0 hides its kernel */
-    r[n] = krec(sk, 100, 100, 1), r[n].stream = 11, r[n++].device = 1;
+    r[n] = smem_rec(krec(ek, 100, 100, 1), mark, 11), r[n++].device = 1;
     int step_of[16];
     double ns[FM_PH_COUNT];
     assert_int_equal(fm_prof_kernel_steps(r, n, 2, step_of, ns), 1);
@@ -839,7 +845,7 @@ static void test_kernel_steps_forked_shared(void **st) {
     int shared = 0;
     for (size_t i = 0; i < n; i++) {
         assert_int_equal(step_of[i], 0);
-        if (strstr(r[i].name, "fm_shared_expert")) {
+        if (r[i].dyn_smem == mark) {
             assert_int_equal(r[i].phase, FM_PH_SHARED);
             shared++;
         } else {

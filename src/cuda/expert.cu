@@ -447,7 +447,7 @@ static constexpr int fm_min_blocks(int nt, int nmat, int st) {
  * NMAT = 1: down; the result times the routing weight is added into out.
  */
 template <int NT, int NMAT, bool MX, int ST, bool ENC>
-static __device__ __forceinline__ void fm_expert_body(const fm_expert_params &p, int W, int KS) {
+__global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_kernel(fm_expert_params p, int W, int KS) {
     extern __shared__ float ex_smem[];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -688,19 +688,6 @@ static __device__ __forceinline__ void fm_expert_body(const fm_expert_params &p,
         }
     }
 #undef FM_WAIT_ONCE
-}
-
-/* The kernels: one body, two names, so that a profile tells the shared
- * expert's launches on its own stream (fm_shared_expert_kernel) from the
- * routed experts' (the machine code is the same). */
-template <int NT, int NMAT, bool MX, int ST, bool ENC>
-__global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST)) fm_expert_kernel(fm_expert_params p, int W, int KS) {
-    fm_expert_body<NT, NMAT, MX, ST, ENC>(p, W, KS);
-}
-template <int NT, int NMAT, bool MX, int ST, bool ENC>
-__global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, ST))
-    fm_shared_expert_kernel(fm_expert_params p, int W, int KS) {
-    fm_expert_body<NT, NMAT, MX, ST, ENC>(p, W, KS);
 }
 
 /* ------------------------------------------------ wgmma path (sm_90a) */
@@ -1130,7 +1117,8 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
  * shared memory allows no more), so the 64 accumulators per thread fit. */
 static constexpr int fm_wg_min_blocks(int nmat, int nmax) { return nmax > 4 ? 2 : nmat == 2 && nmax > 1 ? 4 : 6; }
 template <int NMAT, bool MX, int NMAX, bool D2, int WGS>
-static __device__ __forceinline__ void fm_expert_wg_body(const fm_expert_params &p, int W, int KS) {
+__global__ void __launch_bounds__(128 * WGS, fm_wg_min_blocks(NMAT, NMAX) / WGS)
+    fm_expert_wg_kernel(fm_expert_params p, int W, int KS) {
 #ifdef FM_HAVE_WGMMA
     extern __shared__ __align__(128) uint8_t wg_smem[];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, g = lane >> 2;
@@ -1248,37 +1236,21 @@ static __device__ __forceinline__ void fm_expert_wg_body(const fm_expert_params 
 #endif
 }
 
-/* As fm_expert_kernel: one body, two names (the shared expert's launches on
- * its own stream are fm_shared_expert_wg_kernel). */
-template <int NMAT, bool MX, int NMAX, bool D2, int WGS>
-__global__ void __launch_bounds__(128 * WGS, fm_wg_min_blocks(NMAT, NMAX) / WGS)
-    fm_expert_wg_kernel(fm_expert_params p, int W, int KS) {
-    fm_expert_wg_body<NMAT, MX, NMAX, D2, WGS>(p, W, KS);
-}
-template <int NMAT, bool MX, int NMAX, bool D2, int WGS>
-__global__ void __launch_bounds__(128 * WGS, fm_wg_min_blocks(NMAT, NMAX) / WGS)
-    fm_shared_expert_wg_kernel(fm_expert_params p, int W, int KS) {
-    fm_expert_wg_body<NMAT, MX, NMAX, D2, WGS>(p, W, KS);
-}
-
 static int nt_index(int nt) { return nt == 1 ? 0 : nt == 2 ? 1 : 2; }
 
 typedef void (*fm_kfn)(fm_expert_params, int, int);
-#define FM_K4(K, NMAT, MX, ST, ENC) {K<1, NMAT, MX, ST, ENC>, K<2, NMAT, MX, ST, ENC>, K<4, NMAT, MX, ST, ENC>}
-#define FM_K8(K, NMAT, MX, ENC) \
-    {FM_K4(K, NMAT, MX, 0, ENC), FM_K4(K, NMAT, MX, FM_CP_STAGES, ENC), FM_K4(K, NMAT, MX, FM_ST_REGS_XG, ENC)}
-#define FM_K32(K)                                                                                               \
-    {{{FM_K8(K, 1, false, false), FM_K8(K, 1, true, false)}, {FM_K8(K, 2, false, false), FM_K8(K, 2, true, false)}}, \
-     {{FM_K8(K, 1, false, true), FM_K8(K, 1, true, true)}, {FM_K8(K, 2, false, true), FM_K8(K, 2, true, true)}}}
-/* pipe: FM_PIPE_* (the kernel's ST: 0, FM_CP_STAGES, FM_ST_REGS_XG); sh: the
- * shared expert's launch on its own stream */
-static fm_kfn pick(int nmat, int nt, int mx, int pipe, int enc, int sh) {
-    static const fm_kfn k[2][2][2][2][3][3] = {FM_K32(fm_expert_kernel), FM_K32(fm_shared_expert_kernel)};
-    return k[sh ? 1 : 0][enc ? 1 : 0][nmat == 2][mx ? 1 : 0][pipe][nt_index(nt)];
+#define FM_K4(NMAT, MX, ST, ENC)                                                                  \
+    {fm_expert_kernel<1, NMAT, MX, ST, ENC>, fm_expert_kernel<2, NMAT, MX, ST, ENC>,             \
+     fm_expert_kernel<4, NMAT, MX, ST, ENC>}
+#define FM_K8(NMAT, MX, ENC) \
+    {FM_K4(NMAT, MX, 0, ENC), FM_K4(NMAT, MX, FM_CP_STAGES, ENC), FM_K4(NMAT, MX, FM_ST_REGS_XG, ENC)}
+/* pipe: FM_PIPE_* (the kernel's ST: 0, FM_CP_STAGES, FM_ST_REGS_XG) */
+static fm_kfn pick(int nmat, int nt, int mx, int pipe, int enc) {
+    static const fm_kfn k[2][2][2][3][3] = {
+        {{FM_K8(1, false, false), FM_K8(1, true, false)}, {FM_K8(2, false, false), FM_K8(2, true, false)}},
+        {{FM_K8(1, false, true), FM_K8(1, true, true)}, {FM_K8(2, false, true), FM_K8(2, true, true)}}};
+    return k[enc ? 1 : 0][nmat == 2][mx ? 1 : 0][pipe][nt_index(nt)];
 }
-#undef FM_K4
-#undef FM_K8
-#undef FM_K32
 static size_t ring_bytes(int nmat, int nt) {
     return (size_t)FM_CP_STAGES * (nmat * 1024 + nmat * 128 + nt * 2048);
 }
@@ -1330,30 +1302,25 @@ static int wg_applies(int nmat, int enc, int wgmma) { return (wg_env(NULL) & (nm
 /* kind: 0 down (64 rows), 1 gate/up, 2 down in 128-row blocks (D2); wgs 2
  * (two warpgroups per block, v43) is built for gate/up and D2 with passes of
  * 16 or 32 tokens (the config file accepts nothing else); NULL otherwise. */
-#define FM_WG3(K, NMAT, MX, D2) {K<NMAT, MX, 1, D2, 1>, K<NMAT, MX, 2, D2, 1>, K<NMAT, MX, 4, D2, 1>}
-#define FM_WG3X2(K, NMAT, MX, D2) {NULL, K<NMAT, MX, 2, D2, 2>, K<NMAT, MX, 4, D2, 2>}
-#define FM_WGK(K) {{FM_WG3(K, 1, false, false), FM_WG3(K, 1, true, false)}, \
-                   {FM_WG3(K, 2, false, false), FM_WG3(K, 2, true, false)}, \
-                   {FM_WG3(K, 2, false, true), FM_WG3(K, 2, true, true)}}
-#define FM_WGK2(K) {{{NULL, NULL, NULL}, {NULL, NULL, NULL}}, \
-                    {FM_WG3X2(K, 2, false, false), FM_WG3X2(K, 2, true, false)}, \
-                    {FM_WG3X2(K, 2, false, true), FM_WG3X2(K, 2, true, true)}}
-#define FM_WGK8(K) {{NULL, NULL}, {K<2, false, 8, false, 1>, K<2, true, 8, false, 1>}, \
-                    {K<2, false, 8, true, 1>, K<2, true, 8, true, 1>}}
+#define FM_WG3(NMAT, MX, D2) \
+    {fm_expert_wg_kernel<NMAT, MX, 1, D2, 1>, fm_expert_wg_kernel<NMAT, MX, 2, D2, 1>, \
+     fm_expert_wg_kernel<NMAT, MX, 4, D2, 1>}
+#define FM_WG3X2(NMAT, MX, D2) {NULL, fm_expert_wg_kernel<NMAT, MX, 2, D2, 2>, fm_expert_wg_kernel<NMAT, MX, 4, D2, 2>}
 /* nmax 8 (64-token passes, v46) is built for gate/up and D2 with one
- * warpgroup, for the shared expert's own launches; sh: the shared expert's
- * launch on its own stream */
-static fm_kfn pick_wg(int kind, int mx, int nmax, int wgs, int sh) {
-    static const fm_kfn k[2][3][2][3] = {FM_WGK(fm_expert_wg_kernel), FM_WGK(fm_shared_expert_wg_kernel)};
-    static const fm_kfn k2[2][3][2][3] = {FM_WGK2(fm_expert_wg_kernel), FM_WGK2(fm_shared_expert_wg_kernel)};
-    static const fm_kfn k8[2][3][2] = {FM_WGK8(fm_expert_wg_kernel), FM_WGK8(fm_shared_expert_wg_kernel)};
-    sh = sh ? 1 : 0;
-    if (nmax == 8) return wgs == 1 ? k8[sh][kind][mx ? 1 : 0] : NULL;
-    return (wgs == 2 ? k2 : k)[sh][kind][mx ? 1 : 0][nmax > 2 ? 2 : nmax - 1];
+ * warpgroup, for the shared expert's own launches. */
+static fm_kfn pick_wg(int kind, int mx, int nmax, int wgs) {
+    static const fm_kfn k[3][2][3] = {{FM_WG3(1, false, false), FM_WG3(1, true, false)},
+                                      {FM_WG3(2, false, false), FM_WG3(2, true, false)},
+                                      {FM_WG3(2, false, true), FM_WG3(2, true, true)}};
+    static const fm_kfn k2[3][2][3] = {{{NULL, NULL, NULL}, {NULL, NULL, NULL}},
+                                       {FM_WG3X2(2, false, false), FM_WG3X2(2, true, false)},
+                                       {FM_WG3X2(2, false, true), FM_WG3X2(2, true, true)}};
+    static const fm_kfn k8[3][2] = {{NULL, NULL},
+                                    {fm_expert_wg_kernel<2, false, 8, false, 1>, fm_expert_wg_kernel<2, true, 8, false, 1>},
+                                    {fm_expert_wg_kernel<2, false, 8, true, 1>, fm_expert_wg_kernel<2, true, 8, true, 1>}};
+    if (nmax == 8) return wgs == 1 ? k8[kind][mx ? 1 : 0] : NULL;
+    return (wgs == 2 ? k2 : k)[kind][mx ? 1 : 0][nmax > 2 ? 2 : nmax - 1];
 }
-#undef FM_WGK
-#undef FM_WGK2
-#undef FM_WGK8
 #undef FM_WG3
 #undef FM_WG3X2
 
@@ -1421,11 +1388,26 @@ static fm_status launch_grid(const fm_expert_params *p, int nmat, fm_kfn fn, int
     if (blocks <= 0) return FM_OK;
     if (blocks > 0x7fffffff) return fm_error(FM_E_RANGE, "CUDA grid of %lld blocks is too large", (long long)blocks);
     q.sh_blocks = (int)sh_blocks;
-    if (smem > 48 * 1024) {
-        cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    /* The shared expert's launches on its own stream ask for
+     * FM_CUDA_SHARED_SMEM_MARK bytes of dynamic shared memory more than they
+     * use: CUPTI reports each launch's dynamic shared memory, and a profile
+     * (src/prof/kernels.c) tells them by it from the routed experts' launches
+     * of the same kernel. (Kernels of their own under another name, v66,
+     * cost 3 % at B = 1: two copies of the code in the instruction caches.)
+     * The function's limit is raised for the mark on every launch, so that no
+     * later launch lowers it below a captured one's. */
+    if (smem % 16)
+        return fm_error(FM_E_RANGE, "%s: %zu bytes of shared memory, not a multiple of 16", what, smem);
+    int dev = 0, optin = 0;
+    FM_CU(cudaGetDevice(&dev));
+    FM_CU(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    const size_t limit = smem + FM_CUDA_SHARED_SMEM_MARK <= (size_t)optin ? smem + FM_CUDA_SHARED_SMEM_MARK : smem;
+    const size_t dsm = p->max_active == 0 && p->sgate.n > 0 ? limit : smem;
+    if (limit > 48 * 1024) {
+        cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)limit);
         if (err != cudaSuccess) {
             cudaGetLastError();
-            return fm_error(FM_E_CUDA, "cudaFuncSetAttribute(%zu bytes of shared memory, %s): %s", smem, what,
+            return fm_error(FM_E_CUDA, "cudaFuncSetAttribute(%zu bytes of shared memory, %s): %s", limit, what,
                             cudaGetErrorString(err));
         }
     }
@@ -1433,7 +1415,7 @@ static fm_status launch_grid(const fm_expert_params *p, int nmat, fm_kfn fn, int
     cudaLaunchAttribute attr[2];
     cfg.gridDim = dim3((unsigned)blocks);
     cfg.blockDim = dim3((unsigned)threads);
-    cfg.dynamicSmemBytes = smem;
+    cfg.dynamicSmemBytes = dsm;
     cfg.stream = s;
     unsigned na = 0;
     if (pdl) {
@@ -1455,10 +1437,6 @@ static fm_status launch_grid(const fm_expert_params *p, int nmat, fm_kfn fn, int
     return FM_OK;
 }
 
-/* A launch of the shared expert alone (its own stream: no routed items),
- * which takes the kernels' fm_shared_expert_* names. */
-static int shared_only(const fm_expert_params *p) { return p->max_active == 0 && p->sgate.n > 0; }
-
 /* wgs: warpgroups per block (1, or 2 from the config's 128 rows per block,
  * v43; the 64-row down of FP4MOE_CUDA_WG_DOWN2=0 and passes of 8 tokens have
  * one). Two warpgroups never split K. */
@@ -1477,11 +1455,9 @@ static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nma
                              (int)((nmat == 2 ? p->gate.kp : p->down.kp) / FM_KSEG));
     /* gate/up's cluster reduction reuses CTA 0's rings for the others' sums */
     while (nmat == 2 && ks > 1 && (size_t)(ks - 1) * 2 * 4 * nmax * 128 * sizeof(float) > smem) ks /= 2;
-    const int sh = shared_only(p);
-    return launch_grid(p, nmat, pick_wg(kind, p->mx, nmax, wgs, sh), rpb, chunk, 128 * wgs, smem, pdl, 4 * wgs, ks, ks,
+    return launch_grid(p, nmat, pick_wg(kind, p->mx, nmax, wgs), rpb, chunk, 128 * wgs, smem, pdl, 4 * wgs, ks, ks,
                        nmat == 2 ? ks : 1, s,
-                       sh ? (nmat == 2 ? "fm_shared_expert_wg_kernel (gate/up)" : "fm_shared_expert_wg_kernel (down)")
-                          : (nmat == 2 ? "fm_expert_wg_kernel (gate/up)" : "fm_expert_wg_kernel (down)"));
+                       nmat == 2 ? "fm_expert_wg_kernel (gate/up)" : "fm_expert_wg_kernel (down)");
 }
 
 /* FP4MOE_CUDA_WG_DOWN_TOKENS = 8 | 16 | 32: the wgmma down's passes at that
@@ -1528,11 +1504,9 @@ static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int n
     int pipe = c->pipe;
     if (pipe == FM_PIPE_REGS2 && use_xg(nmat, c->nt)) pipe = FM_PIPE_REGS_XG;
     const fm_dmat *m = nmat == 2 ? &p->gate : &p->down;
-    const int sh = shared_only(p);
-    return launch_grid(p, nmat, pick(nmat, c->nt, p->mx, pipe, m->enc, sh), 16 * (c->warps / c->ksplit), 8 * c->nt,
+    return launch_grid(p, nmat, pick(nmat, c->nt, p->mx, pipe, m->enc), 16 * (c->warps / c->ksplit), 8 * c->nt,
                        32 * c->warps, smem, c->pdl, c->warps, c->ksplit, 1, 1, s,
-                       sh ? (nmat == 2 ? "fm_shared_expert_kernel (gate/up)" : "fm_shared_expert_kernel (down)")
-                          : (nmat == 2 ? "fm_expert_kernel (gate/up)" : "fm_expert_kernel (down)"));
+                       nmat == 2 ? "fm_expert_kernel (gate/up)" : "fm_expert_kernel (down)");
 }
 
 extern "C" fm_status fm_cuda_launch_gateup(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s) {

@@ -61,6 +61,7 @@ static void add_record(fm_cupti *c, const CUpti_ActivityKernel10 *k) {
     o->end_ns = (uint64_t)((int64_t)k->end + c->offset_ns);
     o->device = k->deviceId;
     o->stream = k->streamId;
+    o->dyn_smem = k->dynamicSharedMemory > 0 ? (uint32_t)k->dynamicSharedMemory : 0;
     o->correlation = k->correlationId;
     o->graph_id = k->graphId;
     o->phase = fm_prof_kernel_phase(o->name);

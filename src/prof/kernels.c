@@ -12,9 +12,9 @@ static int cmp_start(const void *a, const void *b) {
 
 /* The expert GEMMs may share one kernel template (fp4moe's CUDA backend
  * runs gate/up and down through one fm_expert_kernel<...>), so the name
- * cannot tell them apart; their order after the routing kernel can. (The
- * shared expert's launches on their own stream are named
- * fm_shared_expert_*: the name rules make them shared.) */
+ * cannot tell them apart; their order after the routing kernel can. The
+ * shared expert's launches on their own stream (the same kernels) carry
+ * FM_CUDA_SHARED_SMEM_MARK in their dynamic shared memory. */
 static void assign_expert_phases(fm_kernel_rec *r, size_t n) {
     uint32_t stream = UINT32_MAX;
     int nth = 0;
@@ -25,6 +25,10 @@ static void assign_expert_phases(fm_kernel_rec *r, size_t n) {
         }
         if (r[i].phase == FM_PH_ROUTE) nth = 0;
         if (r[i].phase != FM_PH_OTHER || !strstr(r[i].name, "expert")) continue;
+        if (r[i].dyn_smem % 16 == FM_CUDA_SHARED_SMEM_MARK) {
+            r[i].phase = FM_PH_SHARED;
+            continue;
+        }
         nth++;
         if (nth == 1) r[i].phase = FM_PH_GATEUP;
         else if (nth == 2) r[i].phase = FM_PH_DOWN;
