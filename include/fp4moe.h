@@ -902,6 +902,11 @@ typedef struct {
     double flops_per_step;
     double floor_ns;          /* bytes / bandwidth                          */
     double pct_of_floor;      /* 100 * floor / measured                     */
+    /* the routing phase (measured) + the routed experts' bytes / bandwidth:
+     * the fastest a step can be that routes, then reads the experts it
+     * chose (the shared expert and the router read beside the routing);
+     * 0 when no routing time was measured */
+    double bound_ns;
     double achieved_Bps, achieved_flops, tokens_per_s;
     double stream_share;      /* share of the step in gate_up/act/down/shared */
     fm_verdict verdict;

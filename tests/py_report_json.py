@@ -35,6 +35,13 @@ def check_json(j, batches, bw, tile_n, steps):
         floor_ms = want_bytes / (bw * 1e9) * 1e3
         assert close(m["floor_ms"], floor_ms)
         assert close(m["pct_of_floor"], 100 * floor_ms / b["step_ms"])
+        # route-then-read bound: the routing phase + the routed experts' bytes
+        routed = profcheck.layer_bytes(j, act) - profcheck.layer_bytes(j, 0)
+        if ph["routing"] > 0:
+            want = ph["routing"] + routed * j["layers_per_step"] / (bw * 1e9) * 1e3
+            assert close(m["route_read_bound_ms"], want), (m["route_read_bound_ms"], want)
+        else:
+            assert m["route_read_bound_ms"] is None
         H, I = s["H"], s["I"]
         per_tok = 6.0 * H * I * k + 2.0 * H * E + (6.0 * H * s["shared_inter"] if s["n_shared"] else 0)
         assert close(m["flops_per_step"], per_tok * B * j["layers_per_step"])

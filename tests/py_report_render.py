@@ -135,6 +135,8 @@ def main():
             m = b["model"]
             assert p.cells[(B, "pct_of_floor")] == f"{m['pct_of_floor']:.1f}"
             assert p.cells[(B, "floor_ms")] == f"{m['floor_ms']:.3f}"
+            bd = m["route_read_bound_ms"]
+            assert p.cells[(B, "bound_ms")] == ("-" if bd is None else f"{bd:.3f}")
             assert p.cells[(B, "step_ms")] == f"{b['step_ms']:.3f}"
             assert p.cells[(B, "active_expected")] == f"{m['active_expected']:.1f}"
             assert p.cells[(B, "active_observed")] == f"{m['active_observed']:.1f}"

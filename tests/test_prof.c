@@ -219,6 +219,9 @@ static void test_finish_and_verdicts(void **st) {
     assert_true(fabs(a->row_ns[FM_PROF_ROW_TOTAL] - a->step_ns) < 1e-9);
     assert_true(fabs(a->row_ns[FM_PROF_ROW_UNATTR] - 0.05 * a->step_ns) < 1e-6);
     assert_true(fabs(a->tile_fill - 1.0 / 128.0) < 1e-9); /* one token per expert */
+    /* route-then-read bound: the routing phase + the six experts at the bandwidth */
+    assert_true(fabs(a->bound_ns - (0.05 * a->step_ns + 1e9 * 6 * 14155788.0 / 4.6e12)) < 1e-6);
+    assert_true(b->bound_ns == 0); /* no routing time measured */
     assert_int_equal(a->tile_fill_is_expected, 1);
 
     assert_int_equal(b->telem.n, 2);

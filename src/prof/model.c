@@ -153,9 +153,14 @@ void fm_prof_delta(const fm_prof_batch *a, const fm_prof_batch *b, double delta_
     }
 }
 
+/* Bytes of one routed expert (gate, up, down). */
+static double expert_bytes(const fm_profile *p) {
+    return 2 * fm_prof_matrix_bytes(p->fmt, p->I, p->H) + fm_prof_matrix_bytes(p->fmt, p->H, p->I);
+}
+
 /* Bytes and FLOPs of one layer at batch B with `active` routed experts. */
 static void layer_cost(const fm_profile *p, int B, double active, double *bytes, double *flops) {
-    double expert = 2 * fm_prof_matrix_bytes(p->fmt, p->I, p->H) + fm_prof_matrix_bytes(p->fmt, p->H, p->I);
+    double expert = expert_bytes(p);
     double shared = 0;
     if (p->n_shared > 0 && p->shared_inter > 0)
         shared = 2 * fm_prof_matrix_bytes(p->fmt, p->shared_inter, p->H) + fm_prof_matrix_bytes(p->fmt, p->H, p->shared_inter);
@@ -309,6 +314,10 @@ fm_status fm_profile_finish(fm_profile *p) {
         b->flops_per_step = flops * p->layers_per_step;
         b->floor_ns = p->bandwidth_Bps > 0 ? 1e9 * b->bytes_per_step / p->bandwidth_Bps : 0;
         b->pct_of_floor = b->step_ns > 0 ? 100.0 * b->floor_ns / b->step_ns : 0;
+        b->bound_ns = b->row_ns[FM_PH_ROUTE] > 0 && p->bandwidth_Bps > 0
+                          ? b->row_ns[FM_PH_ROUTE] +
+                                1e9 * active * expert_bytes(p) * p->layers_per_step / p->bandwidth_Bps
+                          : 0;
         b->achieved_Bps = b->step_ns > 0 ? b->bytes_per_step / (b->step_ns * 1e-9) : 0;
         b->achieved_flops = b->step_ns > 0 ? b->flops_per_step / (b->step_ns * 1e-9) : 0;
         b->tokens_per_s = b->step_ns > 0 ? b->batch / (b->step_ns * 1e-9) : 0;

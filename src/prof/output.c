@@ -285,15 +285,17 @@ void fm_profile_print(const fm_profile *p, FILE *f) {
     for (int i = 0; i + 1 < p->n_batch; i++) print_delta(p, i, i + 1, f);
 
     fprintf(f, "\nperformance model (per step; floor = bytes that must be read / %.2f GB/s):\n", p->bandwidth_Bps / 1e9);
-    fprintf(f, "| batch | active experts exp/obs | tokens/expert | MB read | floor ms | measured ms | %% of floor | GB/s | "
-               "GFLOP/s | tile rows used |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    fprintf(f, "| batch | active experts exp/obs | tokens/expert | MB read | floor ms | route+read ms | measured ms | "
+               "%% of floor | GB/s | GFLOP/s | tile rows used |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < p->n_batch; i++) {
         const fm_prof_batch *b = &p->b[i];
         char tile[64];
         fm_prof_fmt_tile(tile, sizeof tile, b);
-        fprintf(f, "| %d | %.1f / %.1f | %.2f | %.2f | %.3f | %.3f | %.1f | %.2f | %.2f | %s |\n", b->batch,
+        char bound[32] = "-";
+        if (b->bound_ns > 0) snprintf(bound, sizeof bound, "%.3f", b->bound_ns * 1e-6);
+        fprintf(f, "| %d | %.1f / %.1f | %.2f | %.2f | %.3f | %s | %.3f | %.1f | %.2f | %.2f | %s |\n", b->batch,
                 b->active_expected, b->active_observed, b->tokens_per_expert, b->bytes_per_step / 1e6,
-                b->floor_ns * 1e-6, b->step_ns * 1e-6, b->pct_of_floor, b->achieved_Bps / 1e9,
+                b->floor_ns * 1e-6, bound, b->step_ns * 1e-6, b->pct_of_floor, b->achieved_Bps / 1e9,
                 b->achieved_flops / 1e9, tile);
     }
     fprintf(f, "\ntelemetry per batch (mean/max) beside the throughput:\n");
@@ -436,6 +438,7 @@ fm_status fm_profile_json(const fm_profile *p, char **out) {
         json_object_set_new(m, "flops_per_step", jnum(b->flops_per_step));
         json_object_set_new(m, "floor_ms", jnum(b->floor_ns * 1e-6));
         json_object_set_new(m, "pct_of_floor", jnum(b->pct_of_floor));
+        json_object_set_new(m, "route_read_bound_ms", b->bound_ns > 0 ? jnum(b->bound_ns * 1e-6) : json_null());
         json_object_set_new(m, "achieved_GBps", jnum(b->achieved_Bps / 1e9));
         json_object_set_new(m, "achieved_GFLOPs", jnum(b->achieved_flops / 1e9));
         json_object_set_new(m, "tokens_per_s", jnum(b->tokens_per_s));

@@ -307,20 +307,23 @@ static void kernel_tables(fm_sb *sb, const fm_profile *p) {
 
 static void model_table(fm_sb *sb, const fm_profile *p) {
     fm_sb_puts(sb, "<table class=\"model\"><tr><th>batch</th><th>active experts expected</th><th>observed</th>"
-                   "<th>tokens / expert</th><th>MB read / step</th><th>floor ms</th><th>measured ms</th>"
+                   "<th>tokens / expert</th><th>MB read / step</th><th>floor ms</th><th>route+read ms</th><th>measured ms</th>"
                    "<th>% of floor</th><th>GB/s</th><th>GFLOP/s</th><th>tile rows used</th><th>tok/s</th></tr>\n");
     for (int i = 0; i < p->n_batch; i++) {
         const fm_prof_batch *b = &p->b[i];
         int B = b->batch;
+        char bound[32] = "-";
+        if (b->bound_ns > 0) snprintf(bound, sizeof bound, "%.3f", b->bound_ns * 1e-6);
         fm_sb_printf(sb,
                      "<tr><td>%d</td><td data-batch=\"%d\" data-col=\"active_expected\">%.1f</td><td data-batch=\"%d\" "
                      "data-col=\"active_observed\">%.1f</td><td data-batch=\"%d\" "
                      "data-col=\"tokens_per_expert\">%.2f</td><td data-batch=\"%d\" data-col=\"mb\">%.2f</td><td "
                      "data-batch=\"%d\" data-col=\"floor_ms\">%.3f</td><td data-batch=\"%d\" "
+                     "data-col=\"bound_ms\">%s</td><td data-batch=\"%d\" "
                      "data-col=\"step_ms\">%.3f</td><td data-batch=\"%d\" data-col=\"pct_of_floor\">%.1f</td><td>%.2f</td>"
                      "<td>%.2f</td><td data-batch=\"%d\" data-col=\"tile_fill\">",
                      B, B, b->active_expected, B, b->active_observed, B, b->tokens_per_expert, B,
-                     b->bytes_per_step / 1e6, B, b->floor_ns * 1e-6, B, b->step_ns * 1e-6, B, b->pct_of_floor,
+                     b->bytes_per_step / 1e6, B, b->floor_ns * 1e-6, B, bound, B, b->step_ns * 1e-6, B, b->pct_of_floor,
                      b->achieved_Bps / 1e9, b->achieved_flops / 1e9, B);
         char tile[64];
         fm_prof_fmt_tile(tile, sizeof tile, b);
