@@ -847,15 +847,15 @@ void fm_cupti_stop(fm_cupti *c);          /* disables and frees            */
  * cudaGraphLaunch share its correlation id: groups of the most common size
  * (> 1) are the steps. Without graphs, routing kernels count the layers
  * (one per layer; layers_per_step per step). Kernels named "...expert..."
- * that the name rules leave in FM_PH_OTHER are gate/up when first after a
- * routing kernel on their stream, down when second, shared when their
- * dyn_smem carries FM_CUDA_SHARED_SMEM_MARK. Each nanosecond of a device counts once: under
- * the kernel that started first among those not in the shared phase, and
- * for the shared phase's kernels only where no other kernel of the device
- * ran, so the phases add up to at most the steps' busy time. Sorts r by (stream,
- * start) and updates r[i].phase; step_of[i] (may be NULL) gets the step
- * index of record i, or -1. Fills ns_per_step (mean over steps); returns
- * the number of steps (0 when none were found). */
+ * that the name rules leave in FM_PH_OTHER are shared when their dyn_smem
+ * carries FM_CUDA_SHARED_SMEM_MARK, else gate/up when first after a routing
+ * kernel on their stream, down when second. Each nanosecond of a device
+ * counts once: under the kernel that started first among those not in the
+ * shared phase, and for the shared phase's kernels only where no other
+ * kernel of the device ran, so the phases add up to at most the steps' busy
+ * time. Sorts r by (stream, start) and updates r[i].phase; step_of[i] (may
+ * be NULL) gets the step index of record i, or -1. Fills ns_per_step (mean
+ * over steps); returns the number of steps (0 when none were found). */
 int fm_prof_kernel_steps(fm_kernel_rec *r, size_t n, int layers_per_step, int *step_of,
                          double ns_per_step[FM_PH_COUNT]);
 
