@@ -177,6 +177,7 @@ typedef struct {
     /* 1: the weights are read with an L2 evict-first policy */
     int l2first;
     int sms;                      /* SMs of the device (sizes the down's K split) */
+    int smem_optin;               /* the device's shared memory per block, opt-in */
     /* the wgmma launches' K split when > 0 (the shared expert's launches on
      * their branch, v51), else the rule of wg_ks */
     int ks_force;

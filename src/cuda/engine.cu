@@ -22,6 +22,7 @@ struct fm_cuda_engine {
     int device;
     char name[256];
     int sm_count, cc_major, cc_minor, rt_ver, drv_ver;
+    int smem_optin; /* shared memory per block, opt-in (bytes) */
     char desc[320];
     cudaStream_t stream;
     cudaStream_t side;          /* the shared expert's branch (sh_fork) */
@@ -117,6 +118,7 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
     e->device = device;
     snprintf(e->name, sizeof e->name, "%s", prop.name);
     e->sm_count = prop.multiProcessorCount;
+    e->smem_optin = (int)prop.sharedMemPerBlockOptin;
     e->cc_major = prop.major;
     e->cc_minor = prop.minor;
     cudaRuntimeGetVersion(&e->rt_ver);
@@ -854,6 +856,7 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
     ep.l2first = rp.l2first = e->l2first;
     ep.pre_wait = e->sched.pre_wait;
     ep.sms = e->sm_count;
+    ep.smem_optin = e->smem_optin;
     fm_status s;
     if (ev) FM_CU(cudaEventRecord(ev[0], e->stream));
     if (fork) {

@@ -1398,10 +1398,8 @@ static fm_status launch_grid(const fm_expert_params *p, int nmat, fm_kfn fn, int
      * later launch lowers it below a captured one's. */
     if (smem % 16)
         return fm_error(FM_E_RANGE, "%s: %zu bytes of shared memory, not a multiple of 16", what, smem);
-    int dev = 0, optin = 0;
-    FM_CU(cudaGetDevice(&dev));
-    FM_CU(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    const size_t limit = smem + FM_CUDA_SHARED_SMEM_MARK <= (size_t)optin ? smem + FM_CUDA_SHARED_SMEM_MARK : smem;
+    const size_t limit =
+        smem + FM_CUDA_SHARED_SMEM_MARK <= (size_t)p->smem_optin ? smem + FM_CUDA_SHARED_SMEM_MARK : smem;
     const size_t dsm = p->max_active == 0 && p->sgate.n > 0 ? limit : smem;
     if (limit > 48 * 1024) {
         cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)limit);
@@ -1491,16 +1489,11 @@ static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int n
                         c->ksplit);
     size_t smem = c->ksplit > 1 ? (size_t)c->warps * nmat * c->nt * 4 * 32 * sizeof(float) : 0;
     if (c->pipe == FM_PIPE_CP_ASYNC) smem += (size_t)c->warps * ring_bytes(nmat, c->nt);
-    if (smem > 48 * 1024) {
-        int dev = 0, maxs = 0;
-        FM_CU(cudaGetDevice(&dev));
-        FM_CU(cudaDeviceGetAttribute(&maxs, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        if (smem > (size_t)maxs)
-            return fm_error(FM_E_ARG,
-                            "kernel config (warps %d, k_split %d, tile_n %d, cp.async) needs %zu bytes of shared "
-                            "memory per block; this GPU allows %d",
-                            c->warps, c->ksplit, c->nt * 8, smem, maxs);
-    }
+    if (smem > 48 * 1024 && smem > (size_t)p->smem_optin)
+        return fm_error(FM_E_ARG,
+                        "kernel config (warps %d, k_split %d, tile_n %d, cp.async) needs %zu bytes of shared "
+                        "memory per block; this GPU allows %d",
+                        c->warps, c->ksplit, c->nt * 8, smem, p->smem_optin);
     int pipe = c->pipe;
     if (pipe == FM_PIPE_REGS2 && use_xg(nmat, c->nt)) pipe = FM_PIPE_REGS_XG;
     const fm_dmat *m = nmat == 2 ? &p->gate : &p->down;
