@@ -1,5 +1,5 @@
 /* Flags and printing for `forward --tp/--ep` and `bench --tp/--ep`; the work
- * is in src/dist. */
+ * is in src/parallel. */
 #include "dist_opts.h"
 #include "cli.h"
 

@@ -477,7 +477,7 @@ typedef struct {
     fm_device device;
     fm_cpu_isa isa;  /* CPU only */
     int n_threads;   /* CPU only; <= 0: all */
-    const struct fm_dist_opts *dist; /* non-NULL: sharded run (src/dist)   */
+    const struct fm_dist_opts *dist; /* non-NULL: sharded run (src/parallel)   */
     int dist_mpi;                    /* one GPU per MPI process            */
 } fm_forward_file_opts;
 fm_status fm_forward_file(const fm_forward_file_opts *o, char *info, size_t cap);
@@ -1088,7 +1088,7 @@ fm_status fm_trace_step_summary(const fm_trace *t, int rank, fm_trace_step_info 
 double fm_trace_category_ms(const fm_trace *t, int rank, const char *category);
 /* @section trace end */
 
-/* ---------------------------------------------------- tensor / expert parallel (src/dist) */
+/* ---------------------------------------------------- tensor / expert parallel (src/parallel) */
 /* @section dist begin */
 /*
  * Tensor parallel (TP): rank r holds rows [r*I/R, (r+1)*I/R) of every

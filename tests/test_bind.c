@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "io/model_int.h"
+#include "io/io_internal.h"
 #include "util/util.h"
 
 static void rm_rf(const char *dir) {
@@ -110,7 +110,7 @@ static void round_trip(const char *preset, fm_qformat f) {
         assert_int_equal(fm_moe_layer_random(&d, f, 1234, l, &b), FM_OK);
         same_layer(a, b);
         assert_int_equal(fm_moe_layer_expert_bytes(a), fm_model_expert_bytes(&d, f) * d.n_experts);
-        if (fm__is_hash_layer(&d, l)) assert_non_null(a->tid2eid);
+        if (fm_io_is_hash_layer(&d, l)) assert_non_null(a->tid2eid);
         fm_moe_layer_free(a);
         fm_moe_layer_free(b);
         /* a different seed gives different weights */
@@ -160,7 +160,7 @@ static void test_random_weights_sane(void **st) {
             }
             double K = m == 0 ? d.hidden : d.moe_inter;
             double sd = sqrt(s2 / n - (s / n) * (s / n)) * sqrt(K);
-            if (sd < 0.7 || sd > 1.45) fail_msg("%s m=%d: std*sqrt(K) = %g", fm__qformat_str(fmts[f]), m, sd);
+            if (sd < 0.7 || sd > 1.45) fail_msg("%s m=%d: std*sqrt(K) = %g", fm_io_qformat_str(fmts[f]), m, sd);
             assert_true(fabs(s / n) * sqrt(K) < 0.1);
         }
         double rs = 0;

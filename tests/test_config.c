@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "io/model_int.h"
+#include "io/io_internal.h"
 #include "util/util.h"
 
 static char *slurp(const char *name) {
@@ -337,7 +337,7 @@ static void test_presets_round_trip(void **st) {
             assert_int_equal(fm_model_desc_to_json(&d, &cfg, &q), FM_OK);
             if (fm_model_desc_parse(cfg, strlen(cfg), q, q ? strlen(q) : 0, &back) != FM_OK)
                 fail_msg("%s/%d: %s", name, f, fm_last_error());
-            if (memcmp(&d, &back, sizeof d) != 0) fail_msg("%s (%s): config.json does not round-trip", name, fm__qformat_str(fmts[f]));
+            if (memcmp(&d, &back, sizeof d) != 0) fail_msg("%s (%s): config.json does not round-trip", name, fm_io_qformat_str(fmts[f]));
             free(cfg);
             free(q);
         }

@@ -10,7 +10,7 @@
 #include <cmocka.h>
 
 #include "fp4moe.h"
-#include "io/model_int.h"
+#include "io/io_internal.h"
 #include "util/util.h"
 
 static fm_cuda_engine *g_eng;
@@ -858,8 +858,8 @@ static void test_dsv4_flash_shape(void **state) {
     hl.has_shared = 1; hl.shared_inter = d.shared_inter;
     float *rw = malloc(sizeof(float) * (size_t)E * H), *sb = malloc(sizeof(float) * (size_t)E);
     assert_non_null(rw); assert_non_null(sb);
-    for (int64_t i = 0; i < (int64_t)E * H; i++) rw[i] = fm__bf16_to_f32(fm__gen_router_w(seed, L, H, i));
-    for (int x = 0; x < E; x++) sb[x] = fm__gen_score_bias(seed, L, x);
+    for (int64_t i = 0; i < (int64_t)E * H; i++) rw[i] = fm_bf16_to_f32(fm_io_gen_router_w(seed, L, H, i));
+    for (int x = 0; x < E; x++) sb[x] = fm_io_gen_score_bias(seed, L, x);
     hl.router_w = rw;
     hl.score_bias = sb;
     hl.gate = calloc((size_t)E, sizeof(fm_qmatrix));

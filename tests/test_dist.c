@@ -1,5 +1,5 @@
 /*
- * Sharding and combine logic of src/dist against the unsharded layer.
+ * Sharding and combine logic of src/parallel against the unsharded layer.
  *
  * The engine here is a private float64 double of an MoE engine (softmax
  * top-k routing, experts dequantized with fm_qmatrix_dequant_row_f64), so
@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/dist.h"
+#include "parallel/parallel_internal.h"
 #include "util/util.h"
 
 /* ------------------------------------------------------- the test engine */

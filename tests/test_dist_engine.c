@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/dist.h"
+#include "parallel/parallel_internal.h"
 #include "util/util.h"
 
 static fm_cpu_engine *g_eng;

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/dist.h"
+#include "parallel/parallel_internal.h"
 #include "util/util.h"
 #ifdef FM_HAVE_CUDA
 #include <cuda_runtime_api.h>

@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io/model_int.h"
+#include "io/io_internal.h"
 #include "util/util.h"
 
 static int count_entries(const char *dir) {
@@ -90,7 +90,7 @@ static void test_formulas_by_hand(void **st) {
     int32_t row[8];
     int hist[16] = {0};
     for (int t = 0; t < 2000; t++) {
-        fm__gen_tid2eid_row(seed, 0, 16, 6, t, row);
+        fm_io_gen_tid2eid_row(seed, 0, 16, 6, t, row);
         for (int j = 0; j < 6; j++) {
             assert_true(row[j] >= 0 && row[j] < 16);
             for (int q = 0; q < j; q++) assert_true(row[q] != row[j]);

@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "fp4moe.h"
-#include "trace/trace_int.h"
+#include "trace/trace_internal.h"
 
 #define US 1e-9 /* tolerance on microsecond figures printed from integer ns */
 

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cpu/cpu_int.h"
+#include "cpu/cpu_internal.h"
 #include "route/route.h"
 #include "util/util.h"
 

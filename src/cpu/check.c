@@ -3,7 +3,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "cpu/cpu_int.h"
+#include "cpu/cpu_internal.h"
 #include "route/route.h"
 #include "util/util.h"
 

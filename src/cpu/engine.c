@@ -27,7 +27,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "cpu/cpu_int.h"
+#include "cpu/cpu_internal.h"
 #include "cpu/kern.h"
 #include "route/route.h"
 #include "util/util.h"

@@ -4,7 +4,7 @@
  * after the computation succeeded, through the atomic writer. */
 #include <string.h>
 
-#include "cpu/cpu_int.h"
+#include "cpu/cpu_internal.h"
 #include "route/route.h"
 #include "util/util.h"
 
@@ -104,7 +104,7 @@ fm_status fm_forward_file(const fm_forward_file_opts *o, char *info, size_t cap)
     if (o->dist) {
         if (o->device == FM_DEV_CPU) st = fm_cpu_engine_new(o->isa, o->n_threads, &ce);
         if (!st) st = fm_dist_run(o->dist, o->device, o->dist_mpi, ce, &d, l, hs->data, hs->dtype, T, tok, &mo, NULL);
-        if (!st) engine = "sharded (src/dist)";
+        if (!st) engine = "sharded (src/parallel)";
     } else if (o->device == FM_DEV_CUDA) {
         st = fm_cuda_engine_new(0, &ge);
         if (!st) {

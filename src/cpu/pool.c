@@ -6,7 +6,7 @@
 #include <stdatomic.h>
 #include <unistd.h>
 
-#include "cpu/cpu_int.h"
+#include "cpu/cpu_internal.h"
 #include "util/util.h"
 
 #define SPIN_ITERS 4000

@@ -10,7 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "cpu/cpu_int.h"
+#include "cpu/cpu_internal.h"
 #include "util/util.h"
 
 static double act_f64(fm_act_kind act, double g, double u, double alpha, double limit) {

@@ -9,8 +9,8 @@
 #include "cuda_internal.h"
 #include "schedule.h"
 extern "C" {
-#include "cpu/cpu_int.h"
-#include "io/model_int.h"
+#include "cpu/cpu_internal.h"
+#include "io/io_internal.h"
 #include "util/util.h"
 }
 #include <math.h>
@@ -668,7 +668,7 @@ fm_status fm_cuda_layer_random(fm_cuda_engine *e, const fm_model_desc *d, fm_qfo
     if (fmt == FM_QF_NONE) fmt = d->expert_format;
     if (!fm_model_is_moe_layer(d, layer))
         return fm_error(FM_E_ARG, "layer %d is not a MoE layer of this %s model", layer, d->family);
-    int with_bias = fm__has_expert_bias(d);
+    int with_bias = fm_io_has_expert_bias(d);
     fm_cuda_layer *l;
     s = layer_shell(e, d, fmt, layer, with_bias, &l);
     if (s) return s;
@@ -688,23 +688,23 @@ fm_status fm_cuda_layer_random(fm_cuda_engine *e, const fm_model_desc *d, fm_qfo
         rw = (float *)malloc(sizeof(float) * (size_t)l->E * l->H);
         if (!rw) s = fm_error(FM_E_NOMEM, "out of memory");
         for (int64_t i = 0; !s && i < (int64_t)l->E * l->H; i++)
-            rw[i] = fm__bf16_to_f32(fm__gen_router_w(seed, layer, l->H, i));
+            rw[i] = fm_bf16_to_f32(fm_io_gen_router_w(seed, layer, l->H, i));
     }
-    if (!s && fm__has_score_bias(d, layer)) {
+    if (!s && fm_io_has_score_bias(d, layer)) {
         sb = (float *)malloc(sizeof(float) * (size_t)l->E);
         if (!sb) s = fm_error(FM_E_NOMEM, "out of memory");
-        for (int x = 0; !s && x < l->E; x++) sb[x] = fm__gen_score_bias(seed, layer, x);
+        for (int x = 0; !s && x < l->E; x++) sb[x] = fm_io_gen_score_bias(seed, layer, x);
     }
     if (!s && d->route == FM_ROUTE_GPTOSS) {
         rb = (float *)malloc(sizeof(float) * (size_t)l->E);
         if (!rb) s = fm_error(FM_E_NOMEM, "out of memory");
-        for (int x = 0; !s && x < l->E; x++) rb[x] = fm__bf16_to_f32(fm__gen_router_bias(seed, layer, x));
+        for (int x = 0; !s && x < l->E; x++) rb[x] = fm_bf16_to_f32(fm_io_gen_router_bias(seed, layer, x));
     }
-    if (!s && fm__is_hash_layer(d, layer)) {
+    if (!s && fm_io_is_hash_layer(d, layer)) {
         V = d->vocab_size;
         tid = (int32_t *)malloc(sizeof(int32_t) * (size_t)V * l->k);
         if (!tid) s = fm_error(FM_E_NOMEM, "out of memory");
-        for (int64_t v = 0; !s && v < V; v++) fm__gen_tid2eid_row(seed, layer, l->E, l->k, v, tid + v * l->k);
+        for (int64_t v = 0; !s && v < V; v++) fm_io_gen_tid2eid_row(seed, layer, l->E, l->k, v, tid + v * l->k);
     }
     if (!s && with_bias) {
         fm_dmat *ms[3] = {&l->gate, &l->up, &l->down};
@@ -714,7 +714,7 @@ fm_status fm_cuda_layer_random(fm_cuda_engine *e, const fm_model_desc *d, fm_qfo
             if (!hb) { s = fm_error(FM_E_NOMEM, "out of memory"); break; }
             for (int x = 0; x < ms[mi]->n; x++)
                 for (int r = 0; r < ms[mi]->rows; r++)
-                    hb[(size_t)x * ms[mi]->rows_p + r] = fm__bf16_to_f32(fm__gen_expert_bias(seed, layer, x, mi, r));
+                    hb[(size_t)x * ms[mi]->rows_p + r] = fm_bf16_to_f32(fm_io_gen_expert_bias(seed, layer, x, mi, r));
             cudaError_t err = cudaMemcpy(ms[mi]->bias, hb, nb * sizeof(float), cudaMemcpyHostToDevice);
             free(hb);
             if (err != cudaSuccess) s = fm_error(FM_E_CUDA, "cudaMemcpy bias: %s", cudaGetErrorString(err));

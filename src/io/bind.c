@@ -24,7 +24,7 @@
  * through row strides); routers, biases and tables are converted to F32 /
  * int32 copies owned by the layer.
  */
-#include "io/model_int.h"
+#include "io/io_internal.h"
 #include "util/util.h"
 
 #include <math.h>
@@ -35,24 +35,24 @@
 /* ------------------------------------------------------------------ plan */
 
 typedef struct {
-    fm__tspec *v;
+    fm_io_tspec *v;
     size_t n, cap;
     fm_status err;
 } plan_buf;
 
-static fm__tspec *add(plan_buf *p, fm__trole role, int e, int m, int64_t R, int64_t K, fm_dtype dt, int ndim,
+static fm_io_tspec *add(plan_buf *p, fm_io_trole role, int e, int m, int64_t R, int64_t K, fm_dtype dt, int ndim,
                       const int64_t *shape, const char *fmt, ...) __attribute__((format(printf, 10, 11)));
-static fm__tspec *add(plan_buf *p, fm__trole role, int e, int m, int64_t R, int64_t K, fm_dtype dt, int ndim,
+static fm_io_tspec *add(plan_buf *p, fm_io_trole role, int e, int m, int64_t R, int64_t K, fm_dtype dt, int ndim,
                       const int64_t *shape, const char *fmt, ...) {
     if (p->err != FM_OK) return NULL;
     if (p->n == p->cap) {
         size_t nc = p->cap ? p->cap * 2 : 256;
-        fm__tspec *nv = realloc(p->v, nc * sizeof *nv);
+        fm_io_tspec *nv = realloc(p->v, nc * sizeof *nv);
         if (!nv) { p->err = fm_error(FM_E_NOMEM, "out of memory planning tensors"); return NULL; }
         p->v = nv;
         p->cap = nc;
     }
-    fm__tspec *t = &p->v[p->n++];
+    fm_io_tspec *t = &p->v[p->n++];
     memset(t, 0, sizeof *t);
     va_list ap;
     va_start(ap, fmt);
@@ -84,17 +84,17 @@ static void plan_matrix(plan_buf *p, const fm_model_desc *d, const char *base, i
             dsv4 ? "scale" : "weight_scale");
         if (f == FM_QF_NVFP4) {
             add(p, FM_T_SCALE2, e, m, R, K, FM_DT_F32, 0, NULL, "%s.weight_scale_2", base);
-            fm__tspec *t = add(p, FM_T_INSCALE, e, m, R, K, FM_DT_F32, 0, NULL, "%s.input_scale", base);
+            fm_io_tspec *t = add(p, FM_T_INSCALE, e, m, R, K, FM_DT_F32, 0, NULL, "%s.input_scale", base);
             if (t) t->optional = 1;
         }
     }
-    if (fm__has_expert_bias(d) && e >= 0) {
+    if (fm_io_has_expert_bias(d) && e >= 0) {
         int64_t s[1] = {R};
         add(p, FM_T_EBIAS, e, m, R, K, FM_DT_BF16, 1, s, "%s.bias", base);
     }
 }
 
-fm_status fm__layer_plan(const fm_model_desc *d, int layer, fm__tspec **out, size_t *n) {
+fm_status fm_io_layer_plan(const fm_model_desc *d, int layer, fm_io_tspec **out, size_t *n) {
     *out = NULL;
     *n = 0;
     plan_buf p = {0};
@@ -110,10 +110,10 @@ fm_status fm__layer_plan(const fm_model_desc *d, int layer, fm__tspec **out, siz
         add(&p, FM_T_ROUTER_BIAS, -2, 0, E, 0, FM_DT_BF16, 1, e1, "%s.router.bias", pre);
     } else {
         add(&p, FM_T_ROUTER_W, -2, 0, E, H, FM_DT_BF16, 2, rs, "%s.gate.weight", pre);
-        if (fm__has_score_bias(d, layer))
+        if (fm_io_has_score_bias(d, layer))
             add(&p, FM_T_SCORE_BIAS, -2, 0, E, 0, FM_DT_F32, 1, e1, "%s.gate.%s", pre,
                 !strcmp(d->layout, "dsv4") ? "bias" : "e_score_correction_bias");
-        if (fm__is_hash_layer(d, layer)) {
+        if (fm_io_is_hash_layer(d, layer)) {
             int64_t ts[2] = {d->vocab_size, d->topk};
             add(&p, FM_T_TID2EID, -2, 0, d->vocab_size, d->topk, FM_DT_I64, 2, ts, "%s.gate.tid2eid", pre);
         }
@@ -154,7 +154,7 @@ fm_status fm__layer_plan(const fm_model_desc *d, int layer, fm__tspec **out, siz
     return FM_OK;
 }
 
-uint64_t fm__tspec_bytes(const fm__tspec *t) {
+uint64_t fm_io_tspec_bytes(const fm_io_tspec *t) {
     uint64_t n = 1;
     for (int i = 0; i < t->ndim; i++) n *= (uint64_t)t->shape[i];
     return n * (uint64_t)(fm_dtype_bits(t->dt) / 8);
@@ -164,7 +164,7 @@ uint64_t fm__tspec_bytes(const fm__tspec *t) {
 
 typedef struct {
     fm_ckpt *c;
-    fm__problem_fn report;
+    fm_io_problem_fn report;
     void *ud;
     int n_problems;
     fm_status first;
@@ -185,7 +185,7 @@ static void problem(checker *k, fm_status s, const char *fmt, ...) {
     if (k->report) k->report(k->ud, msg);
 }
 
-static int dt_ok(const fm__tspec *t, fm_dtype got) {
+static int dt_ok(const fm_io_tspec *t, fm_dtype got) {
     if (got == t->dt) return 1;
     switch (t->role) {
     case FM_T_PACKED: return t->dt != FM_DT_BF16 && (got == FM_DT_U8 || got == FM_DT_I8);
@@ -207,7 +207,7 @@ static void shape_str(char *buf, size_t cap, int ndim, const int64_t *s) {
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
-static const fm_st_tensor *check_tensor(checker *k, const fm__tspec *t) {
+static const fm_st_tensor *check_tensor(checker *k, const fm_io_tspec *t) {
     const fm_st_tensor *st = fm_ckpt_find(k->c, t->name);
     if (!st) {
         if (!t->optional) problem(k, FM_E_NOTFOUND, "missing tensor '%s': %s", t->name, fm_last_error());
@@ -237,14 +237,14 @@ static const fm_st_tensor *check_tensor(checker *k, const fm__tspec *t) {
 /* Element i of a BF16 or F32 tensor as float (data may be unaligned). */
 static float load_f(const fm_st_tensor *st, int64_t i) {
     const uint8_t *p = st->data;
-    if (st->dtype == FM_DT_BF16) return fm__bf16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
+    if (st->dtype == FM_DT_BF16) return fm_bf16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
     float f;
     memcpy(&f, p + 4 * i, 4);
     return f;
 }
 
 static float *to_f32(fm_moe_layer *l, const fm_st_tensor *st, int64_t n, int64_t off, int64_t stride) {
-    float *v = fm__layer_alloc(l, sizeof(float) * (size_t)n);
+    float *v = fm_io_layer_alloc(l, sizeof(float) * (size_t)n);
     if (v)
         for (int64_t i = 0; i < n; i++) v[i] = load_f(st, off + i * stride);
     return v;
@@ -260,8 +260,8 @@ static fm_status quantize_matrix(fm_moe_layer *l, fm_qmatrix *q, fm_qformat f) {
     int64_t R = q->rows, K = q->cols;
     int blk = f == FM_QF_NVFP4 ? 16 : 32;
     float *w = fm_malloc(sizeof(float) * (size_t)(R * K));
-    uint8_t *packed = fm__layer_alloc(l, (size_t)(R * K / 2));
-    uint8_t *scales = fm__layer_alloc(l, (size_t)(R * K / blk));
+    uint8_t *packed = fm_io_layer_alloc(l, (size_t)(R * K / 2));
+    uint8_t *scales = fm_io_layer_alloc(l, (size_t)(R * K / blk));
     if (!w || !packed || !scales) { free(w); return FM_E_NOMEM; }
     for (int64_t r = 0; r < R; r++) fm_qmatrix_dequant_row(q, r, w + r * K);
     float s2 = 1.0f;
@@ -277,7 +277,7 @@ static fm_status quantize_matrix(fm_moe_layer *l, fm_qmatrix *q, fm_qformat f) {
     return FM_OK;
 }
 
-fm_status fm__layer_bind(fm_ckpt *c, const fm_model_desc *d, int layer, fm_qformat quantize_bf16, fm__problem_fn report,
+fm_status fm_io_layer_bind(fm_ckpt *c, const fm_model_desc *d, int layer, fm_qformat quantize_bf16, fm_io_problem_fn report,
                          void *ud, fm_moe_layer **out) {
     *out = NULL;
     fm_status s = fm_model_desc_validate(d);
@@ -285,18 +285,18 @@ fm_status fm__layer_bind(fm_ckpt *c, const fm_model_desc *d, int layer, fm_qform
     if (!fm_model_is_moe_layer(d, layer))
         return fm_error(FM_E_ARG, "layer %d is not a MoE layer of this %s model (%d layers, first %d dense)", layer,
                         d->family, d->n_layers, d->first_dense);
-    fm__tspec *plan;
+    fm_io_tspec *plan;
     size_t np;
-    s = fm__layer_plan(d, layer, &plan, &np);
+    s = fm_io_layer_plan(d, layer, &plan, &np);
     if (s != FM_OK) return s;
-    fm_moe_layer *l = fm__layer_new(d, layer, d->expert_format);
+    fm_moe_layer *l = fm_io_layer_new(d, layer, d->expert_format);
     if (!l) { free(plan); return FM_E_NOMEM; }
     checker k = {c, report, ud, 0, FM_OK, ""};
     int64_t H = d->hidden, I = d->moe_inter, E = d->n_experts;
     fm_qformat f = d->expert_format;
     int blk = f == FM_QF_NVFP4 ? 16 : f == FM_QF_MXFP4 ? 32 : 0;
     for (size_t i = 0; i < np; i++) {
-        const fm__tspec *t = &plan[i];
+        const fm_io_tspec *t = &plan[i];
         const fm_st_tensor *st = check_tensor(&k, t);
         if (!st) continue;
         if (k.n_problems) continue; /* keep checking; wire only a clean layer */
@@ -342,7 +342,7 @@ fm_status fm__layer_bind(fm_ckpt *c, const fm_model_desc *d, int layer, fm_qform
             break;
         case FM_T_TID2EID: {
             int64_t V = t->shape[0], kk = t->shape[1];
-            int32_t *tb = fm__layer_alloc(l, sizeof(int32_t) * (size_t)(V * kk));
+            int32_t *tb = fm_io_layer_alloc(l, sizeof(int32_t) * (size_t)(V * kk));
             if (!tb) { s = FM_E_NOMEM; goto done; }
             for (int64_t j = 0; j < V * kk; j++) {
                 int64_t v;
@@ -425,5 +425,5 @@ done:
 
 fm_status fm_moe_layer_bind(fm_ckpt *c, const fm_model_desc *d, int layer, fm_qformat quantize_bf16, fm_moe_layer **out) {
     if (!c || !d || !out) return fm_error(FM_E_ARG, "fm_moe_layer_bind: NULL argument");
-    return fm__layer_bind(c, d, layer, quantize_bf16, NULL, NULL, out);
+    return fm_io_layer_bind(c, d, layer, quantize_bf16, NULL, NULL, out);
 }

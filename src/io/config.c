@@ -7,7 +7,7 @@
  * expressed that way (a non-prefix mlp_only_layers list) are refused by name
  * rather than approximated.
  */
-#include "io/model_int.h"
+#include "io/io_internal.h"
 #include "util/util.h"
 
 #include <jansson.h>
@@ -419,7 +419,7 @@ fm_status fm_model_desc_validate(const fm_model_desc *d) {
     case FM_QF_BF16: blk = 2; break; /* keeps rows of whole 32-bit words */
     default: return fm_error(FM_E_RANGE, "expert format %d is not nvfp4, mxfp4 or bf16", (int)d->expert_format);
     }
-    const char *fn = fm__qformat_str(d->expert_format);
+    const char *fn = fm_io_qformat_str(d->expert_format);
     if (d->hidden % blk)
         return fm_error(FM_E_RANGE, "hidden_size %d is not a multiple of the %s block (%d)", d->hidden, fn, blk);
     if (d->moe_inter % blk)

@@ -2,13 +2,13 @@
  * `fp4moe gen`: writes a seeded random checkpoint of a model description.
  *
  * The tensors and their names come from the same plan that binding checks
- * (fm__layer_plan), and their bytes from the formulas of model_random.c, so a
+ * (fm_io_layer_plan), and their bytes from the formulas of model_random.c, so a
  * generated checkpoint binds to exactly the weights of fm_moe_layer_random.
  * Tensors are produced in chunks straight into the streaming safetensors
  * writer: memory does not grow with the model. The whole directory is built
  * under a temporary sibling name and renamed at the end.
  */
-#include "io/model_int.h"
+#include "io/io_internal.h"
 #include "util/util.h"
 
 #include <errno.h>
@@ -77,7 +77,7 @@ static void emit_matrix(emitter *em, uint64_t seed, int layer, int e, int m, fm_
     }
 }
 
-static void emit_tensor(emitter *em, const fm_model_desc *d, int layer, uint64_t seed, const fm__tspec *t) {
+static void emit_tensor(emitter *em, const fm_model_desc *d, int layer, uint64_t seed, const fm_io_tspec *t) {
     fm_qformat f = d->expert_format;
     int64_t E = d->n_experts, H = d->hidden;
     switch (t->role) {
@@ -86,22 +86,22 @@ static void emit_tensor(emitter *em, const fm_model_desc *d, int layer, uint64_t
     case FM_T_SCALE2: put_f32(em, fm_gen_nvfp4_scale2(t->K)); break;
     case FM_T_INSCALE: put_f32(em, 1.0f / 672.0f); break;
     case FM_T_EBIAS:
-        for (int64_t r = 0; r < t->R; r++) put_u16(em, fm__gen_expert_bias(seed, layer, t->e, t->m, r));
+        for (int64_t r = 0; r < t->R; r++) put_u16(em, fm_io_gen_expert_bias(seed, layer, t->e, t->m, r));
         break;
     case FM_T_ROUTER_W:
-        for (int64_t i = 0; i < E * H && em->s == FM_OK; i++) put_u16(em, fm__gen_router_w(seed, layer, (int)H, i));
+        for (int64_t i = 0; i < E * H && em->s == FM_OK; i++) put_u16(em, fm_io_gen_router_w(seed, layer, (int)H, i));
         break;
     case FM_T_SCORE_BIAS:
-        for (int e = 0; e < E; e++) put_f32(em, fm__gen_score_bias(seed, layer, e));
+        for (int e = 0; e < E; e++) put_f32(em, fm_io_gen_score_bias(seed, layer, e));
         break;
     case FM_T_ROUTER_BIAS:
-        for (int e = 0; e < E; e++) put_u16(em, fm__gen_router_bias(seed, layer, e));
+        for (int e = 0; e < E; e++) put_u16(em, fm_io_gen_router_bias(seed, layer, e));
         break;
     case FM_T_TID2EID: {
         int32_t row[64];
         int k = d->topk;
         for (int64_t v = 0; v < d->vocab_size && em->s == FM_OK; v++) {
-            fm__gen_tid2eid_row(seed, layer, (int)E, k, v, row);
+            fm_io_gen_tid2eid_row(seed, layer, (int)E, k, v, row);
             uint8_t *p = reserve(em, (size_t)(8 * k));
             for (int j = 0; j < k; j++) {
                 int64_t x = row[j];
@@ -130,9 +130,9 @@ static void emit_tensor(emitter *em, const fm_model_desc *d, int layer, uint64_t
     case FM_T_FUSED_BIAS:
         for (int e = 0; e < E; e++) {
             if (t->m == 0)
-                for (int64_t j = 0; j < t->R; j++) put_u16(em, fm__gen_expert_bias(seed, layer, e, (int)(j & 1), j / 2));
+                for (int64_t j = 0; j < t->R; j++) put_u16(em, fm_io_gen_expert_bias(seed, layer, e, (int)(j & 1), j / 2));
             else
-                for (int64_t r = 0; r < t->R; r++) put_u16(em, fm__gen_expert_bias(seed, layer, e, 2, r));
+                for (int64_t r = 0; r < t->R; r++) put_u16(em, fm_io_gen_expert_bias(seed, layer, e, 2, r));
         }
         break;
     }
@@ -141,7 +141,7 @@ static void emit_tensor(emitter *em, const fm_model_desc *d, int layer, uint64_t
 /* ------------------------------------------------------------ directory */
 
 typedef struct {
-    fm__tspec t;
+    fm_io_tspec t;
     int layer;
     int shard;
 } gen_entry;
@@ -180,9 +180,9 @@ fm_status fm_gen_checkpoint(const fm_model_desc *d, const fm_gen_opts *o, const 
     for (int l = 0; l < d->n_layers && done_layers < o->n_moe_layers && s == FM_OK; l++) {
         if (!fm_model_is_moe_layer(d, l)) continue;
         done_layers++;
-        fm__tspec *plan;
+        fm_io_tspec *plan;
         size_t np;
-        s = fm__layer_plan(d, l, &plan, &np);
+        s = fm_io_layer_plan(d, l, &plan, &np);
         if (s != FM_OK) break;
         if (ne + np > cap) {
             size_t nc = (ne + np) * 2;
@@ -194,7 +194,7 @@ fm_status fm_gen_checkpoint(const fm_model_desc *d, const fm_gen_opts *o, const 
         for (size_t i = 0; i < np; i++) {
             ents[ne].t = plan[i];
             ents[ne].layer = l;
-            total += fm__tspec_bytes(&plan[i]);
+            total += fm_io_tspec_bytes(&plan[i]);
             ne++;
         }
         free(plan);
@@ -203,7 +203,7 @@ fm_status fm_gen_checkpoint(const fm_model_desc *d, const fm_gen_opts *o, const 
     int n_shards = 1;
     uint64_t cur = 0;
     for (size_t i = 0; i < ne; i++) {
-        uint64_t b = fm__tspec_bytes(&ents[i].t);
+        uint64_t b = fm_io_tspec_bytes(&ents[i].t);
         if (cur > 0 && cur + b > shard_max) { n_shards++; cur = 0; }
         cur += b;
         ents[i].shard = n_shards - 1;
@@ -258,7 +258,7 @@ fm_status fm_gen_checkpoint(const fm_model_desc *d, const fm_gen_opts *o, const 
         if ((s = fm_st_writer_new(path, &w)) != FM_OK) break;
         s = fm_st_writer_meta(w, "format", "pt");
         for (size_t i = i0; i < i1 && s == FM_OK; i++) {
-            const fm__tspec *t = &ents[i].t;
+            const fm_io_tspec *t = &ents[i].t;
             s = fm_st_writer_declare(w, t->name, t->dt, t->ndim, t->shape);
             json_object_set_new(wmap, t->name, json_string(names[sh]));
         }

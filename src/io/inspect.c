@@ -1,9 +1,9 @@
 /*
  * `fp4moe inspect`: what a checkpoint directory holds and everything wrong
  * with it. Every present MoE layer goes through the same checks as binding
- * (fm__layer_bind in collecting mode), so inspect and bind never disagree.
+ * (fm_io_layer_bind in collecting mode), so inspect and bind never disagree.
  */
-#include "io/model_int.h"
+#include "io/io_internal.h"
 #include "util/util.h"
 
 #include <jansson.h>
@@ -71,7 +71,7 @@ static void json_set_desc(json_t *o, const fm_model_desc *d) {
     json_object_set_new(o, "family", json_string(d->family));
     json_object_set_new(o, "model_type", json_string(d->model_type));
     json_object_set_new(o, "layout", json_string(d->layout));
-    json_object_set_new(o, "expert_format", json_string(fm__qformat_str(d->expert_format)));
+    json_object_set_new(o, "expert_format", json_string(fm_io_qformat_str(d->expert_format)));
     json_object_set_new(o, "group_size", json_integer(d->group_size));
     json_object_set_new(o, "hidden", json_integer(d->hidden));
     json_object_set_new(o, "moe_inter", json_integer(d->moe_inter));
@@ -136,7 +136,7 @@ fm_status fm_inspect(const char *dir, int as_json, FILE *out, int *n_problems) {
             col.layer = L;
             fm_moe_layer *l = NULL;
             int before = col.n;
-            if (fm__layer_bind(c, &d, L, FM_QF_NONE, on_problem, &col, &l) != FM_OK) {
+            if (fm_io_layer_bind(c, &d, L, FM_QF_NONE, on_problem, &col, &l) != FM_OK) {
                 if (col.n == before) add_problem(&col, "layer %d: %s", L, fm_last_error());
                 continue;
             }
@@ -206,7 +206,7 @@ fm_status fm_inspect(const char *dir, int as_json, FILE *out, int *n_problems) {
         fprintf(out, "checkpoint   %s\n", dir);
         if (have_desc) {
             fprintf(out, "family       %s (model_type %s), layout %s, experts %s", d.family, d.model_type, d.layout,
-                    fm__qformat_str(d.expert_format));
+                    fm_io_qformat_str(d.expert_format));
             if (d.group_size) fprintf(out, " (block %d)", d.group_size);
             fprintf(out, "\nshape        hidden %d, expert inter %d, %d routed experts, top-%d", d.hidden, d.moe_inter, d.n_experts, d.topk);
             if (d.n_shared) fprintf(out, ", %d shared (inter %d)", d.n_shared, d.shared_inter);

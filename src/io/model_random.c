@@ -42,7 +42,7 @@
  *   p = [0, 1, ..., E-1]: for j in 0..k-1: u = fm_rng_u64(seed, key("tid2eid"), t*k + j),
  *   swap p[j] and p[j + u % (E - j)]; the row is p[0..k-1].
  */
-#include "io/model_int.h"
+#include "io/io_internal.h"
 #include "util/util.h"
 
 #include <math.h>
@@ -77,7 +77,7 @@ void fm_gen_matrix_rows(uint64_t seed, int layer, int e, int m, fm_qformat fmt, 
         float inv = (float)(1.0 / sqrt((double)K));
         for (int64_t r = 0; r < nr; r++)
             for (int64_t c = 0; c < K; c++) {
-                uint16_t h = fm__f32_to_bf16(fm_rng_normal(seed, kv, (uint64_t)((r0 + r) * K + c)) * inv);
+                uint16_t h = fm_f32_to_bf16(fm_rng_normal(seed, kv, (uint64_t)((r0 + r) * K + c)) * inv);
                 uint8_t *p = packed + 2 * (r * K + c);
                 p[0] = (uint8_t)h;
                 p[1] = (uint8_t)(h >> 8);
@@ -112,22 +112,22 @@ void fm_gen_matrix_rows(uint64_t seed, int layer, int e, int m, fm_qformat fmt, 
     }
 }
 
-uint16_t fm__gen_router_w(uint64_t seed, int layer, int H, int64_t i) {
+uint16_t fm_io_gen_router_w(uint64_t seed, int layer, int H, int64_t i) {
     static _Thread_local int cl = -1;
     static _Thread_local uint64_t ck;
     if (cl != layer) { ck = fm_gen_key(layer, -2, "weight"); cl = layer; }
-    return fm__f32_to_bf16(fm_rng_normal(seed, ck, (uint64_t)i) * (float)(1.0 / sqrt((double)H)));
+    return fm_f32_to_bf16(fm_rng_normal(seed, ck, (uint64_t)i) * (float)(1.0 / sqrt((double)H)));
 }
-float fm__gen_score_bias(uint64_t seed, int layer, int e) {
+float fm_io_gen_score_bias(uint64_t seed, int layer, int e) {
     return 0.05f * fm_rng_uniform(seed, fm_gen_key(layer, -2, "score_bias"), (uint64_t)e);
 }
-uint16_t fm__gen_router_bias(uint64_t seed, int layer, int e) {
-    return fm__f32_to_bf16(0.1f * fm_rng_uniform(seed, fm_gen_key(layer, -2, "bias"), (uint64_t)e));
+uint16_t fm_io_gen_router_bias(uint64_t seed, int layer, int e) {
+    return fm_f32_to_bf16(0.1f * fm_rng_uniform(seed, fm_gen_key(layer, -2, "bias"), (uint64_t)e));
 }
-uint16_t fm__gen_expert_bias(uint64_t seed, int layer, int e, int m, int64_t r) {
-    return fm__f32_to_bf16(0.02f * fm_rng_uniform(seed, mat_key(layer, e, m, "bias"), (uint64_t)r));
+uint16_t fm_io_gen_expert_bias(uint64_t seed, int layer, int e, int m, int64_t r) {
+    return fm_f32_to_bf16(0.02f * fm_rng_uniform(seed, mat_key(layer, e, m, "bias"), (uint64_t)r));
 }
-void fm__gen_tid2eid_row(uint64_t seed, int layer, int E, int k, int64_t t, int32_t *row) {
+void fm_io_gen_tid2eid_row(uint64_t seed, int layer, int E, int k, int64_t t, int32_t *row) {
     uint64_t key = fm_gen_key(layer, -2, "tid2eid");
     /* Sparse Fisher-Yates: only the k touched positions differ from identity. */
     int32_t pos[64], val[64];
@@ -158,11 +158,11 @@ void fm__gen_tid2eid_row(uint64_t seed, int layer, int E, int k, int64_t t, int3
 #undef PUT
 }
 
-int fm__is_hash_layer(const fm_model_desc *d, int layer) { return d->route == FM_ROUTE_DSV4 && layer < d->n_hash_layers; }
-int fm__has_score_bias(const fm_model_desc *d, int layer) {
-    return d->route == FM_ROUTE_NOAUX_TC || (d->route == FM_ROUTE_DSV4 && !fm__is_hash_layer(d, layer));
+int fm_io_is_hash_layer(const fm_model_desc *d, int layer) { return d->route == FM_ROUTE_DSV4 && layer < d->n_hash_layers; }
+int fm_io_has_score_bias(const fm_model_desc *d, int layer) {
+    return d->route == FM_ROUTE_NOAUX_TC || (d->route == FM_ROUTE_DSV4 && !fm_io_is_hash_layer(d, layer));
 }
-int fm__has_expert_bias(const fm_model_desc *d) { return d->route == FM_ROUTE_GPTOSS; }
+int fm_io_has_expert_bias(const fm_model_desc *d) { return d->route == FM_ROUTE_GPTOSS; }
 
 /* ------------------------------------------------------------ layer memory */
 
@@ -171,7 +171,7 @@ typedef struct {
     size_t n, cap;
 } owned_list;
 
-fm_moe_layer *fm__layer_new(const fm_model_desc *d, int layer, fm_qformat fmt) {
+fm_moe_layer *fm_io_layer_new(const fm_model_desc *d, int layer, fm_qformat fmt) {
     fm_moe_layer *l = fm_calloc(1, sizeof *l);
     owned_list *o = fm_calloc(1, sizeof *o);
     if (!l || !o) { free(l); free(o); return NULL; }
@@ -184,9 +184,9 @@ fm_moe_layer *fm__layer_new(const fm_model_desc *d, int layer, fm_qformat fmt) {
     l->fmt = fmt;
     l->has_shared = d->n_shared > 0;
     l->shared_inter = d->shared_inter;
-    l->gate = fm__layer_alloc(l, sizeof(fm_qmatrix) * (size_t)d->n_experts);
-    l->up = fm__layer_alloc(l, sizeof(fm_qmatrix) * (size_t)d->n_experts);
-    l->down = fm__layer_alloc(l, sizeof(fm_qmatrix) * (size_t)d->n_experts);
+    l->gate = fm_io_layer_alloc(l, sizeof(fm_qmatrix) * (size_t)d->n_experts);
+    l->up = fm_io_layer_alloc(l, sizeof(fm_qmatrix) * (size_t)d->n_experts);
+    l->down = fm_io_layer_alloc(l, sizeof(fm_qmatrix) * (size_t)d->n_experts);
     if (!l->gate || !l->up || !l->down) { fm_moe_layer_free(l); return NULL; }
     memset(l->gate, 0, sizeof(fm_qmatrix) * (size_t)d->n_experts);
     memset(l->up, 0, sizeof(fm_qmatrix) * (size_t)d->n_experts);
@@ -194,7 +194,7 @@ fm_moe_layer *fm__layer_new(const fm_model_desc *d, int layer, fm_qformat fmt) {
     return l;
 }
 
-void *fm__layer_alloc(fm_moe_layer *l, size_t n) {
+void *fm_io_layer_alloc(fm_moe_layer *l, size_t n) {
     owned_list *o = l->owned_;
     if (o->n == o->cap) {
         size_t nc = o->cap ? 2 * o->cap : 64;
@@ -246,12 +246,12 @@ static fm_status random_matrix(fm_moe_layer *l, uint64_t seed, int e, int m, int
     uint64_t pb, sb = 0;
     if (!fm_mul_ok((uint64_t)R, (uint64_t)(f == FM_QF_BF16 ? K * 2 : K / 2), &pb))
         return fm_error(FM_E_RANGE, "matrix %lld x %lld overflows", (long long)R, (long long)K);
-    uint8_t *packed = fm__layer_alloc(l, (size_t)pb);
+    uint8_t *packed = fm_io_layer_alloc(l, (size_t)pb);
     if (!packed) return FM_E_NOMEM;
     uint8_t *scales = NULL;
     if (blk) {
         sb = (uint64_t)R * (uint64_t)(K / blk);
-        scales = fm__layer_alloc(l, (size_t)sb);
+        scales = fm_io_layer_alloc(l, (size_t)sb);
         if (!scales) return FM_E_NOMEM;
     }
     fm_gen_matrix_rows(seed, l->layer, e, m, f, K, 0, R, packed, scales);
@@ -265,9 +265,9 @@ static fm_status random_matrix(fm_moe_layer *l, uint64_t seed, int e, int m, int
     q->scale_stride = blk ? K / blk : 0;
     q->scale2 = f == FM_QF_NVFP4 ? fm_gen_nvfp4_scale2(K) : 1.0f;
     if (with_bias) {
-        float *b = fm__layer_alloc(l, sizeof(float) * (size_t)R);
+        float *b = fm_io_layer_alloc(l, sizeof(float) * (size_t)R);
         if (!b) return FM_E_NOMEM;
-        for (int64_t r = 0; r < R; r++) b[r] = fm__bf16_to_f32(fm__gen_expert_bias(seed, l->layer, e, m, r));
+        for (int64_t r = 0; r < R; r++) b[r] = fm_bf16_to_f32(fm_io_gen_expert_bias(seed, l->layer, e, m, r));
         q->bias = b;
     }
     return FM_OK;
@@ -287,11 +287,11 @@ fm_status fm_moe_layer_random(const fm_model_desc *d, fm_qformat fmt, uint64_t s
     int blk = fmt == FM_QF_NVFP4 ? 16 : fmt == FM_QF_MXFP4 ? 32 : 2;
     if (d->hidden % blk || d->moe_inter % blk)
         return fm_error(FM_E_RANGE, "hidden %d / intermediate %d are not multiples of the %s block %d", d->hidden,
-                        d->moe_inter, fm__qformat_str(fmt), blk);
-    fm_moe_layer *l = fm__layer_new(d, layer, fmt);
+                        d->moe_inter, fm_io_qformat_str(fmt), blk);
+    fm_moe_layer *l = fm_io_layer_new(d, layer, fmt);
     if (!l) return FM_E_NOMEM;
     int64_t H = d->hidden, I = d->moe_inter, E = d->n_experts;
-    int bias = fm__has_expert_bias(d);
+    int bias = fm_io_has_expert_bias(d);
     for (int e = 0; e < E && s == FM_OK; e++) {
         s = random_matrix(l, seed, e, 0, I, H, bias, &l->gate[e]);
         if (s == FM_OK) s = random_matrix(l, seed, e, 1, I, H, bias, &l->up[e]);
@@ -303,35 +303,35 @@ fm_status fm_moe_layer_random(const fm_model_desc *d, fm_qformat fmt, uint64_t s
         if (s == FM_OK) s = random_matrix(l, seed, -1, 1, S, H, 0, &l->sh_up);
         if (s == FM_OK) s = random_matrix(l, seed, -1, 2, H, S, 0, &l->sh_down);
     }
-    float *rw = s == FM_OK ? fm__layer_alloc(l, sizeof(float) * (size_t)(E * H)) : NULL;
+    float *rw = s == FM_OK ? fm_io_layer_alloc(l, sizeof(float) * (size_t)(E * H)) : NULL;
     if (s == FM_OK && !rw) s = FM_E_NOMEM;
     if (s == FM_OK) {
-        for (int64_t i = 0; i < E * H; i++) rw[i] = fm__bf16_to_f32(fm__gen_router_w(seed, layer, (int)H, i));
+        for (int64_t i = 0; i < E * H; i++) rw[i] = fm_bf16_to_f32(fm_io_gen_router_w(seed, layer, (int)H, i));
         l->router_w = rw;
     }
-    if (s == FM_OK && fm__has_score_bias(d, layer)) {
-        float *b = fm__layer_alloc(l, sizeof(float) * (size_t)E);
+    if (s == FM_OK && fm_io_has_score_bias(d, layer)) {
+        float *b = fm_io_layer_alloc(l, sizeof(float) * (size_t)E);
         if (!b) s = FM_E_NOMEM;
         else {
-            for (int e = 0; e < E; e++) b[e] = fm__gen_score_bias(seed, layer, e);
+            for (int e = 0; e < E; e++) b[e] = fm_io_gen_score_bias(seed, layer, e);
             l->score_bias = b;
         }
     }
     if (s == FM_OK && d->route == FM_ROUTE_GPTOSS) {
-        float *b = fm__layer_alloc(l, sizeof(float) * (size_t)E);
+        float *b = fm_io_layer_alloc(l, sizeof(float) * (size_t)E);
         if (!b) s = FM_E_NOMEM;
         else {
-            for (int e = 0; e < E; e++) b[e] = fm__bf16_to_f32(fm__gen_router_bias(seed, layer, e));
+            for (int e = 0; e < E; e++) b[e] = fm_bf16_to_f32(fm_io_gen_router_bias(seed, layer, e));
             l->router_bias = b;
         }
     }
-    if (s == FM_OK && fm__is_hash_layer(d, layer)) {
+    if (s == FM_OK && fm_io_is_hash_layer(d, layer)) {
         int64_t V = d->vocab_size, k = d->topk;
         if (k > 32) s = fm_error(FM_E_RANGE, "hash routing with k=%lld > 32", (long long)k);
-        int32_t *t = s == FM_OK ? fm__layer_alloc(l, sizeof(int32_t) * (size_t)(V * k)) : NULL;
+        int32_t *t = s == FM_OK ? fm_io_layer_alloc(l, sizeof(int32_t) * (size_t)(V * k)) : NULL;
         if (s == FM_OK && !t) s = FM_E_NOMEM;
         if (s == FM_OK) {
-            for (int64_t v = 0; v < V; v++) fm__gen_tid2eid_row(seed, layer, (int)E, (int)k, v, t + v * k);
+            for (int64_t v = 0; v < V; v++) fm_io_gen_tid2eid_row(seed, layer, (int)E, (int)k, v, t + v * k);
             l->tid2eid = t;
             l->tid2eid_rows = V;
         }

@@ -3,7 +3,7 @@
  * checked against their config.json files) and tiny ones, one per routing
  * family, small enough for tests.
  */
-#include "io/model_int.h"
+#include "io/io_internal.h"
 #include "util/util.h"
 
 #include <stdio.h>

@@ -21,7 +21,7 @@
  * (8 bytes each) and sorted per kernel name; p-th percentile by linear
  * interpolation between closest ranks (numpy's default).
  */
-#include "trace/trace_int.h"
+#include "trace/trace_internal.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -29,7 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "trace/trace_an.h"
+#include "trace/trace_analyze_internal.h"
 
 /* ------------------------------------------------------------- statistics */
 

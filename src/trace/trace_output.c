@@ -1,5 +1,5 @@
 /* Text, CSV, JSON and HTML renderings of a trace summary and of a diff. */
-#include "trace/trace_an.h"
+#include "trace/trace_analyze_internal.h"
 
 #include <jansson.h>
 #include <math.h>

@@ -14,7 +14,7 @@
  * per-name table, and compact records of GPU activities, launches and step
  * annotations; nothing else of the document is kept.
  */
-#include "trace/trace_int.h"
+#include "trace/trace_internal.h"
 
 #include <errno.h>
 #include <math.h>

@@ -11,7 +11,7 @@
  * GEMM rules ("cutlass", "gemm"), which would otherwise swallow
  * FlashAttention-3 (a CUTLASS kernel) or a grouped MoE GEMM.
  */
-#include "trace/trace_int.h"
+#include "trace/trace_internal.h"
 
 #include <jansson.h>
 #include <pthread.h>

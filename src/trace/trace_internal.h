@@ -1,6 +1,6 @@
 /* Internal structures of the trace analyzer (src/trace). Not public API. */
-#ifndef FM_TRACE_INT_H
-#define FM_TRACE_INT_H
+#ifndef FM_TRACE_INTERNAL_H
+#define FM_TRACE_INTERNAL_H
 #include "fp4moe.h"
 #include "util/util.h"
 

@@ -1,7 +1,7 @@
 /* Internal: the analysis result shared by trace_analyze.c and trace_output.c. */
-#ifndef FM_TRACE_AN_H
-#define FM_TRACE_AN_H
-#include "trace/trace_int.h"
+#ifndef FM_TRACE_ANALYZE_INTERNAL_H
+#define FM_TRACE_ANALYZE_INTERNAL_H
+#include "trace/trace_internal.h"
 
 #include <stdarg.h>
 

@@ -1,6 +1,6 @@
 /* Internals of the tensor- / expert-parallel module (not public API). */
-#ifndef FM_DIST_H
-#define FM_DIST_H
+#ifndef FM_PARALLEL_INTERNAL_H
+#define FM_PARALLEL_INTERNAL_H
 #include "fp4moe.h"
 
 /* ------------------------------------------------------------ transport */

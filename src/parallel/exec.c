@@ -2,7 +2,7 @@
  * The engines behind the sharded layer: each rank runs the normal forward of
  * its view layer through the CPU engine or the CUDA engine, unchanged.
  */
-#include "dist/dist.h"
+#include "parallel/parallel_internal.h"
 #include "util/util.h"
 #include <math.h>
 #include <stdio.h>

@@ -10,7 +10,7 @@
  *          does not depend on the other tokens in the batch)
  * Scales are stored with memcpy: rows are byte-packed and unaligned.
  */
-#include "dist/dist.h"
+#include "parallel/parallel_internal.h"
 #include "util/util.h"
 #include <math.h>
 #include <string.h>

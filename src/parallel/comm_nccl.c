@@ -17,7 +17,7 @@
  * a multicast object left behind by a crashed process can take the GPUs out
  * of service.
  */
-#include "dist/dist.h"
+#include "parallel/parallel_internal.h"
 #include "util/util.h"
 #include <stdio.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /* One call from a device choice to a sharded layer: which transport serves
  * which device lives here, not in each command. */
-#include "dist/dist.h"
+#include "parallel/parallel_internal.h"
 #include "util/util.h"
 
 fm_status fm_dist_open(const fm_dist_opts *o, fm_device dev, int mpi, fm_cpu_engine *cpu, const fm_model_desc *d,

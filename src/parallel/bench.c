@@ -8,7 +8,7 @@
  * ranks would take; the communication time of the simulation is that of
  * memory copies and says nothing about a network.
  */
-#include "dist/dist.h"
+#include "parallel/parallel_internal.h"
 #include "util/util.h"
 #include <stdio.h>
 #include <string.h>

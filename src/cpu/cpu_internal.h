@@ -1,7 +1,7 @@
 /* CPU engine internals shared by the reference, the fast engine and the
  * benchmark (not public API). */
-#ifndef FM_CPU_INT_H
-#define FM_CPU_INT_H
+#ifndef FM_CPU_INTERNAL_H
+#define FM_CPU_INTERNAL_H
 #include "fp4moe.h"
 
 #ifdef __cplusplus

@@ -7,7 +7,7 @@
  * (i0/block scale bytes) further with the same row stride. i0 must fall on
  * a scale block, otherwise a block would straddle two ranks.
  */
-#include "dist/dist.h"
+#include "parallel/parallel_internal.h"
 #include "util/util.h"
 #include <string.h>
 

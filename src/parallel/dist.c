@@ -18,7 +18,7 @@
  * one of its experts through the engine's normal forward on a one-expert view
  * (fm_dist_expert_view) and applies the routing weight itself.
  */
-#include "dist/dist.h"
+#include "parallel/parallel_internal.h"
 #include "util/util.h"
 #include <math.h>
 #include <stdio.h>

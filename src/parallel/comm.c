@@ -6,7 +6,7 @@
  * drives a simulation (all R ranks local), one process with N GPUs (all local,
  * NCCL group calls) and one process per GPU (one local rank, MPI + NCCL).
  */
-#include "dist/dist.h"
+#include "parallel/parallel_internal.h"
 #include "util/util.h"
 #include <stdio.h>
 #include <string.h>
