@@ -16,7 +16,7 @@
  *   tune     kernel configs, tuned-config files, explain
  *   prof     phases, telemetry (NVML), roofline model, Chrome trace, HTML report
  *   trace    analysis of other engines' PyTorch-profiler traces
- *   dist     tensor- / expert-parallel sharding (CPU simulation and NCCL)
+ *   parallel tensor- / expert-parallel sharding (CPU simulation and NCCL)
  */
 #ifndef FP4MOE_H
 #define FP4MOE_H
@@ -482,6 +482,81 @@ typedef struct {
 } fm_forward_file_opts;
 fm_status fm_forward_file(const fm_forward_file_opts *o, char *info, size_t cap);
 
+/* ------------------------------------------- pre-routed experts (all engines) */
+
+/*
+ * The experts of a layer on tokens the caller has already routed, as vLLM's
+ * and SGLang's MoE layers and expert parallelism call them:
+ *   out[t] = sum_j topk_weights[t][j] * expert_{topk_ids[t][j]}(x[t])
+ *            (+ the shared expert, unweighted, when include_shared)
+ * topk_ids / topk_weights are [T][topk] (topk = the layer's k); an id < 0
+ * contributes nothing (an expert another rank holds). The CPU engine
+ * rejects ids >= E with FM_E_RANGE; the CUDA engine cannot check without a
+ * host synchronization and skips them. x is F32/BF16/F16 [T][H], out F32.
+ */
+fm_status fm_cpu_experts(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_layer *l,
+                         const void *x, fm_dtype xdt, int T, const int32_t *topk_ids,
+                         const float *topk_weights, int include_shared, float *out);
+
+/* ------------------------------------------ layers from engine-held tensors */
+
+/* A strided view of a tensor another framework owns (torch, NumPy): host
+ * memory for the CPU engine, device memory for the CUDA one. Strides are in
+ * elements; the innermost one must be 1. data NULL: the tensor is absent. */
+typedef struct {
+    const void *data;
+    fm_dtype dtype;
+    int ndim;
+    int64_t shape[FM_MAX_DIMS];
+    int64_t stride[FM_MAX_DIMS];
+} fm_tensor;
+
+typedef enum {
+    FM_TL_MODELOPT_NVFP4 = 1, /* vLLM / SGLang ModelOpt NVFP4 MoE layer       */
+    FM_TL_GPTOSS_MXFP4        /* gpt-oss checkpoint MXFP4 experts              */
+} fm_tensor_layout;
+
+/*
+ * One MoE layer as the engines hold it. I is the intermediate size of the
+ * partition (a TP rank's share); the model description gives H, E and k.
+ *   ModelOpt NVFP4: w13_weight U8 [E, 2I, H/2] (gate rows, then up rows;
+ *     low nibble = even element), w13_weight_scale F8_E4M3 [E, 2I, H/16],
+ *     w13_weight_scale_2 F32 [E] or [E, 2], w2_weight U8 [E, H, I/2],
+ *     w2_weight_scale F8_E4M3 [E, H, I/16], w2_weight_scale_2 F32 [E].
+ *   gpt-oss MXFP4 (the checkpoint's names): gate_up_blocks U8
+ *     [E, 2I, H/32, 16] (rows interleaved: gate, up, gate, ...),
+ *     gate_up_scales U8 (E8M0) [E, 2I, H/32], gate_up_bias BF16/F32 [E, 2I],
+ *     down_blocks U8 [E, H, I/32, 16], down_scales [E, H, I/32],
+ *     down_bias [E, H].
+ * The router (router_w F32/BF16 [E, H]; router_bias [E] for gpt-oss;
+ * score_bias [E] for noaux_tc) is optional: without it only the
+ * pre-routed call runs. The fused shared expert (shared_gate / shared_up
+ * [SI, H/2], shared_down [H, SI/2], with *_scale and *_scale_2 in the
+ * routed experts' format) is optional too.
+ */
+typedef struct {
+    fm_tensor_layout layout;
+    int inter;  /* I of this partition */
+    fm_tensor w13_weight, w13_weight_scale, w13_weight_scale_2;
+    fm_tensor w2_weight, w2_weight_scale, w2_weight_scale_2;
+    fm_tensor gate_up_blocks, gate_up_scales, gate_up_bias;
+    fm_tensor down_blocks, down_scales, down_bias;
+    fm_tensor router_w, router_bias, score_bias;
+    fm_tensor shared_gate, shared_gate_scale, shared_gate_scale_2;
+    fm_tensor shared_up, shared_up_scale, shared_up_scale_2;
+    fm_tensor shared_down, shared_down_scale, shared_down_scale_2;
+} fm_layer_tensors;
+
+/* Checks every tensor's presence, dtype, shape and strides against d and
+ * t->inter, with the checkpoint loader's messages (naming the tensor).
+ * Looks at no data. */
+fm_status fm_layer_tensors_check(const fm_model_desc *d, const fm_layer_tensors *t);
+/* A layer in host memory from host tensors (copied; the views may go away
+ * afterwards), for the CPU engine and fm_cuda_layer_upload. layer is the
+ * layer's index in the model (hash routing, messages). */
+fm_status fm_moe_layer_from_tensors(const fm_model_desc *d, int layer, const fm_layer_tensors *t,
+                                    fm_moe_layer **out);
+
 /* Monotonic clock in nanoseconds. */
 uint64_t fm_now_ns(void);
 
@@ -554,6 +629,28 @@ double fm_cuda_measure_bandwidth(fm_cuda_engine *e, size_t bytes);
  * to back): its mean rate in bytes/s, 0 on failure (fm_last_error says
  * why). What the device draws while it only streams memory (`profile`). */
 double fm_cuda_sustained_read(fm_cuda_engine *e, size_t bytes, double seconds);
+
+/* ---- calls on caller-owned device memory (engines, CUDA graphs)
+ * Device pointers in and out, the caller's stream (a cudaStream_t; NULL is
+ * the legacy default stream), no host synchronization and no allocation:
+ * capturable in a CUDA graph. The engine's workspace must be reserved first
+ * for the largest T (fm_cuda_engine_reserve); a larger T fails with
+ * FM_E_RANGE. One call at a time per engine: calls share its workspace. */
+fm_status fm_cuda_engine_reserve(fm_cuda_engine *e, const fm_cuda_layer *l, int max_T);
+/* Routing included: out [T][H] F32; topk_ids / topk_weights [T][k] (may be
+ * NULL); token_ids [T] for hash-routed layers (else NULL). */
+fm_status fm_cuda_moe(fm_cuda_engine *e, const fm_cuda_layer *l, const void *x, fm_dtype xdt, int T,
+                      const int32_t *token_ids, float *out, int32_t *topk_ids, float *topk_weights,
+                      void *stream);
+/* Pre-routed (see fm_cpu_experts): topk_ids I32 / topk_weights F32 [T][k]
+ * on the device; ids outside [0, E) contribute nothing. */
+fm_status fm_cuda_experts(fm_cuda_engine *e, const fm_cuda_layer *l, const void *x, fm_dtype xdt, int T,
+                          const int32_t *topk_ids, const float *topk_weights, int include_shared,
+                          float *out, void *stream);
+/* A layer from tensors in device memory (fm_layer_tensors), repacked on the
+ * device into the engine's layout; the views may go away afterwards. */
+fm_status fm_cuda_layer_from_tensors(fm_cuda_engine *e, const fm_model_desc *d, int layer,
+                                     const fm_layer_tensors *t, fm_cuda_layer **out);
 
 /* The built-in default config for a shape and batch (owned by src/cuda,
  * compiled without CUDA too, so `explain` works anywhere). */

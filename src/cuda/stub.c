@@ -45,4 +45,24 @@ double fm_cuda_sustained_read(fm_cuda_engine *e, size_t bytes, double seconds) {
     fm_error(FM_E_UNSUPPORTED, "this build has no CUDA backend");
     return 0.0;
 }
+fm_status fm_cuda_engine_reserve(fm_cuda_engine *e, const fm_cuda_layer *l, int max_T) {
+    (void)e; (void)l; (void)max_T; return NOCUDA;
+}
+fm_status fm_cuda_moe(fm_cuda_engine *e, const fm_cuda_layer *l, const void *x, fm_dtype xdt, int T,
+                      const int32_t *token_ids, float *out, int32_t *topk_ids, float *topk_weights, void *stream) {
+    (void)e; (void)l; (void)x; (void)xdt; (void)T; (void)token_ids; (void)out; (void)topk_ids; (void)topk_weights;
+    (void)stream;
+    return NOCUDA;
+}
+fm_status fm_cuda_experts(fm_cuda_engine *e, const fm_cuda_layer *l, const void *x, fm_dtype xdt, int T,
+                          const int32_t *topk_ids, const float *topk_weights, int include_shared, float *out,
+                          void *stream) {
+    (void)e; (void)l; (void)x; (void)xdt; (void)T; (void)topk_ids; (void)topk_weights; (void)include_shared;
+    (void)out; (void)stream;
+    return NOCUDA;
+}
+fm_status fm_cuda_layer_from_tensors(fm_cuda_engine *e, const fm_model_desc *d, int layer, const fm_layer_tensors *t,
+                                     fm_cuda_layer **out) {
+    (void)e; (void)d; (void)layer; (void)t; *out = NULL; return NOCUDA;
+}
 #endif
