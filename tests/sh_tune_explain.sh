@@ -121,7 +121,7 @@ EOF
 fi
 
 # 6b. The router logits' shape: Qwen3-30B-A3B's tiled grid is 32 blocks, so
-# the GEMV shape runs up to 128 tokens there (v49), and not above.
+# the GEMV shape runs up to 128 tokens there, and not above.
 run qlg explain --preset qwen3-30b-a3b --batch 64,130 --gpu "NVIDIA H200"
 [ $rc -eq 0 ] || fail "explain qwen3 exited $rc"
 has "$T/qlg.out" "router logits    GEMV shape (up to 128 tokens where the tiled grid would be under a third of the SMs; the tiled grid: 32 blocks on 132 SMs)" "qwen3 B = 64 logits"
@@ -130,21 +130,24 @@ has "$T/qlg.out" "router logits    tiled shape (above 128 tokens" "qwen3 B = 130
 # 6c. The layer's schedule (src/cuda/schedule.c, as the engine decides):
 # the built-in wgmma default at B = 16 takes the per-expert handoff and
 # 16-token shared passes; B = 1's small path does not hand off, and its one
-# token's selection is spread over the block; the switches change it.
+# token's selection is spread over the block; the two switches change it.
 has "$T/none.out" "schedule         shared expert: its own launches on a second stream, beside the selection and the routed gate/up, 16-token passes" "schedule B=16"
 has "$T/none.out" "down: starts per expert as its gate/up ends (up to 32 tokens)" "handoff B=16"
 has "$T/none.out" "selection: one warp per token" "selection B=16"
 has "$T/none.out" "expert kernels launched right after the selection's wait on the logits" "trigger B=16"
 has "$T/none1.out" "selection: the token's sums and scores over the selection block's warps" "spread B=1"
 has "$T/none1.out" "down: waits for the whole gate/up launch" "no handoff on the small path"
-export FP4MOE_CUDA_SEL_EARLY=0 FP4MOE_CUDA_SH_FORK=0 FP4MOE_CUDA_HANDOFF=0 FP4MOE_CUDA_SEL_SPREAD=0
+export FP4MOE_CUDA_SH_FORK=0
 run sch0 explain --preset deepseek-v4-flash --batch 1,16 --gpu "NVIDIA H200"
-unset FP4MOE_CUDA_SEL_EARLY FP4MOE_CUDA_SH_FORK FP4MOE_CUDA_HANDOFF FP4MOE_CUDA_SEL_SPREAD
-[ $rc -eq 0 ] || fail "explain with schedule switches exited $rc"
+unset FP4MOE_CUDA_SH_FORK
+[ $rc -eq 0 ] || fail "explain with SH_FORK=0 exited $rc"
 has "$T/sch0.out" "schedule         shared expert: inside the routed launches" "SH_FORK=0"
-hasnt "$T/sch0.out" "down: starts per expert" "HANDOFF=0"
-hasnt "$T/sch0.out" "sums and scores over the selection block" "SEL_SPREAD=0"
-has "$T/sch0.out" "expert kernels launched after the selection" "SEL_EARLY=0"
+has "$T/sch0.out" "expert kernels launched after the selection" "SH_FORK=0 trigger"
+export FP4MOE_CUDA_PDL=0
+run sch1 explain --preset deepseek-v4-flash --batch 16 --gpu "NVIDIA H200"
+unset FP4MOE_CUDA_PDL
+[ $rc -eq 0 ] || fail "explain with PDL=0 exited $rc"
+hasnt "$T/sch1.out" "down: starts per expert" "PDL=0: no handoff"
 has "$T/qlg.out" "schedule         no shared expert" "qwen3 schedule"
 has "$T/qlg.out" "expert kernels launched after the selection" "qwen3 trigger (single-stream layout)"
 

@@ -10,6 +10,9 @@
 #include <cmocka.h>
 
 #include "fp4moe.h"
+#ifdef FM_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 #include "io/io_internal.h"
 #include "util/util.h"
 
@@ -224,7 +227,7 @@ static void test_input_dtypes(void **state) {
 
 /* A router that is not exact in BF16 (every third weight moved one FP32 ulp)
  * takes the TF32 logits instead of the BF16 ones where the SGEMM shape runs
- * (v45; these small shapes at T = 130, the GEMV shape at T = 33, v49); against
+ * (these small shapes at T = 130, the GEMV shape at T = 33); against
  * the float64 reference, with F32, F16 and BF16 activations. */
 static void test_router_not_bf16(void **state) {
     (void)state;
@@ -234,27 +237,18 @@ static void test_router_not_bf16(void **state) {
     compare_dtypes("tiny-qwen3", 314, 907, Ts, 2, 1, "router not BF16, ");
 }
 
-/* The launch-order switches (docs/perf.md, v28): the shared expert inside
- * the routed launches instead of on its own stream, and every block waiting
- * before its first weight load, each alone and both, against the float64
- * reference on presets with a shared expert (engines made under each
- * setting; the switches are read when an engine is created). */
+/* The two debugging switches: the shared expert inside the routed launches
+ * instead of on its own stream, and no programmatic dependent launch, each
+ * alone and both, against the float64 reference on presets with a shared
+ * expert (engines made under each setting; the switches are read when an
+ * engine is created). */
 static void test_launch_switches(void **state) {
     (void)state;
     NEED_GPU();
     const char *presets[] = {"tiny-deepseek", "tiny-deepseek-v4"};
-    /* SH_FORK, PRE_WAIT, SH_FORK_EARLY, PRIO, HANDOFF, SH_TOKENS, SEL_EARLY,
-     * SH_KS (T = 130 takes the separate prep kernel with SH_FORK_EARLY, and
-     * with SH_TOKENS 64 the shared expert's passes of 64, 64 and 2 tokens;
-     * SEL_EARLY 1 has the expert kernels resident before the logits end;
-     * "" leaves a switch unset) */
-    enum { NSW = 8 };
-    static const char *names[NSW] = {"FP4MOE_CUDA_SH_FORK", "FP4MOE_CUDA_PRE_WAIT", "FP4MOE_CUDA_SH_FORK_EARLY",
-                                     "FP4MOE_CUDA_PRIO",    "FP4MOE_CUDA_HANDOFF",  "FP4MOE_CUDA_SH_TOKENS",
-                                     "FP4MOE_CUDA_SEL_EARLY", "FP4MOE_CUDA_SH_KS"};
-    const char *sets[][NSW] = {{"0", "0", "0", "0", "0", "32", "1", ""}, {"0", "1", "0", "0", "0", "32", "", ""},
-                               {"1", "0", "0", "0", "0", "32", "0", "1"}, {"1", "1", "1", "1", "0", "32", "2", "4"},
-                               {"1", "1", "0", "2", "1", "32", "1", "8"}, {"1", "1", "0", "0", "1", "64", "", ""}};
+    enum { NSW = 2 };
+    static const char *names[NSW] = {"FP4MOE_CUDA_SH_FORK", "FP4MOE_CUDA_PDL"};
+    const char *sets[][NSW] = {{"0", ""}, {"", "0"}, {"0", "0"}, {"1", "1"}};
     const int Ts[] = {1, 7, 130};
     fm_cuda_engine *saved = g_eng;
     for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
@@ -282,11 +276,7 @@ static void test_launch_switches(void **state) {
                 make_x(300 + pi * 7 + T, T, H, xb, xf);
                 cmp_result r;
                 run_compare(&d, hl, cl, T, xb, NULL, &r);
-                check_ref(&r, 1,
-                          "SH_FORK=%s PRE_WAIT=%s SH_FORK_EARLY=%s PRIO=%s HANDOFF=%s SH_TOKENS=%s SEL_EARLY=%s SH_KS=%s "
-                          "%-16s T=%3d",
-                          sets[si][0], sets[si][1], sets[si][2], sets[si][3], sets[si][4], sets[si][5], sets[si][6],
-                          sets[si][7], presets[pi], T);
+                check_ref(&r, 1, "SH_FORK=%s PDL=%s %-16s T=%3d", sets[si][0], sets[si][1], presets[pi], T);
                 free(xb); free(xf);
             }
             fm_cuda_layer_free(cl);
@@ -430,32 +420,20 @@ static void test_route_many_experts(void **state) {
                 }
 }
 
-/* v50 / v52: the selection of one or two tokens with their sums and scores
- * spread over the block, and 8-token selection blocks (FP4MOE_CUDA_SEL_SPREAD=2
- * FP4MOE_CUDA_SEL_WARPS=8), against the one-warp selection in 4-token blocks
- * (FP4MOE_CUDA_SEL_SPREAD=0; an engine each): the same ids and weights bit
- * for bit, the same outputs up to the order of the combine's atomic
- * additions (relative 1e-5), and both against the float64 reference; the
- * elementwise families (DeepSeek-V3 noaux_tc with its group limit,
- * DeepSeek-V4 with its hash layer), odd and even expert counts (a thread's
- * last pair half outside the experts), 1 - 8 tokens (one block or two;
- * grouping in one warp or block-wide). */
+/* The selection of one token spreads its sums and scores over the block;
+ * from two tokens on one warp selects each. Token 0 alone and token 0 of a
+ * batch get the same ids and weights bit for bit, and both calls match the
+ * float64 reference: the elementwise families (DeepSeek-V3 noaux_tc with its
+ * group limit, DeepSeek-V4 with its hash layer), odd and even expert counts
+ * (a thread's last pair half outside the experts), 2 - 8 tokens (one block
+ * or two; grouping in one warp or block-wide). */
 static void test_sel_spread(void **state) {
     (void)state;
     NEED_GPU();
-    fm_cuda_engine *saved = g_eng, *eng[2] = {NULL, NULL};
-    for (int v = 0; v < 2; v++) {
-        setenv("FP4MOE_CUDA_SEL_SPREAD", v ? "2" : "0", 1);
-        setenv("FP4MOE_CUDA_SEL_WARPS", v ? "8" : "4", 1);
-        fm_status es = fm_cuda_engine_new(0, &eng[v]);
-        unsetenv("FP4MOE_CUDA_SEL_SPREAD");
-        unsetenv("FP4MOE_CUDA_SEL_WARPS");
-        if (es) fail_msg("engine: %s", fm_last_error());
-    }
     const char *presets[] = {"tiny-deepseek", "tiny-deepseek-v4"};
     const int Es[] = {0, 257, 300};
     enum { TMAX = 8 };
-    const int Ts[] = {1, 2, 5, 8};
+    const int Ts[] = {2, 5, 8};
     for (int pi = 0; pi < 2; pi++)
         for (int ei = 0; ei < 3; ei++)
             for (int hash = 0; hash < 2; hash++) {
@@ -470,52 +448,37 @@ static void test_sel_spread(void **state) {
                 fm_moe_layer *hl;
                 if (fm_moe_layer_random(&d, FM_QF_NVFP4, 950 + pi * 8 + ei * 2 + hash, L, &hl))
                     fail_msg("random layer: %s", fm_last_error());
+                fm_cuda_layer *cl;
+                if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
                 const int H = d.hidden, k = d.topk;
                 assert_true(H <= 4096 && k <= RT_TEST_MAXK);
-                for (int ti = 0; ti < 4; ti++)
-                    for (int rep = 0; rep < 2; rep++) {
-                        const int T = Ts[ti];
-                        uint16_t *xb = malloc(sizeof(uint16_t) * TMAX * 4096);
-                        float *xf = malloc(sizeof(float) * TMAX * 4096);
-                        assert_non_null(xb); assert_non_null(xf);
-                        make_x(960 + 10 * T + rep, T, H, xb, xf);
-                        int32_t tok[TMAX];
-                        for (int t = 0; t < T; t++)
-                            tok[t] = (int32_t)((rep * 7 + t * 3) % (d.vocab_size > 0 ? d.vocab_size : 1));
-                        float *out[2];
-                        int32_t ids[2][TMAX * RT_TEST_MAXK];
-                        float wts[2][TMAX * RT_TEST_MAXK];
-                        for (int v = 0; v < 2; v++) {
-                            fm_cuda_layer *cl;
-                            g_eng = eng[v];
-                            if (fm_cuda_layer_upload(eng[v], &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
-                            cmp_result r;
-                            run_compare(&d, hl, cl, T, xb, tok, &r);
-                            check_ref(&r, 1, "SEL_SPREAD=%d SEL_WARPS=%d %-16s E=%d layer %d T=%d rep %d", v ? 2 : 0,
-                                      v ? 8 : 4, presets[pi], d.n_experts, L, T, rep);
-                            out[v] = malloc(sizeof(float) * (size_t)T * H);
-                            assert_non_null(out[v]);
-                            fm_moe_out o = {out[v], ids[v], wts[v]};
-                            if (fm_cuda_forward(eng[v], &d, cl, xb, FM_DT_BF16, T, tok, &o))
-                                fail_msg("fm_cuda_forward: %s", fm_last_error());
-                            fm_cuda_layer_free(cl);
-                        }
-                        g_eng = saved;
-                        assert_memory_equal(ids[0], ids[1], sizeof(int32_t) * (size_t)T * k);
-                        assert_memory_equal(wts[0], wts[1], sizeof(float) * (size_t)T * k);
-                        double num = 0, den = 0;
-                        for (int i = 0; i < T * H; i++) {
-                            num += ((double)out[0][i] - out[1][i]) * ((double)out[0][i] - out[1][i]);
-                            den += (double)out[0][i] * out[0][i];
-                        }
-                        assert_true(num <= 1e-10 * den);
-                        free(out[0]); free(out[1]); free(xb); free(xf);
+                for (int ti = 0; ti < 3; ti++) {
+                    const int T = Ts[ti];
+                    uint16_t *xb = malloc(sizeof(uint16_t) * TMAX * 4096);
+                    float *xf = malloc(sizeof(float) * TMAX * 4096);
+                    float *out = malloc(sizeof(float) * TMAX * 4096);
+                    assert_non_null(xb); assert_non_null(xf); assert_non_null(out);
+                    make_x(960 + 10 * T, T, H, xb, xf);
+                    int32_t tok[TMAX];
+                    for (int t = 0; t < T; t++) tok[t] = (int32_t)((t * 3 + 1) % (d.vocab_size > 0 ? d.vocab_size : 1));
+                    int32_t ids[2][TMAX * RT_TEST_MAXK];
+                    float wts[2][TMAX * RT_TEST_MAXK];
+                    for (int v = 0; v < 2; v++) {
+                        const int Tv = v ? 1 : T;
+                        cmp_result r;
+                        run_compare(&d, hl, cl, Tv, xb, tok, &r);
+                        check_ref(&r, 1, "%-16s E=%d layer %d T=%d", presets[pi], d.n_experts, L, Tv);
+                        fm_moe_out o = {out, ids[v], wts[v]};
+                        if (fm_cuda_forward(g_eng, &d, cl, xb, FM_DT_BF16, Tv, tok, &o))
+                            fail_msg("fm_cuda_forward: %s", fm_last_error());
                     }
+                    assert_memory_equal(ids[0], ids[1], sizeof(int32_t) * (size_t)k);
+                    assert_memory_equal(wts[0], wts[1], sizeof(float) * (size_t)k);
+                    free(out); free(xb); free(xf);
+                }
+                fm_cuda_layer_free(cl);
                 fm_moe_layer_free(hl);
             }
-    g_eng = saved;
-    fm_cuda_engine_free(eng[0]);
-    fm_cuda_engine_free(eng[1]);
 }
 
 /* Non-finite values: an input that is not finite is refused naming token and
@@ -571,8 +534,7 @@ static void test_nonfinite(void **state) {
     }
 }
 
-/* NVFP4 block scales the GPU stores otherwise than the checkpoint (v57, the
- * upload's fm_nv_canon_block): negative scales (their sign moves to the
+/* NVFP4 block scales the GPU stores otherwise than the checkpoint: negative scales (their sign moves to the
  * nibbles), zero and negative-zero scales over nonzero nibbles (the block
  * is zero). Every matrix of the layer, routed and shared, gets each kind in
  * a fixed pattern of its blocks; the output must match the reference. */
@@ -636,23 +598,20 @@ static void test_forced_configs(void **state) {
         {FM_PATH_SMALL, 16, 8, 8, 1, 8, 1.5f},  {FM_PATH_SMALL, 16, 4, 4, 1, 16, 1.5f},
         {FM_PATH_LARGE, 64, 1, 4, 1, 8, 1.5f},  {FM_PATH_LARGE, 64, 1, 4, 1, 16, 1.5f},
         {FM_PATH_LARGE, 128, 1, 8, 1, 32, 1.5f}, {FM_PATH_LARGE, 32, 2, 4, 1, 32, 1.5f},
-        /* stages >= 2: the cp.async shared-memory ring */
-        {FM_PATH_SMALL, 16, 8, 8, 3, 8, 1.5f},  {FM_PATH_LARGE, 64, 1, 4, 3, 8, 1.5f},
-        {FM_PATH_LARGE, 64, 1, 4, 3, 16, 1.5f}, {FM_PATH_LARGE, 64, 1, 4, 3, 32, 1.5f},
-        {FM_PATH_SMALL, 32, 2, 4, 3, 16, 1.5f},
+        {FM_PATH_SMALL, 32, 2, 4, 1, 16, 1.5f},
         /* the wgmma path (sm_90; elsewhere the large path runs instead):
          * passes of 8, 16 and 32 tokens, at T = 200 so that experts take
          * several passes and every token count 1 .. 32 per pass occurs */
         {FM_PATH_WGMMA, 64, 1, 4, 1, 8, 1.5f}, {FM_PATH_WGMMA, 64, 1, 4, 1, 16, 1.5f},
         {FM_PATH_WGMMA, 64, 1, 4, 1, 32, 1.5f},
-        /* two warpgroups per block (v43); the tiny shapes' rows fill only
+        /* two warpgroups per block; the tiny shapes' rows fill only
          * part of a block, so the idle warpgroup's path runs too */
         {FM_PATH_WGMMA, 128, 1, 8, 1, 16, 1.5f}, {FM_PATH_WGMMA, 128, 1, 8, 1, 32, 1.5f},
     };
     const char *presets[] = {"tiny-mixtral", "tiny-deepseek-v4"};
     const size_t ncfg = sizeof cfgs / sizeof cfgs[0];
     /* the wgmma configs also at T = 20, where down takes over per expert
-     * (v42) from gate/up blocks of one or two warpgroups */
+     * from gate/up blocks of one or two warpgroups */
     for (int pi = 0; pi < 2; pi++)
         for (size_t ci = 0; ci < ncfg + 5; ci++) {
             const size_t c = ci < ncfg ? ci : ncfg - 5 + (ci - ncfg);
@@ -784,16 +743,16 @@ static void test_bench_runs(void **state) {
     if (st) fail_msg("bench (wgmma): %s", fm_last_error());
     printf("# wgmma config: kernel %s; source %s\n", r.kernel, r.config_source);
     /* 40 tokens of this small shape: its SGEMM logits grid would be two
-     * blocks, so the GEMV shape runs (v49) */
+     * blocks, so the GEMV shape runs */
     assert_non_null(strstr(r.kernel, "router logits: GEMV"));
     /* above 128 tokens the SGEMM shape; the bench's F32 activations against
-     * the generated BF16 router: BF16 MMAs with three terms of x (v45) */
+     * the generated BF16 router: BF16 MMAs with three terms of x */
     if (fm_cuda_bench(g_eng, &d, ls, 3, 130, 1, 3, &r)) fail_msg("bench (130 tokens): %s", fm_last_error());
     assert_non_null(strstr(r.kernel, "router logits: BF16 mma.sync, three terms of x"));
     if (strstr(fm_cuda_engine_describe(g_eng), "sm_90")) {
         assert_non_null(strstr(r.kernel, "fm_expert_wg_kernel"));
         assert_int_equal(r.cfg.path, FM_PATH_WGMMA);
-        /* two warpgroups per block (v43), named in the kernel line */
+        /* two warpgroups per block, named in the kernel line */
         const fm_kernel_config wg2 = {FM_PATH_WGMMA, 128, 1, 8, 1, 32, 1.5f};
         assert_int_equal(fm_cuda_engine_set_config(g_eng, &wg2), FM_OK);
         st = fm_cuda_bench(g_eng, &d, ls, 3, 40, 1, 3, &r);
@@ -899,7 +858,7 @@ static void test_dsv4_flash_shape(void **state) {
     fm_moe_out ro = {ref, NULL, NULL};
     if (fm_moe_forward_ref(&d, &hl, xb, FM_DT_BF16, NREF, NULL, &ro)) fail_msg("reference: %s", fm_last_error());
     /* B = 64 twice: the configured kernels, then two warpgroups per block
-     * (v43), whose blocks this shape's rows fill */
+     *, whose blocks this shape's rows fill */
     const int Bs[3] = {1, T, T};
     const fm_kernel_config wg2 = {FM_PATH_WGMMA, 128, 1, 8, 1, 16, 1.5f};
     for (int bi = 0; bi < 3; bi++) {
@@ -1014,6 +973,149 @@ static void test_dsv4_clamp(void **state) {
     }
 }
 
+
+#ifdef FM_HAVE_CUDA
+static double rel_diff(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+#define CU_OK(call)                                                          \
+    do {                                                                     \
+        cudaError_t err_ = (call);                                           \
+        if (err_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(err_)); \
+    } while (0)
+#endif
+
+/* Calls on caller-owned device memory and a caller's stream: fm_cuda_moe
+ * against fm_cuda_forward and the float64 reference; fm_cuda_experts with
+ * the ids and weights routing chose (the same function), with slots dropped
+ * by an id of -1 or one past the experts (the same as a zero weight), without
+ * the shared expert; both captured in a CUDA graph and replayed; and the
+ * refusals (no reserved workspace, T above it, misaligned buffers). */
+static void test_device_calls(void **state) {
+    (void)state;
+    NEED_GPU();
+#ifdef FM_HAVE_CUDA
+    const char *presets[] = {"tiny-deepseek", "tiny-qwen3", "tiny-gptoss"};
+    const int Ts[] = {1, 6, 70};
+    for (int pi = 0; pi < 3; pi++) {
+        fm_model_desc d;
+        assert_int_equal(fm_preset_desc(presets[pi], FM_QF_NONE, &d), FM_OK);
+        const int L = first_moe_layer(&d, 0), H = d.hidden, k = d.topk;
+        fm_moe_layer *hl;
+        fm_cuda_layer *cl;
+        assert_int_equal(fm_moe_layer_random(&d, d.expert_format, 4040 + pi, L, &hl), FM_OK);
+        fm_cuda_engine *e = NULL;
+        if (fm_cuda_engine_new(0, &e)) fail_msg("engine: %s", fm_last_error());
+        if (fm_cuda_layer_upload(e, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+        const int TM = 70;
+        float *dx, *dout, *dout2, *dw;
+        int32_t *dids;
+        CU_OK(cudaMalloc((void **)&dx, sizeof(float) * TM * H + 16));
+        CU_OK(cudaMalloc((void **)&dout, sizeof(float) * TM * H));
+        CU_OK(cudaMalloc((void **)&dout2, sizeof(float) * TM * H));
+        CU_OK(cudaMalloc((void **)&dids, sizeof(int32_t) * TM * k));
+        CU_OK(cudaMalloc((void **)&dw, sizeof(float) * TM * k));
+        cudaStream_t st;
+        CU_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        /* without a reservation the device calls refuse */
+        assert_int_equal(fm_cuda_moe(e, cl, dx, FM_DT_F32, 1, NULL, dout, NULL, NULL, st), FM_E_RANGE);
+        assert_non_null(strstr(fm_last_error(), "fm_cuda_engine_reserve"));
+        assert_int_equal(fm_cuda_engine_reserve(e, cl, 64), FM_OK);
+        assert_int_equal(fm_cuda_moe(e, cl, dx, FM_DT_F32, 65, NULL, dout, NULL, NULL, st), FM_E_RANGE);
+        assert_int_equal(fm_cuda_moe(e, cl, (char *)dx + 4, FM_DT_F32, 1, NULL, dout, NULL, NULL, st), FM_E_ARG);
+        assert_int_equal(fm_cuda_experts(e, cl, dx, FM_DT_I32, 1, dids, dw, 1, dout, st), FM_E_ARG);
+        assert_int_equal(fm_cuda_engine_reserve(e, cl, TM), FM_OK);
+        for (int ti = 0; ti < 3; ti++) {
+            const int T = Ts[ti];
+            const size_t n = (size_t)T * H;
+            float *xf = malloc(sizeof(float) * n), *ref = malloc(sizeof(float) * n), *a = malloc(sizeof(float) * n),
+                  *b = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * T * k), *w0 = malloc(sizeof(float) * T * k);
+            int32_t *ids = malloc(sizeof(int32_t) * T * k), *ids0 = malloc(sizeof(int32_t) * T * k);
+            uint16_t *xb = malloc(sizeof(uint16_t) * n);
+            assert_non_null(xf); assert_non_null(ref); assert_non_null(a); assert_non_null(b);
+            assert_non_null(w); assert_non_null(ids); assert_non_null(xb); assert_non_null(w0); assert_non_null(ids0);
+            make_x(4100 + T, T, H, xb, xf);
+            fm_moe_out ro = {ref, ids, w};
+            if (fm_cuda_forward(e, &d, cl, xf, FM_DT_F32, T, NULL, &ro)) fail_msg("forward: %s", fm_last_error());
+            CU_OK(cudaMemcpy(dx, xf, sizeof(float) * n, cudaMemcpyHostToDevice));
+            CU_OK(cudaMemset(dout, 0xFF, sizeof(float) * n)); /* NaN poison */
+            if (fm_cuda_moe(e, cl, dx, FM_DT_F32, T, NULL, dout, dids, dw, st)) fail_msg("moe: %s", fm_last_error());
+            CU_OK(cudaStreamSynchronize(st));
+            CU_OK(cudaMemcpy(a, dout, sizeof(float) * n, cudaMemcpyDeviceToHost));
+            CU_OK(cudaMemcpy(ids0, dids, sizeof(int32_t) * T * k, cudaMemcpyDeviceToHost));
+            CU_OK(cudaMemcpy(w0, dw, sizeof(float) * T * k, cudaMemcpyDeviceToHost));
+            double r1 = rel_diff(a, ref, n);
+            printf("# %-13s T=%2d moe vs forward %.2e\n", presets[pi], T, r1);
+            assert_true(r1 <= 1e-5);
+            assert_memory_equal(ids0, ids, sizeof(int32_t) * T * k);
+            assert_memory_equal(w0, w, sizeof(float) * T * k);
+            cmp_result cr;
+            run_compare_dt(&d, hl, cl, T, xf, FM_DT_F32, NULL, &cr);
+            check_ref(&cr, 1, "%-13s T=%2d forward vs float64", presets[pi], T);
+            /* pre-routed with routing's own choice: the same function */
+            if (fm_cuda_experts(e, cl, dx, FM_DT_F32, T, dids, dw, 1, dout2, st)) fail_msg("experts: %s", fm_last_error());
+            CU_OK(cudaStreamSynchronize(st));
+            CU_OK(cudaMemcpy(b, dout2, sizeof(float) * n, cudaMemcpyDeviceToHost));
+            double r2 = rel_diff(b, ref, n);
+            printf("# %-13s T=%2d experts vs forward %.2e\n", presets[pi], T, r2);
+            assert_true(r2 <= 1e-5);
+            /* slot 0 of every token dropped by -1, slot 1 by E: the same as
+             * zero weights there; the shared expert left out */
+            for (int t = 0; t < T; t++) {
+                ids0[t * k] = -1;
+                if (k > 1) ids0[t * k + 1] = d.n_experts;
+                w0[t * k] = 0;
+                if (k > 1) w0[t * k + 1] = 0;
+            }
+            int32_t *idz = malloc(sizeof(int32_t) * T * k);
+            assert_non_null(idz);
+            memcpy(idz, ids, sizeof(int32_t) * T * k);
+            CU_OK(cudaMemcpy(dids, ids0, sizeof(int32_t) * T * k, cudaMemcpyHostToDevice));
+            CU_OK(cudaMemcpy(dw, w0, sizeof(float) * T * k, cudaMemcpyHostToDevice));
+            if (fm_cuda_experts(e, cl, dx, FM_DT_F32, T, dids, dw, 0, dout, st)) fail_msg("experts: %s", fm_last_error());
+            CU_OK(cudaMemcpy(dids, idz, sizeof(int32_t) * T * k, cudaMemcpyHostToDevice));
+            if (fm_cuda_experts(e, cl, dx, FM_DT_F32, T, dids, dw, 0, dout2, st)) fail_msg("experts: %s", fm_last_error());
+            CU_OK(cudaStreamSynchronize(st));
+            CU_OK(cudaMemcpy(a, dout, sizeof(float) * n, cudaMemcpyDeviceToHost));
+            CU_OK(cudaMemcpy(b, dout2, sizeof(float) * n, cudaMemcpyDeviceToHost));
+            double r3 = rel_diff(a, b, n);
+            printf("# %-13s T=%2d dropped slots vs zero weights %.2e\n", presets[pi], T, r3);
+            assert_true(r3 <= 1e-6);
+            /* captured in a graph on the caller's stream, replayed twice */
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            CU_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            fm_status cs = fm_cuda_moe(e, cl, dx, FM_DT_F32, T, NULL, dout, NULL, NULL, st);
+            CU_OK(cudaStreamEndCapture(st, &g));
+            if (cs) fail_msg("captured moe: %s", fm_last_error());
+            CU_OK(cudaGraphInstantiate(&ge, g, 0));
+            for (int rep = 0; rep < 2; rep++) {
+                CU_OK(cudaMemset(dout, 0xFF, sizeof(float) * n));
+                CU_OK(cudaGraphLaunch(ge, st));
+                CU_OK(cudaStreamSynchronize(st));
+                CU_OK(cudaMemcpy(a, dout, sizeof(float) * n, cudaMemcpyDeviceToHost));
+                double r4 = rel_diff(a, ref, n);
+                printf("# %-13s T=%2d graph replay %d vs forward %.2e\n", presets[pi], T, rep, r4);
+                assert_true(r4 <= 1e-5);
+            }
+            cudaGraphExecDestroy(ge);
+            cudaGraphDestroy(g);
+            free(idz); free(xf); free(ref); free(a); free(b); free(w); free(w0); free(ids); free(ids0); free(xb);
+        }
+        cudaStreamDestroy(st);
+        cudaFree(dx); cudaFree(dout); cudaFree(dout2); cudaFree(dids); cudaFree(dw);
+        fm_cuda_layer_free(cl);
+        fm_cuda_engine_free(e);
+        fm_moe_layer_free(hl);
+    }
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vs_reference),     cmocka_unit_test(test_all_on_one_expert),
@@ -1025,6 +1127,7 @@ int main(void) {
         cmocka_unit_test(test_input_dtypes),     cmocka_unit_test(test_launch_switches),
         cmocka_unit_test(test_grouping_k8),      cmocka_unit_test(test_route_many_experts),
         cmocka_unit_test(test_router_not_bf16),  cmocka_unit_test(test_sel_spread),
+        cmocka_unit_test(test_device_calls),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     /* without a usable GPU every test above skipped itself: exit 77 so that

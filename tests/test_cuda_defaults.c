@@ -99,74 +99,39 @@ static void test_env_is(void **state) {
     unsetenv(n);
 }
 
-/* The FP4MOE_CUDA_* switches: unset, empty and accepted values pass; an
- * unknown name or a value the switch does not take is an error naming it. */
+/* The two debugging switches: unset, empty and accepted values pass; an
+ * unknown name (the switches of removed variants among them) or a value the
+ * switch does not take is an error naming it. */
 static void test_env_check(void **state) {
     (void)state;
     assert_int_equal(fm_cuda_env_check(), FM_OK);
-    const char *good[][2] = {{"FP4MOE_CUDA_WG", "3"},   {"FP4MOE_CUDA_WG_TOKENS", "16"}, {"FP4MOE_CUDA_DOWN", "4x2"},
-                             {"FP4MOE_CUDA_DOWN", "nosplit"}, {"FP4MOE_CUDA_FP4_DECODE", "v5"}, {"FP4MOE_CUDA_PDL", ""},
-                             {"FP4MOE_CUDA_L2HINT", "0"}, {"FP4MOE_CUDA_WG_DOWN2", "0"},
-                             {"FP4MOE_CUDA_LOGITS", "simt"}, {"FP4MOE_CUDA_WG_DOWN_KS", "4"},
-                             {"FP4MOE_CUDA_WG_GU_KS", "1"}, {"FP4MOE_CUDA_SH_FORK", "0"},
-                             {"FP4MOE_CUDA_PRE_WAIT", "0"}, {"FP4MOE_CUDA_SH_WIDE", "0"},
-                             {"FP4MOE_CUDA_WG_DOWN_TOKENS", "8"}, {"FP4MOE_CUDA_WG_TOKENS", "8"},
-                             /* the ninth and tenth sessions' switches */
-                             {"FP4MOE_CUDA_SH_FORK_EARLY", "1"}, {"FP4MOE_CUDA_PRIO", "2"},
-                             {"FP4MOE_CUDA_GEMV_T", "128"}, {"FP4MOE_CUDA_HANDOFF", "0"},
-                             {"FP4MOE_CUDA_SH_TOKENS", "64"}, {"FP4MOE_CUDA_WG_GROUPS", "dn"},
-                             {"FP4MOE_CUDA_LOGITS_KS", "16"},
-                             {"FP4MOE_CUDA_LOGITS", "bf16"},
-                             /* the eleventh session's */
-                             {"FP4MOE_CUDA_SEL_SPREAD", "2"}, {"FP4MOE_CUDA_SEL_EARLY", "0"},
-                             {"FP4MOE_CUDA_SH_KS", "8"}, {"FP4MOE_CUDA_SEL_WARPS", "8"}};
+    const char *good[][2] = {{"FP4MOE_CUDA_PDL", ""},     {"FP4MOE_CUDA_PDL", "0"},    {"FP4MOE_CUDA_PDL", "1"},
+                             {"FP4MOE_CUDA_SH_FORK", "0"}, {"FP4MOE_CUDA_SH_FORK", "1"}};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         setenv(good[i][0], good[i][1], 1);
         if (fm_cuda_env_check() != FM_OK) fail_msg("%s=%s refused: %s", good[i][0], good[i][1], fm_last_error());
         unsetenv(good[i][0]);
     }
-    const char *bad[][3] = {{"FP4MOE_CUDA_WG", "abc", "FP4MOE_CUDA_WG='abc': expected 0|1|2|3"},
-                            {"FP4MOE_CUDA_WG", "4", "expected 0|1|2|3"},
-                            {"FP4MOE_CUDA_WG_TOKENS", "24", "FP4MOE_CUDA_WG_TOKENS='24'"},
-                            {"FP4MOE_CUDA_DOWN", "4x3", "FP4MOE_CUDA_DOWN='4x3': expected nosplit|WxK"},
-                            {"FP4MOE_CUDA_DOWN", "4x2x", "FP4MOE_CUDA_DOWN='4x2x'"},
-                            {"FP4MOE_CUDA_STAGES", "9", "FP4MOE_CUDA_STAGES='9'"},
-                            {"FP4MOE_CUDA_L2HINT", "2", "FP4MOE_CUDA_L2HINT='2': expected 0|1"},
-                            {"FP4MOE_CUDA_WG_DOWN2", "yes", "FP4MOE_CUDA_WG_DOWN2='yes': expected 0|1"},
-                            {"FP4MOE_CUDA_LOGITS", "mma4", "FP4MOE_CUDA_LOGITS='mma4': expected simt|mma"},
-                            {"FP4MOE_CUDA_WG_DOWN_KS", "3", "FP4MOE_CUDA_WG_DOWN_KS='3': expected 1|2|4"},
-                            {"FP4MOE_CUDA_WG_GU_KS", "8", "FP4MOE_CUDA_WG_GU_KS='8': expected 1|2|4"},
-                            {"FP4MOE_CUDA_SH_FORK", "2", "FP4MOE_CUDA_SH_FORK='2': expected 0|1"},
-                            {"FP4MOE_CUDA_PRE_WAIT", "2", "FP4MOE_CUDA_PRE_WAIT='2': expected 0|1"},
-                            {"FP4MOE_CUDA_SH_WIDE", "on", "FP4MOE_CUDA_SH_WIDE='on': expected 0|1"},
-                            {"FP4MOE_CUDA_WG_DOWN_TOKENS", "24", "FP4MOE_CUDA_WG_DOWN_TOKENS='24': expected 8|16|32"},
-                            {"FP4MOE_CUDA_WG_TOKENS", "4", "FP4MOE_CUDA_WG_TOKENS='4': expected 8|16|32"},
-                            {"FP4MOE_CUDA_SH_FORK_EARLY", "2", "FP4MOE_CUDA_SH_FORK_EARLY='2': expected 0|1"},
-                            {"FP4MOE_CUDA_PRIO", "3", "FP4MOE_CUDA_PRIO='3': expected 0|1|2"},
-                            {"FP4MOE_CUDA_GEMV_T", "48", "FP4MOE_CUDA_GEMV_T='48': expected 32|64|128"},
-                            {"FP4MOE_CUDA_HANDOFF", "2", "FP4MOE_CUDA_HANDOFF='2': expected 0|1"},
-                            {"FP4MOE_CUDA_SH_TOKENS", "16", "FP4MOE_CUDA_SH_TOKENS='16': expected 32|64"},
-                            {"FP4MOE_CUDA_WG_GROUPS", "4", "FP4MOE_CUDA_WG_GROUPS='4': expected 1|2|gu|dn"},
-                            {"FP4MOE_CUDA_LOGITS_KS", "4", "FP4MOE_CUDA_LOGITS_KS='4': expected 8|16|32"},
-                            {"FP4MOE_CUDA_WG_L2PF", "4", "unknown environment variable FP4MOE_CUDA_WG_L2PF"},
-                            {"FP4MOE_CUDA_LOGITS", "tf32", "FP4MOE_CUDA_LOGITS='tf32': expected simt|mma|bf16"},
-                            {"FP4MOE_CUDA_SEL_SPREAD", "3", "FP4MOE_CUDA_SEL_SPREAD='3': expected 0|1|2"},
-                            {"FP4MOE_CUDA_SEL_EARLY", "yes", "FP4MOE_CUDA_SEL_EARLY='yes': expected 0|1|2"},
-                            {"FP4MOE_CUDA_SH_KS", "3", "FP4MOE_CUDA_SH_KS='3': expected 1|2|4|8"},
-                            {"FP4MOE_CUDA_SEL_WARPS", "16", "FP4MOE_CUDA_SEL_WARPS='16': expected 4|8"},
-                            {"FP4MOE_CUDA_WG_OCC", "0", "unknown environment variable FP4MOE_CUDA_WG_OCC"},
-                            {"FP4MOE_CUDA_WGG", "1", "unknown environment variable FP4MOE_CUDA_WGG"}};
+    const char *bad[][3] = {
+        {"FP4MOE_CUDA_PDL", "2", "FP4MOE_CUDA_PDL='2': expected 0|1"},
+        {"FP4MOE_CUDA_PDL", "off", "FP4MOE_CUDA_PDL='off': expected 0|1"},
+        {"FP4MOE_CUDA_SH_FORK", "yes", "FP4MOE_CUDA_SH_FORK='yes': expected 0|1"},
+        {"FP4MOE_CUDA_SH_FORK", "01", "FP4MOE_CUDA_SH_FORK='01': expected 0|1"},
+        {"FP4MOE_CUDA_STAGES", "3", "unknown environment variable FP4MOE_CUDA_STAGES"},
+        {"FP4MOE_CUDA_WG", "3", "unknown environment variable FP4MOE_CUDA_WG"},
+        {"FP4MOE_CUDA_FP4_DECODE", "v5", "unknown environment variable FP4MOE_CUDA_FP4_DECODE"},
+        {"FP4MOE_CUDA_ROUTE_FUSE", "1", "unknown environment variable FP4MOE_CUDA_ROUTE_FUSE"},
+    };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         setenv(bad[i][0], bad[i][1], 1);
         assert_int_equal(fm_cuda_env_check(), FM_E_ARG);
         if (!strstr(fm_last_error(), bad[i][2])) fail_msg("%s=%s: message '%s'", bad[i][0], bad[i][1], fm_last_error());
         unsetenv(bad[i][0]);
     }
-    /* an unknown name lists every switch, the table's last one included
-     * (the list was cut at 511 characters before) */
+    /* an unknown name lists both switches */
     setenv("FP4MOE_CUDA_NOPE", "1", 1);
     assert_int_equal(fm_cuda_env_check(), FM_E_ARG);
-    if (!strstr(fm_last_error(), "FP4MOE_CUDA_WG, FP4MOE_CUDA_WG_TOKENS)"))
+    if (!strstr(fm_last_error(), "(the CUDA switches are FP4MOE_CUDA_PDL, FP4MOE_CUDA_SH_FORK)"))
         fail_msg("the list of switches is not whole: '%s'", fm_last_error());
     unsetenv("FP4MOE_CUDA_NOPE");
     assert_int_equal(fm_cuda_env_check(), FM_OK);

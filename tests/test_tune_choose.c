@@ -87,7 +87,7 @@ static void write_cfg(const char *dir, const fm_tune_key *k, const int *batches,
     for (int i = 0; i < n; i++)
         w += snprintf(body + w, sizeof body - (size_t)w,
                       "%s{\"batch\": %d, \"params\": {\"path\": \"%s\", \"rows_per_block\": %d, \"k_split\": 2, "
-                      "\"warps\": 4, \"stages\": 2, \"tile_n\": 16, \"switch_tpe\": 3}, \"us\": %d, \"default_us\": %d, "
+                      "\"warps\": 4, \"stages\": 1, \"tile_n\": 16, \"switch_tpe\": 3}, \"us\": %d, \"default_us\": %d, "
                       "\"replaced_default\": true, \"date\": \"2026-11-29T10:00:00Z\", \"fp4moe_version\": \"0.1.0\"}",
                       i ? ",\n  " : "", batches[i], batches[i] >= 64 ? "large" : "small", marker, 10 * batches[i],
                       11 * batches[i]);
@@ -165,7 +165,7 @@ static void test_lookup_order(void **state) {
     fm_tune_provenance_line(&k, 20, &c, line, sizeof line);
     assert_true(!strncmp(line, "provenance: backend=cuda ", 25));
     assert_non_null(strstr(line, "kernel=small"));
-    assert_non_null(strstr(line, "params={rows_per_block=1,k_split=2,warps=4,stages=2,tile_n=16,switch_tpe=3}"));
+    assert_non_null(strstr(line, "params={rows_per_block=1,k_split=2,warps=4,stages=1,tile_n=16,switch_tpe=3}"));
     assert_non_null(strstr(line, "config="));
     assert_non_null(strstr(line, d->a));
     assert_non_null(strstr(line, "bucket=16"));

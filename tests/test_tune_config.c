@@ -22,7 +22,7 @@ static const char *k_good =
     "          \"driver_version\": 13010, \"format\": \"nvfp4\", \"E\": 256, \"H\": 4096, \"I\": 2048, \"k\": 6},\n"
     "  \"buckets\": [\n"
     "    {\"batch\": 16, \"params\": {\"path\": \"large\", \"rows_per_block\": 64, \"k_split\": 1, \"warps\": 4,\n"
-    "       \"stages\": 2, \"tile_n\": 16, \"switch_tpe\": 1.5},\n"
+    "       \"stages\": 1, \"tile_n\": 16, \"switch_tpe\": 1.5},\n"
     "     \"us\": 240.5, \"us_min\": 239.0, \"us_max\": 242.0, \"default_us\": 260.25,\n"
     "     \"replaced_default\": true, \"date\": \"2026-11-29T10:00:00Z\", \"fp4moe_version\": \"0.1.0\"},\n"
     "    {\"batch\": 1, \"params\": {\"path\": \"small\", \"rows_per_block\": 16, \"k_split\": 8, \"warps\": 8,\n"
@@ -56,7 +56,7 @@ static void test_parse_good(void **st) {
     assert_int_equal(b->cfg.rows_per_block, 64);
     assert_int_equal(b->cfg.k_split, 1);
     assert_int_equal(b->cfg.warps, 4);
-    assert_int_equal(b->cfg.stages, 2);
+    assert_int_equal(b->cfg.stages, 1);
     assert_int_equal(b->cfg.tile_n, 16);
     assert_true(b->cfg.switch_tpe == 1.5f);
     assert_true(b->us == 240.5 && b->us_min == 239.0 && b->us_max == 242.0);
@@ -105,7 +105,7 @@ static void test_parse_malformed(void **st) {
         {"\"k_split\": 1", "\"k_split\": 0", "buckets[0].params.k_split: 0 is outside"},
         {"\"rows_per_block\": 64", "\"rows_per_block\": 100000000000", "rows_per_block: 100000000000 is outside"},
         {"\"tile_n\": 16", "\"tile_n\": null", "buckets[0].params.tile_n: must be an integer"},
-        {"\"stages\": 2", "\"stages\": 99", "buckets[0].params.stages: 99 is outside"},
+        {"\"stages\": 1", "\"stages\": 99", "buckets[0].params.stages: 99 is outside [1, 1]"},
         {"\"switch_tpe\": 1.5", "\"switch_tpe\": -1", "switch_tpe: -1 is outside"},
         {"\"switch_tpe\": 1.5", "\"switch_tpe\": \"1.5\"", "switch_tpe: must be a number"},
         {"\"path\": \"large\"", "\"path\": \"medium\"", "unknown path 'medium'"},

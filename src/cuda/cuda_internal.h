@@ -1,5 +1,6 @@
-/* Internal interface of the CUDA backend: device-side layouts shared by the
- * kernels (route.cu, expert.cu, gen.cu) and the host code (engine.cu). */
+/* Internal interface of the CUDA backend: the device-side layouts and
+ * parameters the kernels (route_*.cu, expert_*.cu, layer.cu) share with the
+ * host code (engine.cu), and the engine's and layers' state. */
 #ifndef FM_CUDA_INTERNAL_H
 #define FM_CUDA_INTERNAL_H
 #include "fp4moe.h"
@@ -42,8 +43,7 @@
  *   packed tile (1024 bytes): half h (rows 8h .. 8h+7 of the group), lane
  *     l = 4g + t holds bytes [16t, 16t + 16) of the row's 64-byte piece:
  *     offset 512h + 16l.  Each 32-bit word holds the checkpoint's 8 nibbles
- *     of 8 consecutive k, bit-permuted by fm_fp4_enc_word (below) unless the
- *     engine keeps the v5 order (FP4MOE_CUDA_FP4_DECODE=v5; dmat.enc = 0).
+ *     of 8 consecutive k, bit-permuted by fm_fp4_enc_word (below).
  *   scale tile: spr = 8 (NVFP4) or 4 (MXFP4) scale bytes per row and tile,
  *     row r16 of the group at r16 * spr.
  */
@@ -68,11 +68,10 @@ typedef struct {
     int64_t pstride;   /* bytes between matrices in packed                   */
     int64_t sstride;   /* bytes between matrices in scales                   */
     int rows, rows_p, kp, n;
-    int enc;           /* 1: words stored as fm_fp4_enc_word (v6 decode)      */
 } fm_dmat;
 
 /*
- * v6 storage of a 32-bit word of 8 nibbles n0..n7 (checkpoint order, low
+ * Storage of a 32-bit word of 8 nibbles n0..n7 (checkpoint order, low
  * nibble first), so that the kernel decodes the BF16x2 pairs (n0,n4),
  * (n1,n5), (n2,n6), (n3,n7), each E2M1 * 2^-126 (sign at bit 15, exponent and
  * mantissa at bits 6..8 of each half; mask M = 0x81C081C0), with 8 integer
@@ -125,26 +124,14 @@ typedef struct {
     float *sorted_w;        /* [T*k]                                         */
     unsigned *done;         /* [FM_ROUTE_COUNTERS] block counters, each reset
                              * by the block it elects                        */
-    int fuse;               /* selection fused into the GEMV logits (set at
-                             * launch)                                       */
     int *stat_active;       /* where to record n_active (bench) or NULL      */
-    int warp_group;         /* one-block selections with T * k <= 32 group
-                             * the pairs in one warp's registers (set by
-                             * the engine from its schedule)                */
-    int sel_warps;          /* tokens (warps) per selection block: 4 or 8 */
-    int sel_spread;         /* up to this many tokens (0 - 2), their sums
-                             * and scores over the whole selection block
-                             * (v50)                                        */
-    int early_trigger;      /* the selection lets the expert kernels launch
-                             * at its start (1: they prefetch the shared
-                             * expert; FP4MOE_CUDA_SEL_EARLY=1) or right
-                             * after its wait on the logits (2)           */
-    int l2first;            /* router rows read with an L2 evict-first policy */
+    int early_trigger;      /* 2: the selection lets the expert kernels launch
+                             * right after its wait on the logits (the shared
+                             * expert on its own branch), 0: after selecting */
     unsigned *gu_done;      /* [E] gate/up warps done per expert, zeroed by
-                             * the selection kernel (v42), or NULL         */
-    int skip_prep;          /* the SGEMM logits leave the tokens' prep to the
-                             * prep kernel (FM_ROUTE_PART_PREP) launched
-                             * before them                                   */
+                             * the selection kernel, or NULL                 */
+    const int32_t *pre_ids; /* pre-routed: [T][k] ids (< 0 or >= E: none)    */
+    const float *pre_wts;   /* and weights; the logits are not computed      */
 } fm_route_params;
 
 /* Expert kernels' parameters. */
@@ -162,64 +149,32 @@ typedef struct {
      * the launch: tokens per chunk (one pass of the kernel's tile), chunks
      * per row block, and the number of shared items. */
     int sh_chunk, sh_chunks, sh_blocks;
-    /* 1: the shared expert's blocks ask L2 for their weights before waiting
-     * on routing (the shared expert needs no routing result) */
-    int sh_prefetch;
-    /* 1: the shared expert's gate/up blocks do not wait on the routing grid
-     * (they read only the tokens' prep, written two grids earlier), so they
-     * run while the selection does (v27) */
-    int sh_early;
-    /* 1: blocks that can name their weights before the grid they wait on
-     * has finished (down: the routing grid finished before gate/up's blocks
-     * let down launch; the shared expert: always) issue their first
-     * segments' weight loads before griddepcontrol.wait (v28) */
-    int pre_wait;
-    /* 1: the weights are read with an L2 evict-first policy */
-    int l2first;
     int sms;                      /* SMs of the device (sizes the down's K split) */
     int smem_optin;               /* the device's shared memory per block, opt-in */
-    /* the wgmma launches' K split when > 0 (the shared expert's launches on
-     * their branch, v51), else the rule of wg_ks */
-    int ks_force;
     const int *n_active, *act_e, *act_off, *act_cnt, *sorted_tok;
     const float *sorted_w;
     const uint16_t *x_prep;       /* [T][Hp]                                 */
     uint16_t *h;                  /* [T*k + T][hstride]                      */
     int hstride;
     float *out;                   /* [T][H]                                  */
-    /* v42 (FP4MOE_CUDA_HANDOFF=1; routed wgmma launches on the forked
-     * layout only): each gate/up warp adds one to gu_done[e] once its h rows
-     * of expert e are written, and down's blocks start on expert e when all
-     * of e's gate/up warps have, instead of waiting for the whole gate/up
-     * grid (they still wait for it before they exit). NULL: off. */
+    /* The per-expert handoff (routed wgmma launches, few tokens): each
+     * gate/up warp adds one to gu_done[e] once its h rows of expert e are
+     * written, and down's blocks start on expert e when all of e's gate/up
+     * warps have, instead of waiting for the whole gate/up grid (they still
+     * wait for it before they exit). NULL: off. */
     unsigned *gu_done;
 } fm_expert_params;
 
 typedef struct {
-    int nt;      /* 8-token MMA tiles per pass (1, 2, 4)                     */
-    int warps;   /* warps per block                                          */
-    int ksplit;  /* warps splitting K                                        */
-    int pdl;     /* programmatic dependent launch (sm_90)                    */
-    int pipe;    /* weight pipeline, FM_PIPE_*                               */
-    int wgmma;   /* the engine can run the wgmma kernels (CC 9.0, sm_90a code) */
+    int nt;         /* 8-token MMA tiles per pass (1, 2, 4; wgmma 8 too)      */
+    int warps;      /* warps per block                                       */
+    int ksplit;     /* warps splitting K (mma.sync)                          */
+    int pdl;        /* programmatic dependent launch (sm_90)                 */
+    int wgmma_path; /* the wgmma kernels (config path "wgmma", sm_90a)       */
 } fm_launch_cfg;
-/* Weight pipelines of the expert kernels (config "stages": 1 -> REGS2,
- * 2..8 -> CP_ASYNC):
- *   REGS2     registers, the next segment's loads in flight (depth 2);
- *   CP_ASYNC  a cp.async shared-memory ring of FM_CP_STAGES stages.
- * Deeper pipelines (registers x4, a cp.async ring of 6) measured 13-52 %
- * slower at B = 1..64 on the H200 (docs/perf.md, v10) and were dropped. */
-#define FM_PIPE_REGS2 0
-#define FM_PIPE_CP_ASYNC 1
-#define FM_PIPE_REGS_XG 2
-/* the wgmma kernels (config path "wgmma", sm_90): a warpgroup of 64 rows,
- * nt 1, 2 or 4 (8, 16 or 32 tokens per pass) */
-#define FM_PIPE_WGMMA 3
-/* the expert kernel's template ST of FM_PIPE_REGS_XG: the register pipeline
- * with activations read per 32-wide K step (expert.cu, seg_compute_g) */
-#define FM_ST_REGS_XG 2
-/* Stages of the cp.async ring (FM_CP_STAGES - 1 segments in flight per warp). */
-#define FM_CP_STAGES 3
+
+/* An expert kernel: parameters, warps per block, K split. */
+typedef void (*fm_expert_kfn)(fm_expert_params, int, int);
 
 /* Block counters the routing kernels need (engine allocates, zeroed). */
 #define FM_ROUTE_COUNTERS 8
@@ -228,10 +183,6 @@ typedef struct {
 #define FM_ROUTE_PART_SELECT 2
 #define FM_ROUTE_PART_EXPERTS 4
 #define FM_ROUTE_PARTS_ALL 7
-/* The tokens' prep (x_prep, zeroed output) in a kernel of its own, before
- * the logits (only where the logits take the SGEMM shape; see
- * fm_cuda_route_sep_prep). */
-#define FM_ROUTE_PART_PREP 8
 
 #ifdef __cplusplus
 extern "C" {
@@ -241,19 +192,32 @@ extern "C" {
 int fm_tune_config_invalid(const fm_kernel_config *c, char *why, size_t cap);
 /* parts: FM_ROUTE_PART_* (the benchmark times the logits kernel alone). */
 fm_status fm_cuda_launch_route(fm_route_params *p, size_t smem, int pdl, int parts, cudaStream_t s);
+/* The two routing launches (route_logits.cu, route_select.cu). */
+fm_status fm_cuda_launch_logits(fm_route_params *p, int pdl, cudaStream_t s);
+fm_status fm_cuda_launch_select(const fm_route_params *p, size_t smem, int pdl, cudaStream_t s);
+/* The pre-routed path's two launches: the tokens' prep, then their ids and
+ * weights grouped by expert. */
+fm_status fm_cuda_launch_prep(const fm_route_params *p, int pdl, cudaStream_t s);
+fm_status fm_cuda_launch_preroute(const fm_route_params *p, size_t smem, int pdl, cudaStream_t s);
 size_t fm_cuda_route_smem(int H, int E);
-/* 1 when the logits at T tokens take the SGEMM shape, whose prep can run as a
- * kernel of its own (FM_ROUTE_PART_PREP, then the logits with skip_prep). */
-int fm_cuda_route_sep_prep(int T, int H, int E, int sms);
 /* The router logits kernel the routing launch takes at T tokens, in words
  * (bf16_router: the layer has the exact BF16 router; xdt: fm_dtype of x). */
 const char *fm_cuda_route_logits_name(int T, int H, int E, int sms, int bf16_router, int xdt);
 /* Floats of the partial-logits workspace for up to T tokens (monotone). */
 size_t fm_cuda_route_logit_floats(int T, int H, int E, int sms);
+/* Row stride (floats) of the partial logits of E experts. */
+int fm_cuda_route_logit_stride(int E);
 fm_status fm_cuda_route_prepare(size_t smem);
 fm_status fm_cuda_launch_gateup(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s);
 fm_status fm_cuda_launch_down(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s);
 const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char *buf, size_t cap);
+/* The expert kernels (expert_mma.cu, expert_wgmma.cu). kind: 1 gate/up,
+ * 2 down in 128-row blocks; NULL for a shape that is not built. */
+fm_expert_kfn fm_expert_mma_kernel(int nmat, int nt, int mx);
+/* 1 when that launch reads its activations per K step */
+int fm_expert_mma_xg(int nmat, int nt);
+fm_expert_kfn fm_expert_wg_kernel_for(int kind, int mx, int nmax, int wgs);
+size_t fm_expert_wg_smem(int nmat, int nmax, int down, int wgs);
 /* 1 when this build's code for the current device has the wgmma kernels
  * (sm_90a); the first call runs a one-thread probe (engine creation, never
  * inside a stream capture), later calls return its answer. */
@@ -263,5 +227,69 @@ fm_status fm_cuda_stream_read(const void *buf, size_t bytes, cudaStream_t s, int
 fm_status fm_cuda_stream_read_for(const void *buf, size_t bytes, cudaStream_t s, double seconds, double *rate_Bps);
 #ifdef __cplusplus
 }
+#endif
+
+/* ---------------------------------------------- engine and layer state */
+#ifdef __cplusplus
+#include "schedule.h"
+
+struct fm_cuda_engine {
+    int device;
+    char name[256];
+    int sm_count, cc_major, cc_minor, rt_ver, drv_ver;
+    int smem_optin; /* shared memory per block, opt-in (bytes) */
+    char desc[320];
+    cudaStream_t stream;
+    cudaStream_t side;          /* the shared expert's branch (sh_fork) */
+    cudaEvent_t fork_ev, join_ev;
+    int forced;
+    fm_kernel_config cfg;
+    fm_phase_times *pt;
+    int shared_enabled;
+    fm_sched sched;    /* the debugging switches (schedule.c, shared with `fp4moe explain`) */
+    double sustain_ms; /* benchmarks: replays before the timed ones (fm_cuda_engine_set_sustain) */
+    int wgmma;         /* the wgmma kernels can run: sm_90 and built for sm_90a */
+    /* workspace, sized for the largest call so far; calls on caller-owned
+     * memory never grow it (fm_cuda_engine_reserve) */
+    int ws_T, ws_H, ws_Hp, ws_E, ws_k, ws_hstride;
+    void *x_raw;
+    int32_t *tok_ids;
+    uint16_t *x_prep;
+    float *out;
+    int32_t *ids;
+    float *wts;
+    float *logits;
+    int *n_active, *act_e, *act_off, *act_cnt, *sorted_tok;
+    float *sorted_w;
+    unsigned *done;
+    unsigned *gu_done; /* [E] gate/up warps done per expert (the handoff) */
+    uint16_t *h;
+    int *stats;
+    int stats_n;
+    size_t route_smem_ok;
+};
+
+struct fm_cuda_layer {
+    fm_cuda_engine *eng;
+    fm_model_desc d;
+    int layer;
+    fm_qformat fmt;
+    int H, I, E, k, SI, has_shared;
+    int Hp, Ip, SIp;
+    fm_dmat gate, up, down, sgate, sup, sdown;
+    float *router_w, *router_bias, *score_bias;
+    uint16_t *router_wb; /* the router as BF16 when every weight is exact in BF16, else NULL */
+    int32_t *tid2eid;
+    int64_t tid_rows;
+    int hash;
+    int64_t expert_bytes, shared_bytes;
+};
+
+/* layer.cu: a layer's device matrices, allocated and zeroed (weights come
+ * after), and its router tensors from the host. */
+fm_status fm_cuda_layer_shell(fm_cuda_engine *e, const fm_model_desc *d, fm_qformat fmt, int layer, int with_bias,
+                              fm_cuda_layer **out);
+fm_status fm_cuda_layer_router(fm_cuda_layer *l, const float *w, const float *rbias, const float *sbias,
+                               const int32_t *tid, int64_t tid_rows);
 #endif
 #endif

@@ -35,9 +35,8 @@ const char *fm_kernel_path_name(fm_kernel_path p) {
  *
  * The switch is on expected tokens per expert, T*k/E (switch_tpe). tile_n
  * covers the typical count of tokens per expert; experts with more tokens
- * take several passes over the same weight rows (cache hits). stages 1 is
- * a register double buffer of the weights, stages >= 2 a cp.async ring in
- * shared memory (weights, scales and activations).
+ * take several passes over the same weight rows (cache hits). stages is 1:
+ * the register double buffer of the weights is the one pipeline.
  *
  * - wgmma (sm_90): the large path's work split with Hopper warpgroup MMAs. A
  *   block is one warpgroup (4 warps, 64 rows, k_split 1); each warp decodes
@@ -45,17 +44,13 @@ const char *fm_kernel_path_name(fm_kernel_path p) {
  *   multiplies the block's 64 rows by up to tile_n (8, 16 or 32) tokens whose
  *   activations the block stages once in shared memory, the weights two
  *   segments ahead through a shared-memory ring. It pays from FM_WGMMA_TPE
- *   tokens per expert (H200, DeepSeek-V4-Flash, B * k / E: 0.047 at B = 2,
- *   6 % faster than the mma.sync paths; 9 - 11 % at B = 4 - 16; 1.5 to 12
- *   tokens 7 - 22 %; 11 % slower at B = 1, where its 64-row blocks without
- *   a K split leave the GPU half empty; docs/perf.md, v14 - v15).
+ *   tokens per expert; at B = 1 its 64-row blocks without a K split leave
+ *   the GPU half empty (docs/perf.md).
  */
 fm_kernel_config fm_kernel_config_default_mma(const struct fm_tune_key *key, int T) {
-    /* Winners of the variant sweep on an H200 (docs/perf.md, GPU v2):
-     * splitting K pays only while almost every expert holds one token;
-     * 4-warp blocks beat 8-warp ones; the register double buffer beat the
-     * cp.async ring (stages 3) at every batch; 16-token tiles pay from
-     * about 8 tokens per expert. */
+    /* Winners of the variant sweep on an H200: splitting K pays only while
+     * almost every expert holds one token; 4-warp blocks beat 8-warp ones;
+     * 16-token tiles pay from about 8 tokens per expert. */
     fm_kernel_config c;
     double tpe = 1.0;
     if (key && key->E > 0 && key->k > 0 && T > 0) tpe = (double)T * key->k / key->E;
@@ -90,58 +85,22 @@ fm_kernel_config fm_kernel_config_default(const struct fm_tune_key *key, int T) 
     return c;
 }
 
-/* The FP4MOE_CUDA_* switches (docs/perf.md, "Switches for A/B runs") and the
- * values each takes; "WxK" is FP4MOE_CUDA_DOWN's block shape. */
+/* The CUDA engine's two debugging switches (docs/tuning.md) and the values
+ * each takes. */
 static const struct {
     const char *name, *vals;
 } k_cuda_env[] = {
     {"FP4MOE_CUDA_PDL", "0|1"},
-    {"FP4MOE_CUDA_FP4_DECODE", "v5|v6"},
-    {"FP4MOE_CUDA_ROUTE_FUSE", "0|1"},
-    {"FP4MOE_CUDA_ROUTE_WARPGROUP", "0|1"},
-    {"FP4MOE_CUDA_SEL_SPREAD", "0|1|2"},
-    {"FP4MOE_CUDA_SEL_EARLY", "0|1|2"},
-    {"FP4MOE_CUDA_SH_KS", "1|2|4|8"},
-    {"FP4MOE_CUDA_SEL_WARPS", "4|8"},
-    {"FP4MOE_CUDA_LOGITS", "simt|mma|bf16"},
-    {"FP4MOE_CUDA_SH_PREFETCH", "0|1"},
-    {"FP4MOE_CUDA_SH_EARLY", "0|1"},
     {"FP4MOE_CUDA_SH_FORK", "0|1"},
-    {"FP4MOE_CUDA_SH_FORK_EARLY", "0|1"},
-    {"FP4MOE_CUDA_PRIO", "0|1|2"},
-    {"FP4MOE_CUDA_GEMV_T", "32|64|128"},
-    {"FP4MOE_CUDA_HANDOFF", "0|1"},
-    {"FP4MOE_CUDA_SH_WIDE", "0|1"},
-    {"FP4MOE_CUDA_SH_TOKENS", "32|64"},
-    {"FP4MOE_CUDA_WG_DOWN_TOKENS", "8|16|32"},
-    {"FP4MOE_CUDA_WG_GROUPS", "1|2|gu|dn"},
-    {"FP4MOE_CUDA_LOGITS_KS", "8|16|32"},
-    {"FP4MOE_CUDA_PRE_WAIT", "0|1"},
-    {"FP4MOE_CUDA_L2HINT", "0|1"},
-    {"FP4MOE_CUDA_WG_DOWN2", "0|1"},
-    {"FP4MOE_CUDA_WG_DOWN_KS", "1|2|4"},
-    {"FP4MOE_CUDA_WG_GU_KS", "1|2|4"},
-    {"FP4MOE_CUDA_STAGES", "1|2|3|4|5|6|7|8"},
-    {"FP4MOE_CUDA_XG", "0|1|2|3"},
-    {"FP4MOE_CUDA_DOWN", "nosplit|WxK"},
-    {"FP4MOE_CUDA_WG", "0|1|2|3"},
-    {"FP4MOE_CUDA_WG_TOKENS", "8|16|32"},
 };
 
-/* v is one of the '|'-separated words of vals ("WxK": W warps 1..8 split
- * into K groups, K dividing W). */
+/* v is one of the '|'-separated words of vals. */
 static int env_value_ok(const char *v, const char *vals) {
     size_t n = strlen(v);
     for (const char *p = vals; *p;) {
         const char *q = strchr(p, '|');
         size_t len = q ? (size_t)(q - p) : strlen(p);
-        if (len == 3 && !strncmp(p, "WxK", 3)) {
-            int w = 0, k = 0;
-            char tail = 0;
-            if (sscanf(v, "%dx%d%c", &w, &k, &tail) == 2 && w >= 1 && w <= 8 && k >= 1 && w % k == 0) return 1;
-        } else if (len == n && !strncmp(p, v, n)) {
-            return 1;
-        }
+        if (len == n && !strncmp(p, v, n)) return 1;
         p += len + (q != NULL);
     }
     return 0;
@@ -163,7 +122,7 @@ fm_status fm_cuda_env_check(void) {
         size_t i = 0, n = sizeof k_cuda_env / sizeof k_cuda_env[0];
         while (i < n && !(strlen(k_cuda_env[i].name) == nl && !strncmp(k_cuda_env[i].name, *e, nl))) i++;
         if (i == n) {
-            char known[2048] = ""; /* every name: 32 switches take ~700 characters */
+            char known[256] = "";
             for (size_t j = 0; j < n; j++) {
                 size_t l = strlen(known);
                 snprintf(known + l, sizeof known - l, "%s%s", j ? ", " : "", k_cuda_env[j].name);

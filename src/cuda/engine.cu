@@ -1,83 +1,26 @@
 /*
- * The CUDA engine: device setup, weights on the GPU (uploaded or generated
- * there), one MoE block per call (forward) and the multi-layer CUDA-graph
- * benchmark. One layer is three kernels and no host synchronization:
- *   route.cu   routing + grouping by expert (last block),
- *   expert.cu  gate/up + activation (routed and shared experts),
- *   expert.cu  down + routing weight + combine (atomics into out).
+ * The CUDA engine: device setup, the kernel config of each call, the
+ * workspace, one MoE block per call (host buffers, or caller-owned device
+ * memory on the caller's stream) and the multi-layer CUDA-graph benchmark.
+ * One layer is four launches and no host synchronization:
+ *   route_logits.cu  router logits + the tokens' prep (or the prep alone),
+ *   route_select.cu  selection + grouping by expert (or the caller's ids),
+ *   expert_*.cu      gate/up + activation, then down + routing weight +
+ *                    combine (atomics into out), routed and shared experts;
+ * the shared expert on a branch of its own beside the routed chain.
+ * Layers live in layer.cu and gen.cu, the bandwidth probe in bwprobe.cu.
  */
 #include "cuda_internal.h"
 #include "schedule.h"
 extern "C" {
 #include "cpu/cpu_internal.h"
-#include "io/io_internal.h"
 #include "util/util.h"
 }
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-struct fm_cuda_engine {
-    int device;
-    char name[256];
-    int sm_count, cc_major, cc_minor, rt_ver, drv_ver;
-    int smem_optin; /* shared memory per block, opt-in (bytes) */
-    char desc[320];
-    cudaStream_t stream;
-    cudaStream_t side;          /* the shared expert's branch (sh_fork) */
-    cudaEvent_t fork_ev, join_ev;
-    int forced;
-    fm_kernel_config cfg;
-    fm_phase_times *pt;
-    int shared_enabled;
-    fm_sched sched;  /* the layer schedule's switches (schedule.c, shared with `fp4moe explain`) */
-    int sh_prefetch; /* shared expert prefetched into L2 during routing */
-    int sh_early;    /* shared expert's gate/up not waiting on routing (v27) */
-    int sh_fork_early; /* that branch forked before the logits where a prep kernel can run first (v38) */
-    double sustain_ms; /* benchmarks: replays before the timed ones (fm_cuda_engine_set_sustain) */
-    int prio;        /* stream priorities: 0 none, 1 routed chain above the shared branch, 2 the reverse (v38) */
-    int sh_ks;       /* FP4MOE_CUDA_SH_KS: the shared expert's K split on its branch, 0 the rule (v51) */
-    int sel_warps;   /* FP4MOE_CUDA_SEL_WARPS: tokens per selection block, 4 or 8 (v52) */
-    int l2first;     /* weights read with an L2 evict-first policy */
-    int fp4_enc;  /* weights of new layers stored for the v6 decode        */
-    int wgmma;    /* the wgmma kernels can run: sm_90 and built for sm_90a */
-    /* workspace, sized for the largest call so far */
-    int ws_T, ws_H, ws_Hp, ws_E, ws_k, ws_hstride;
-    void *x_raw;
-    int32_t *tok_ids;
-    uint16_t *x_prep;
-    float *out;
-    int32_t *ids;
-    float *wts;
-    float *logits;
-    int *n_active, *act_e, *act_off, *act_cnt, *sorted_tok;
-    float *sorted_w;
-    unsigned *done;
-    unsigned *gu_done; /* [E] gate/up warps done per expert (v42's handoff) */
-    uint16_t *h;
-    int *stats;
-    int stats_n;
-    size_t route_smem_ok;
-};
-
-struct fm_cuda_layer {
-    fm_cuda_engine *eng;
-    fm_model_desc d;
-    int layer;
-    fm_qformat fmt;
-    int H, I, E, k, SI, has_shared;
-    int Hp, Ip, SIp;
-    fm_dmat gate, up, down, sgate, sup, sdown;
-    float *router_w, *router_bias, *score_bias;
-    uint16_t *router_wb; /* the router as BF16 when every weight is exact in BF16 (v45), else NULL */
-    int32_t *tid2eid;
-    int64_t tid_rows;
-    int hash;
-    int64_t expert_bytes, shared_bytes;
-};
-
-static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
 /* ------------------------------------------------------------- device */
 
@@ -124,57 +67,13 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
     cudaRuntimeGetVersion(&e->rt_ver);
     cudaDriverGetVersion(&e->drv_ver);
     e->shared_enabled = 1;
-    /* PDL, the shared expert's branch and pass width, the handoff, the early
-     * weight loads, the selection's spread and launch trigger */
     fm_sched_read(&e->sched, prop.major);
-    /* FP4MOE_CUDA_FP4_DECODE=v5: checkpoint nibble order and the v5 decode
-     * (kept to measure the two against each other) */
-    /* FP4MOE_CUDA_SH_PREFETCH=1: the shared expert's weights are prefetched
-     * into L2 while routing runs (needs PDL) */
-    e->sh_prefetch = fm_cuda_env_is("FP4MOE_CUDA_SH_PREFETCH", "1");
-    /* FP4MOE_CUDA_SH_EARLY=1: the shared expert's gate/up runs during the
-     * selection (needs PDL; v27) */
-    e->sh_early = fm_cuda_env_is("FP4MOE_CUDA_SH_EARLY", "1");
-    /* FP4MOE_CUDA_SEL_WARPS=8: the selection kernel's blocks take 8 tokens
-     * (one warp each) instead of 4, so that up to 8 tokens are selected and
-     * grouped by one block (v52: level) */
-    e->sel_warps = fm_cuda_env_is("FP4MOE_CUDA_SEL_WARPS", "8") ? 8 : 4;
-    /* FP4MOE_CUDA_SH_KS=1|2|4|8: the shared expert's launches on its branch
-     * split K over that many CTAs (v51: refuted, an A/B switch; gate/up's
-     * split halves until its cluster's partial sums fit the rings) */
-    {
-        const char *kv = getenv("FP4MOE_CUDA_SH_KS");
-        e->sh_ks = kv && *kv ? atoi(kv) : 0;
-    }
-    /* FP4MOE_CUDA_SH_FORK_EARLY=1: above 32 tokens the tokens' prep runs as
-     * a kernel of its own and the shared expert's branch forks after it,
-     * beside the logits too (v38) */
-    e->sh_fork_early = fm_cuda_env_is("FP4MOE_CUDA_SH_FORK_EARLY", "1");
-    /* FP4MOE_CUDA_PRIO=1: the routing and routed experts' stream at the
-     * device's greatest priority and the shared expert's branch at its least,
-     * so that pending blocks of the critical chain are placed first; 2 the
-     * reverse; 0 both at the default (v38). Graphs keep the captured
-     * priorities (cudaGraphInstantiateFlagUseNodePriority). */
-    {
-        const char *pv = getenv("FP4MOE_CUDA_PRIO");
-        e->prio = pv && *pv ? atoi(pv) : 0;
-    }
-    /* Weights and router rows are read with an L2 evict-first policy
-     * (docs/perf.md, v18); FP4MOE_CUDA_L2HINT=0 reads them at the default
-     * priority, for comparisons */
-    e->l2first = !fm_cuda_env_is("FP4MOE_CUDA_L2HINT", "0");
-    e->fp4_enc = 1;
-    if (fm_cuda_env_is("FP4MOE_CUDA_FP4_DECODE", "v5")) e->fp4_enc = 0;
     snprintf(e->desc, sizeof e->desc, "%s, %d SMs, sm_%d%d, CUDA %d.%d, driver %d.%d, %.0f GB", e->name, e->sm_count,
              e->cc_major, e->cc_minor, e->rt_ver / 1000, (e->rt_ver % 1000) / 10, e->drv_ver / 1000,
              (e->drv_ver % 1000) / 10, (double)prop.totalGlobalMem / 1e9);
     e->wgmma = prop.major == 9 && fm_cuda_wgmma_built();
-    int least = 0, greatest = 0;
-    cudaError_t err = cudaDeviceGetStreamPriorityRange(&least, &greatest);
-    const int p_main = e->prio == 1 ? greatest : e->prio == 2 ? least : 0;
-    const int p_side = e->prio == 1 ? least : e->prio == 2 ? greatest : 0;
-    if (err == cudaSuccess) err = cudaStreamCreateWithPriority(&e->stream, cudaStreamNonBlocking, p_main);
-    if (err == cudaSuccess) err = cudaStreamCreateWithPriority(&e->side, cudaStreamNonBlocking, p_side);
+    cudaError_t err = cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking);
+    if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&e->side, cudaStreamNonBlocking);
     if (err == cudaSuccess) err = cudaEventCreateWithFlags(&e->fork_ev, cudaEventDisableTiming);
     if (err == cudaSuccess) err = cudaEventCreateWithFlags(&e->join_ev, cudaEventDisableTiming);
     if (err != cudaSuccess) {
@@ -264,34 +163,19 @@ static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kern
             snprintf(src, cap, "built-in default (tuning lookup failed: %s)", fm_last_error());
         }
     }
+    memset(lc, 0, sizeof *lc);
+    lc->pdl = e->sched.pdl;
     if (cfg->path == FM_PATH_WGMMA) {
-        /* one block shape; passes of 8, 16 or 32 tokens. Needs sm_90 and the
-         * v6 word order; elsewhere the mma.sync default runs, and says so. */
-        const char *why = e->cc_major != 9 ? "needs sm_90"
-                          : !e->wgmma      ? "is not in this build (no sm_90a code)"
-                          : !l->gate.enc   ? "needs the v6 FP4 word order"
-                                           : NULL;
+        /* one block shape; passes of 8, 16 or 32 tokens; needs sm_90a code.
+         * Elsewhere the mma.sync default runs, and says so. The shape was
+         * checked where the config came in (the config file's parser,
+         * fm_cuda_engine_set_config, the defaults). */
+        const char *why = e->cc_major != 9 ? "needs sm_90" : !e->wgmma ? "is not in this build (no sm_90a code)" : NULL;
         if (!why) {
-            /* the shape was checked where the config came in (the config
-             * file's parser, fm_cuda_engine_set_config, the defaults).
-             * FP4MOE_CUDA_WG_GROUPS=1|2 sets the warpgroups per block (64 or
-             * 128 rows per block, v43) whatever the config's, for A/B runs;
-             * passes of 8 tokens have one. */
-            const char *gv = getenv("FP4MOE_CUDA_WG_GROUPS");
-            if (gv && (!strcmp(gv, "1") || !strcmp(gv, "2") || !strcmp(gv, "gu") || !strcmp(gv, "dn")) &&
-                cfg->tile_n >= 16) {
-                cfg->warps = strcmp(gv, "1") ? 8 : 4;
-                cfg->rows_per_block = 16 * cfg->warps;
-                size_t n = strlen(src);
-                snprintf(src + n, cap > n ? cap - n : 0, " (rows_per_block %d from FP4MOE_CUDA_WG_GROUPS)",
-                         cfg->rows_per_block);
-            }
             lc->nt = cfg->tile_n / 8;
             lc->warps = cfg->warps;
             lc->ksplit = 1;
-            lc->pdl = e->sched.pdl;
-            lc->pipe = FM_PIPE_WGMMA;
-            lc->wgmma = 1;
+            lc->wgmma_path = 1;
             return;
         }
         size_t n = strlen(src);
@@ -311,426 +195,11 @@ static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kern
     }
     cfg->tile_n = nt * 8;
     cfg->rows_per_block = 16 * (w / ks);
+    cfg->stages = 1; /* the register double buffer */
     lc->nt = nt;
     lc->warps = w;
     lc->ksplit = ks;
-    lc->pdl = e->sched.pdl;
-    lc->wgmma = e->wgmma;
-    /* FP4MOE_CUDA_STAGES=N overrides the config's stages (A/B runs). */
-    const char *env = getenv("FP4MOE_CUDA_STAGES");
-    if (env && *env) {
-        char *end = NULL;
-        long v = strtol(env, &end, 10);
-        if (!*end && v >= 1 && v <= 8) {
-            cfg->stages = (int)v;
-            size_t n = strlen(src);
-            snprintf(src + n, cap > n ? cap - n : 0, " (stages %ld from FP4MOE_CUDA_STAGES)", v);
-        }
-    }
-    /* stages: 1 = register double buffer, >= 2 = cp.async ring */
-    lc->pipe = cfg->stages >= 2 ? FM_PIPE_CP_ASYNC : FM_PIPE_REGS2;
-    cfg->stages = lc->pipe == FM_PIPE_CP_ASYNC ? FM_CP_STAGES : 1;
 }
-
-/* ------------------------------------------------------------- layers */
-
-static fm_status dmat_alloc(fm_dmat *m, int n, int rows, int K, fm_qformat fmt, int rows_mult, int with_bias) {
-    memset(m, 0, sizeof *m);
-    if (n == 0) return FM_OK;
-    int blk = fmt == FM_QF_MXFP4 ? 32 : 16;
-    m->n = n;
-    m->rows = rows;
-    m->rows_p = (int)round_up(rows, rows_mult);
-    m->kp = (int)round_up(K, FM_KSEG);
-    m->pstride = (int64_t)m->rows_p * (m->kp / 2);
-    m->sstride = (int64_t)m->rows_p * (m->kp / blk);
-    size_t pb = (size_t)m->pstride * n, sb = (size_t)m->sstride * n;
-    size_t freeb = 0, totalb = 0;
-    FM_CU(cudaMemGetInfo(&freeb, &totalb));
-    if (pb + sb + (64u << 20) > freeb)
-        return fm_error(FM_E_NOMEM, "GPU memory: %d matrices of %d x %d need %.2f GB, %.2f GB free of %.2f GB", n,
-                        rows, K, (double)(pb + sb) / 1e9, (double)freeb / 1e9, (double)totalb / 1e9);
-    FM_CU(cudaMalloc(&m->packed, pb));
-    FM_CU(cudaMalloc(&m->scales, sb));
-    FM_CU(cudaMalloc(&m->scale2, sizeof(float) * (size_t)n));
-    FM_CU(cudaMemset(m->packed, 0, pb));
-    FM_CU(cudaMemset(m->scales, 0, sb));
-    if (with_bias) {
-        FM_CU(cudaMalloc(&m->bias, sizeof(float) * (size_t)n * m->rows_p));
-        FM_CU(cudaMemset(m->bias, 0, sizeof(float) * (size_t)n * m->rows_p));
-    }
-    return FM_OK;
-}
-
-static void dmat_free(fm_dmat *m) {
-    if (m->packed) cudaFree(m->packed);
-    if (m->scales) cudaFree(m->scales);
-    if (m->scale2) cudaFree(m->scale2);
-    if (m->bias) cudaFree(m->bias);
-    memset(m, 0, sizeof *m);
-}
-
-void fm_cuda_layer_free(fm_cuda_layer *l) {
-    if (!l) return;
-    cudaSetDevice(l->eng->device);
-    dmat_free(&l->gate); dmat_free(&l->up); dmat_free(&l->down);
-    dmat_free(&l->sgate); dmat_free(&l->sup); dmat_free(&l->sdown);
-    if (l->router_w) cudaFree(l->router_w);
-    if (l->router_wb) cudaFree(l->router_wb);
-    if (l->router_bias) cudaFree(l->router_bias);
-    if (l->score_bias) cudaFree(l->score_bias);
-    if (l->tid2eid) cudaFree(l->tid2eid);
-    free(l);
-}
-
-static fm_status layer_shell(fm_cuda_engine *e, const fm_model_desc *d, fm_qformat fmt, int layer, int with_bias,
-                             fm_cuda_layer **out) {
-    *out = NULL;
-    if (fmt != FM_QF_NVFP4 && fmt != FM_QF_MXFP4)
-        return fm_error(FM_E_UNSUPPORTED, "the CUDA backend runs NVFP4 and MXFP4 experts, not %s",
-                        fm_qformat_name(fmt));
-    if (d->hidden <= 0 || d->moe_inter <= 0 || d->n_experts <= 0 || d->topk <= 0 || d->topk > d->n_experts)
-        return fm_error(FM_E_ARG, "bad model shape: hidden %d, inter %d, experts %d, top-k %d", d->hidden,
-                        d->moe_inter, d->n_experts, d->topk);
-    if (d->n_experts > 1024 || d->topk > 32)
-        return fm_error(FM_E_UNSUPPORTED, "the CUDA routing kernel supports up to 1024 experts and top-32 (got %d, %d)",
-                        d->n_experts, d->topk);
-    int blk = fmt == FM_QF_MXFP4 ? 32 : 16;
-    if (d->hidden % blk || d->moe_inter % blk || (d->n_shared > 0 && d->shared_inter % blk))
-        return fm_error(FM_E_ARG, "hidden %d / inter %d / shared inter %d are not multiples of the %s block %d",
-                        d->hidden, d->moe_inter, d->shared_inter, fm_qformat_name(fmt), blk);
-    fm_cuda_layer *l = (fm_cuda_layer *)calloc(1, sizeof *l);
-    if (!l) return fm_error(FM_E_NOMEM, "out of memory");
-    l->eng = e;
-    l->d = *d;
-    l->layer = layer;
-    l->fmt = fmt;
-    l->H = d->hidden;
-    l->I = d->moe_inter;
-    l->E = d->n_experts;
-    l->k = d->topk;
-    l->has_shared = d->n_shared > 0 && d->shared_inter > 0;
-    l->SI = l->has_shared ? d->shared_inter : 0;
-    fm_status s = dmat_alloc(&l->gate, l->E, l->I, l->H, fmt, FM_KSEG, with_bias);
-    if (!s) s = dmat_alloc(&l->up, l->E, l->I, l->H, fmt, FM_KSEG, with_bias);
-    if (!s) s = dmat_alloc(&l->down, l->E, l->H, l->I, fmt, 16, with_bias);
-    if (!s && l->has_shared) {
-        s = dmat_alloc(&l->sgate, 1, l->SI, l->H, fmt, FM_KSEG, 0);
-        if (!s) s = dmat_alloc(&l->sup, 1, l->SI, l->H, fmt, FM_KSEG, 0);
-        if (!s) s = dmat_alloc(&l->sdown, 1, l->H, l->SI, fmt, 16, 0);
-    }
-    if (s) { fm_cuda_layer_free(l); return s; }
-    l->gate.enc = l->up.enc = l->down.enc = l->sgate.enc = l->sup.enc = l->sdown.enc = e->fp4_enc;
-    l->Hp = l->gate.kp;
-    l->Ip = l->down.kp;
-    l->SIp = l->has_shared ? l->sdown.kp : 0;
-    int64_t per = (int64_t)l->H * l->I;
-    l->expert_bytes = 3 * (per / 2 + per / blk);
-    int64_t sper = (int64_t)l->H * l->SI;
-    l->shared_bytes = 3 * (sper / 2 + sper / blk);
-    *out = l;
-    return FM_OK;
-}
-
-/* Router tensors: FP32 on the GPU (the routing math is FP32, as in fm_route);
- * when every weight is exact in BF16 (checkpoints store routers in BF16),
- * also a BF16 copy, which the tensor-core logits above 32 tokens multiply
- * exactly (v45). */
-static fm_status upload_router(fm_cuda_layer *l, const float *w, const float *rbias, const float *sbias,
-                               const int32_t *tid, int64_t tid_rows) {
-    size_t nw = (size_t)l->E * l->H;
-    FM_CU(cudaMalloc(&l->router_w, nw * sizeof(float)));
-    FM_CU(cudaMemcpy(l->router_w, w, nw * sizeof(float), cudaMemcpyHostToDevice));
-    /* a BF16 copy for the v45 logits where every weight is exact in BF16:
-     * converted in the pass that checks, dropped at the first weight that
-     * is not */
-    uint16_t *wb = (uint16_t *)malloc(nw * sizeof(uint16_t));
-    if (!wb) return fm_error(FM_E_NOMEM, "out of memory (BF16 router, %zu weights)", nw);
-    int exact = 1;
-    for (size_t i = 0; i < nw && exact; i++) {
-        uint32_t b;
-        memcpy(&b, &w[i], sizeof b);
-        exact = (b & 0xFFFFu) == 0;
-        wb[i] = (uint16_t)(b >> 16);
-    }
-    cudaError_t err = cudaSuccess;
-    if (exact) {
-        err = cudaMalloc(&l->router_wb, nw * sizeof(uint16_t));
-        if (err == cudaSuccess) err = cudaMemcpy(l->router_wb, wb, nw * sizeof(uint16_t), cudaMemcpyHostToDevice);
-    }
-    free(wb);
-    if (err != cudaSuccess) return fm_error(FM_E_CUDA, "BF16 router upload: %s", cudaGetErrorString(err));
-    if (rbias) {
-        FM_CU(cudaMalloc(&l->router_bias, (size_t)l->E * sizeof(float)));
-        FM_CU(cudaMemcpy(l->router_bias, rbias, (size_t)l->E * sizeof(float), cudaMemcpyHostToDevice));
-    }
-    if (sbias) {
-        FM_CU(cudaMalloc(&l->score_bias, (size_t)l->E * sizeof(float)));
-        FM_CU(cudaMemcpy(l->score_bias, sbias, (size_t)l->E * sizeof(float), cudaMemcpyHostToDevice));
-    }
-    l->hash = l->d.route == FM_ROUTE_DSV4 && l->layer < l->d.n_hash_layers && tid != NULL;
-    if (tid) {
-        for (int64_t i = 0; i < tid_rows * l->k; i++) {
-            if (tid[i] < 0 || tid[i] >= l->E)
-                return fm_error(FM_E_FORMAT, "layer %d tid2eid[%lld][%lld] = %d is not an expert id (E = %d)",
-                                l->layer, (long long)(i / l->k), (long long)(i % l->k), tid[i], l->E);
-            /* as fm_route: a row names k distinct experts (checked here
-             * once, for every row, since the GPU reads the rows itself) */
-            for (int64_t j = i - i % l->k; j < i; j++)
-                if (tid[j] == tid[i])
-                    return fm_error(FM_E_FORMAT, "layer %d tid2eid[%lld] names expert %d twice", l->layer,
-                                    (long long)(i / l->k), tid[i]);
-        }
-        size_t nb = (size_t)tid_rows * l->k * sizeof(int32_t);
-        FM_CU(cudaMalloc(&l->tid2eid, nb));
-        FM_CU(cudaMemcpy(l->tid2eid, tid, nb, cudaMemcpyHostToDevice));
-        l->tid_rows = tid_rows;
-    }
-    return FM_OK;
-}
-
-/* Copies one host matrix into slot i of a device stack, padding rows and K. */
-static fm_status upload_matrix(fm_dmat *m, int i, const fm_qmatrix *q, int64_t K, fm_qformat fmt, const char *what,
-                               int e, uint8_t *stage, uint8_t *sstage) {
-    int blk = fmt == FM_QF_MXFP4 ? 32 : 16;
-    if (q->fmt != fmt)
-        return fm_error(FM_E_ARG, "expert %d %s is %s, the layer is %s", e, what, fm_qformat_name(q->fmt),
-                        fm_qformat_name(fmt));
-    if (q->rows != m->rows || q->cols != K || !q->packed || !q->scales || q->row_stride < q->cols / 2 ||
-        q->scale_stride < q->cols / blk)
-        return fm_error(FM_E_ARG, "expert %d %s: %lld x %lld matrix does not match the layer (%d x %lld)", e, what,
-                        (long long)q->rows, (long long)q->cols, m->rows, (long long)K);
-    int64_t kb = q->cols / 2, ks = q->cols / blk;
-    const int nseg = m->kp / FM_KSEG, mx = fmt == FM_QF_MXFP4;
-    memset(stage, 0, (size_t)m->pstride);
-    memset(sstage, 0, (size_t)m->sstride);
-    for (int64_t r = 0; r < q->rows; r++) {
-        const uint8_t *prow = q->packed + r * q->row_stride;
-        for (int64_t b = 0; b < kb; b += 8) /* 8-byte pieces never straddle a 16-byte lane chunk */
-            memcpy(stage + fm_tile_packed_off(r, b, nseg), prow + b, (size_t)(kb - b < 8 ? kb - b : 8));
-        const uint8_t *srow = q->scales + r * q->scale_stride;
-        for (int64_t b = 0; b < ks; b++) {
-            if (mx && srow[b] > 135 && srow[b] != 0xFF)
-                return fm_error(FM_E_RANGE,
-                                "expert %d %s: MXFP4 scale 2^%d at row %lld block %lld is beyond the GPU "
-                                "kernel's range (2^8)",
-                                e, what, srow[b] - 127, (long long)r, (long long)b);
-            sstage[fm_tile_scale_off(r, b, nseg, mx)] =
-                mx ? srow[b] : fm_nv_canon_block(srow[b], stage + fm_tile_packed_off(r, b * 8, nseg));
-        }
-    }
-    if (m->enc) /* pstride is a multiple of 64 bytes (kp is of 128 values) */
-        for (int64_t o = 0; o < m->pstride; o += 4) {
-            uint32_t w;
-            memcpy(&w, stage + o, 4);
-            w = fm_fp4_enc_word(w);
-            memcpy(stage + o, &w, 4);
-        }
-    FM_CU(cudaMemcpy(m->packed + (size_t)i * m->pstride, stage, (size_t)m->pstride, cudaMemcpyHostToDevice));
-    FM_CU(cudaMemcpy(m->scales + (size_t)i * m->sstride, sstage, (size_t)m->sstride, cudaMemcpyHostToDevice));
-    float s2 = q->fmt == FM_QF_NVFP4 ? q->scale2 : 1.0f;
-    FM_CU(cudaMemcpy(m->scale2 + i, &s2, sizeof s2, cudaMemcpyHostToDevice));
-    if (m->bias && q->bias)
-        FM_CU(cudaMemcpy(m->bias + (size_t)i * m->rows_p, q->bias, sizeof(float) * (size_t)q->rows,
-                         cudaMemcpyHostToDevice));
-    return FM_OK;
-}
-
-fm_status fm_cuda_layer_upload(fm_cuda_engine *e, const fm_model_desc *d, const fm_moe_layer *l,
-                               fm_cuda_layer **out) {
-    if (!e || !d || !l || !out) return fm_error(FM_E_ARG, "fm_cuda_layer_upload: NULL argument");
-    *out = NULL;
-    FM_CU(cudaSetDevice(e->device));
-    if (l->hidden != d->hidden || l->inter != d->moe_inter || l->n_experts != d->n_experts || l->topk != d->topk)
-        return fm_error(FM_E_ARG, "layer %d shape (H %d, I %d, E %d, k %d) differs from the model description", l->layer,
-                        l->hidden, l->inter, l->n_experts, l->topk);
-    if (!l->router_w) return fm_error(FM_E_ARG, "layer %d has no router weights", l->layer);
-    if (d->route == FM_ROUTE_DSV4 && l->layer < d->n_hash_layers && !l->tid2eid)
-        return fm_error(FM_E_ARG, "layer %d routes by token id but has no tid2eid table", l->layer);
-    int with_bias = l->gate[0].bias != NULL;
-    fm_model_desc dd = *d;
-    if (!l->has_shared) dd.n_shared = 0;
-    else dd.shared_inter = l->shared_inter;
-    fm_cuda_layer *c;
-    fm_status s = layer_shell(e, &dd, l->fmt, l->layer, with_bias, &c);
-    if (s) return s;
-    size_t maxp = (size_t)c->gate.pstride, maxs = (size_t)c->gate.sstride;
-    const fm_dmat *all[] = {&c->down, &c->sgate, &c->sup, &c->sdown};
-    for (int i = 0; i < 4; i++) {
-        if ((size_t)all[i]->pstride > maxp) maxp = (size_t)all[i]->pstride;
-        if ((size_t)all[i]->sstride > maxs) maxs = (size_t)all[i]->sstride;
-    }
-    uint8_t *stage = (uint8_t *)malloc(maxp), *sstage = (uint8_t *)malloc(maxs);
-    if (!stage || !sstage) s = fm_error(FM_E_NOMEM, "out of memory (staging %zu bytes)", maxp);
-    for (int x = 0; x < l->n_experts && !s; x++) {
-        s = upload_matrix(&c->gate, x, &l->gate[x], c->H, c->fmt, "gate", x, stage, sstage);
-        if (!s) s = upload_matrix(&c->up, x, &l->up[x], c->H, c->fmt, "up", x, stage, sstage);
-        if (!s) s = upload_matrix(&c->down, x, &l->down[x], c->I, c->fmt, "down", x, stage, sstage);
-    }
-    if (!s && c->has_shared) {
-        s = upload_matrix(&c->sgate, 0, &l->sh_gate, c->H, c->fmt, "shared gate", -1, stage, sstage);
-        if (!s) s = upload_matrix(&c->sup, 0, &l->sh_up, c->H, c->fmt, "shared up", -1, stage, sstage);
-        if (!s) s = upload_matrix(&c->sdown, 0, &l->sh_down, c->SI, c->fmt, "shared down", -1, stage, sstage);
-    }
-    free(stage);
-    free(sstage);
-    if (!s) s = upload_router(c, l->router_w, l->router_bias, l->score_bias, l->tid2eid, l->tid2eid_rows);
-    if (s) { fm_cuda_layer_free(c); return s; }
-    *out = c;
-    return FM_OK;
-}
-
-/* ---- seeded random weights generated on the GPU (formulas: src/io/model_random.c) */
-
-static __device__ __forceinline__ uint64_t d_mix64(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static __device__ __forceinline__ uint64_t d_rng_u64(uint64_t seed, uint64_t key, uint64_t i) {
-    return d_mix64(d_mix64(seed ^ d_mix64(key)) + i);
-}
-
-/* One thread per (matrix, row, 16-element group): 8 code bytes and the
- * group's scale byte (NVFP4) or every other group's (MXFP4). */
-__global__ void fm_gen_kernel(fm_dmat m, const uint64_t *kcodes, const uint64_t *kscales, uint64_t seed, int K,
-                              int mx, int bexp) {
-    int64_t g16 = K / 16;
-    int64_t total = (int64_t)m.n * m.rows * g16;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t b = i % g16, rr = i / g16;
-        int r = (int)(rr % m.rows), n = (int)(rr / m.rows);
-        uint64_t w = d_rng_u64(seed, kcodes[n], (uint64_t)r * g16 + b);
-        if (m.enc) w = fm_fp4_enc_word((uint32_t)w) | (uint64_t)fm_fp4_enc_word((uint32_t)(w >> 32)) << 32;
-        const int nseg = m.kp / FM_KSEG;
-        *(uint64_t *)(m.packed + n * m.pstride + fm_tile_packed_off(r, b * 8, nseg)) = w;
-        if (!mx) {
-            uint64_t u = d_rng_u64(seed, kscales[n], (uint64_t)r * g16 + b);
-            m.scales[n * m.sstride + fm_tile_scale_off(r, b, nseg, 0)] = (uint8_t)(0x64u + (uint32_t)(u >> 32) % 12u);
-        } else if ((b & 1) == 0) {
-            int64_t g32 = K / 32, b32 = b / 2;
-            uint64_t u = d_rng_u64(seed, kscales[n], (uint64_t)r * g32 + b32);
-            m.scales[n * m.sstride + fm_tile_scale_off(r, b32, nseg, 1)] =
-                (uint8_t)(bexp + (int)((uint32_t)(u >> 32) % 3u) - 1);
-        }
-    }
-}
-
-static fm_status gen_dmat(fm_cuda_engine *e, fm_dmat *m, uint64_t seed, int layer, int first_e, int mi, int K,
-                          fm_qformat fmt) {
-    static const char *const names[3] = {"gate", "up", "down"};
-    uint64_t *hk = (uint64_t *)malloc(sizeof(uint64_t) * 2 * (size_t)m->n);
-    if (!hk) return fm_error(FM_E_NOMEM, "out of memory");
-    char w[32];
-    for (int i = 0; i < m->n; i++) {
-        int ex = first_e < 0 ? -1 : i;
-        snprintf(w, sizeof w, "%s.codes", names[mi]);
-        hk[i] = fm_gen_key(layer, ex, w);
-        snprintf(w, sizeof w, "%s.scales", names[mi]);
-        hk[m->n + i] = fm_gen_key(layer, ex, w);
-    }
-    uint64_t *dk = NULL;
-    fm_status s = FM_OK;
-    cudaError_t err = cudaMalloc(&dk, sizeof(uint64_t) * 2 * (size_t)m->n);
-    if (err == cudaSuccess)
-        err = cudaMemcpy(dk, hk, sizeof(uint64_t) * 2 * (size_t)m->n, cudaMemcpyHostToDevice);
-    free(hk);
-    if (err != cudaSuccess) {
-        if (dk) cudaFree(dk);
-        return fm_error(FM_E_CUDA, "weight generation setup: %s", cudaGetErrorString(err));
-    }
-    int mx = fmt == FM_QF_MXFP4;
-    fm_gen_kernel<<<e->sm_count * 16, 256, 0, e->stream>>>(*m, dk, dk + m->n, seed, K, mx,
-                                                           mx ? fm_gen_mxfp4_base_exp(K) : 0);
-    err = cudaGetLastError();
-    if (err == cudaSuccess) err = cudaStreamSynchronize(e->stream);
-    cudaFree(dk);
-    if (err != cudaSuccess) return fm_error(FM_E_CUDA, "weight generation kernel: %s", cudaGetErrorString(err));
-    float s2 = fmt == FM_QF_NVFP4 ? fm_gen_nvfp4_scale2(K) : 1.0f;
-    float *hs = (float *)malloc(sizeof(float) * (size_t)m->n);
-    if (!hs) return fm_error(FM_E_NOMEM, "out of memory");
-    for (int i = 0; i < m->n; i++) hs[i] = s2;
-    err = cudaMemcpy(m->scale2, hs, sizeof(float) * (size_t)m->n, cudaMemcpyHostToDevice);
-    free(hs);
-    if (err != cudaSuccess) return fm_error(FM_E_CUDA, "cudaMemcpy scale2: %s", cudaGetErrorString(err));
-    return s;
-}
-
-fm_status fm_cuda_layer_random(fm_cuda_engine *e, const fm_model_desc *d, fm_qformat fmt, uint64_t seed, int layer,
-                               fm_cuda_layer **out) {
-    if (!e || !d || !out) return fm_error(FM_E_ARG, "fm_cuda_layer_random: NULL argument");
-    *out = NULL;
-    FM_CU(cudaSetDevice(e->device));
-    fm_status s = fm_model_desc_validate(d);
-    if (s) return s;
-    if (fmt == FM_QF_NONE) fmt = d->expert_format;
-    if (!fm_model_is_moe_layer(d, layer))
-        return fm_error(FM_E_ARG, "layer %d is not a MoE layer of this %s model", layer, d->family);
-    int with_bias = fm_io_has_expert_bias(d);
-    fm_cuda_layer *l;
-    s = layer_shell(e, d, fmt, layer, with_bias, &l);
-    if (s) return s;
-    s = gen_dmat(e, &l->gate, seed, layer, 0, 0, l->H, fmt);
-    if (!s) s = gen_dmat(e, &l->up, seed, layer, 0, 1, l->H, fmt);
-    if (!s) s = gen_dmat(e, &l->down, seed, layer, 0, 2, l->I, fmt);
-    if (!s && l->has_shared) {
-        s = gen_dmat(e, &l->sgate, seed, layer, -1, 0, l->H, fmt);
-        if (!s) s = gen_dmat(e, &l->sup, seed, layer, -1, 1, l->H, fmt);
-        if (!s) s = gen_dmat(e, &l->sdown, seed, layer, -1, 2, l->SI, fmt);
-    }
-    /* small tensors on the host with the shared formulas */
-    float *rw = NULL, *rb = NULL, *sb = NULL;
-    int32_t *tid = NULL;
-    int64_t V = 0;
-    if (!s) {
-        rw = (float *)malloc(sizeof(float) * (size_t)l->E * l->H);
-        if (!rw) s = fm_error(FM_E_NOMEM, "out of memory");
-        for (int64_t i = 0; !s && i < (int64_t)l->E * l->H; i++)
-            rw[i] = fm_bf16_to_f32(fm_io_gen_router_w(seed, layer, l->H, i));
-    }
-    if (!s && fm_io_has_score_bias(d, layer)) {
-        sb = (float *)malloc(sizeof(float) * (size_t)l->E);
-        if (!sb) s = fm_error(FM_E_NOMEM, "out of memory");
-        for (int x = 0; !s && x < l->E; x++) sb[x] = fm_io_gen_score_bias(seed, layer, x);
-    }
-    if (!s && d->route == FM_ROUTE_GPTOSS) {
-        rb = (float *)malloc(sizeof(float) * (size_t)l->E);
-        if (!rb) s = fm_error(FM_E_NOMEM, "out of memory");
-        for (int x = 0; !s && x < l->E; x++) rb[x] = fm_bf16_to_f32(fm_io_gen_router_bias(seed, layer, x));
-    }
-    if (!s && fm_io_is_hash_layer(d, layer)) {
-        V = d->vocab_size;
-        tid = (int32_t *)malloc(sizeof(int32_t) * (size_t)V * l->k);
-        if (!tid) s = fm_error(FM_E_NOMEM, "out of memory");
-        for (int64_t v = 0; !s && v < V; v++) fm_io_gen_tid2eid_row(seed, layer, l->E, l->k, v, tid + v * l->k);
-    }
-    if (!s && with_bias) {
-        fm_dmat *ms[3] = {&l->gate, &l->up, &l->down};
-        for (int mi = 0; mi < 3 && !s; mi++) {
-            size_t nb = (size_t)ms[mi]->n * ms[mi]->rows_p;
-            float *hb = (float *)calloc(nb, sizeof(float));
-            if (!hb) { s = fm_error(FM_E_NOMEM, "out of memory"); break; }
-            for (int x = 0; x < ms[mi]->n; x++)
-                for (int r = 0; r < ms[mi]->rows; r++)
-                    hb[(size_t)x * ms[mi]->rows_p + r] = fm_bf16_to_f32(fm_io_gen_expert_bias(seed, layer, x, mi, r));
-            cudaError_t err = cudaMemcpy(ms[mi]->bias, hb, nb * sizeof(float), cudaMemcpyHostToDevice);
-            free(hb);
-            if (err != cudaSuccess) s = fm_error(FM_E_CUDA, "cudaMemcpy bias: %s", cudaGetErrorString(err));
-        }
-    }
-    if (!s) s = upload_router(l, rw, rb, sb, tid, V);
-    free(rw);
-    free(rb);
-    free(sb);
-    free(tid);
-    if (s) { fm_cuda_layer_free(l); return s; }
-    *out = l;
-    return FM_OK;
-}
-
-/* ------------------------------------------------------------- running */
 
 static fm_status ws_ensure(fm_cuda_engine *e, int T, int H, int Hp, int E, int k, int hstride, int nstats) {
     if (e->ws_T >= T && e->ws_H >= H && e->ws_Hp >= Hp && e->ws_E >= E && e->ws_k >= k && e->ws_hstride >= hstride &&
@@ -771,10 +240,11 @@ static fm_status ws_ensure(fm_cuda_engine *e, int T, int H, int Hp, int E, int k
     return FM_OK;
 }
 
-static void fill_expert_params(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_expert_params *p) {
+static void fill_expert_params(fm_cuda_engine *e, const fm_cuda_layer *l, int T, int shared, float *out,
+                               fm_expert_params *p) {
     memset(p, 0, sizeof *p);
     p->gate = l->gate; p->up = l->up; p->down = l->down;
-    if (l->has_shared && e->shared_enabled) { p->sgate = l->sgate; p->sup = l->sup; p->sdown = l->sdown; }
+    if (l->has_shared && shared) { p->sgate = l->sgate; p->sup = l->sup; p->sdown = l->sdown; }
     p->mx = l->fmt == FM_QF_MXFP4;
     p->T = T;
     p->k = l->k;
@@ -793,7 +263,7 @@ static void fill_expert_params(fm_cuda_engine *e, const fm_cuda_layer *l, int T,
     p->x_prep = e->x_prep;
     p->h = e->h;
     p->hstride = e->ws_hstride;
-    p->out = e->out;
+    p->out = out;
 }
 
 static float route_scaling(const fm_model_desc *d) {
@@ -802,19 +272,35 @@ static float route_scaling(const fm_model_desc *d) {
     return 1.0f;
 }
 
-/* The shared expert's pass width on its own branch (v35, v46; schedule.c). */
+/* The shared expert's pass width on its own branch (schedule.c). */
 static int shared_nt(const fm_cuda_engine *e, const fm_launch_cfg *lc, int T) {
-    return fm_sched_shared_nt(&e->sched, lc->pipe == FM_PIPE_WGMMA, lc->nt, lc->warps, T);
+    return fm_sched_shared_nt(&e->sched, lc->wgmma_path, lc->nt, lc->warps, T);
 }
 
-/* Whether the routed down takes over per expert at T tokens (v42). */
+/* Whether the routed down takes over per expert at T tokens. */
 static int handoff_on(const fm_cuda_engine *e, const fm_launch_cfg *lc, int T) {
-    return fm_sched_handoff(&e->sched, lc->pipe == FM_PIPE_WGMMA && lc->pdl, T);
+    return fm_sched_handoff(&e->sched, lc->wgmma_path && lc->pdl, T);
 }
 
-/* The three launches of one layer on e->stream; x_dev is [T][H] of xdt. */
-static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, const void *x_dev, int xdt,
-                           const int32_t *tok_dev, int *stat, const fm_launch_cfg *lc, cudaEvent_t *ev, int parts) {
+/* What one layer call reads and writes, all in device memory. */
+typedef struct {
+    const void *x;        /* [T][H] of xdt                                    */
+    int xdt;
+    const int32_t *tok;   /* [T] token ids (hash routing) or NULL             */
+    const int32_t *pre_ids; /* pre-routed [T][k] ids, or NULL: route here     */
+    const float *pre_wts;
+    float *out;           /* [T][H]                                           */
+    int32_t *ids;         /* [T][k] the chosen ids (the grouping reads them)  */
+    float *wts;
+    int *stat;            /* n_active (bench) or NULL                         */
+    int shared;           /* run the shared expert                            */
+} layer_io;
+
+/* The launches of one layer on stream st. ev (phase timing, host calls
+ * only): events between the routing and the two expert launches, on one
+ * stream. */
+static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, const layer_io *io, const fm_launch_cfg *lc,
+                           cudaEvent_t *ev, int parts, cudaStream_t st) {
     fm_route_params rp;
     memset(&rp, 0, sizeof rp);
     rp.route = l->d.route;
@@ -822,63 +308,48 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
     rp.n_group = l->d.n_group; rp.topk_group = l->d.topk_group;
     rp.norm_topk = l->d.norm_topk_prob;
     rp.scaling = route_scaling(&l->d);
-    rp.hash = l->hash && tok_dev != NULL;
+    rp.hash = l->hash && io->tok != NULL;
     rp.router_w = l->router_w; rp.router_wb = l->router_wb; rp.router_bias = l->router_bias; rp.score_bias = l->score_bias;
     rp.tid2eid = l->tid2eid; rp.tid_rows = l->tid_rows;
-    rp.x = x_dev; rp.xdt = xdt; rp.token_ids = tok_dev;
+    rp.x = io->x; rp.xdt = io->xdt; rp.token_ids = io->tok;
+    rp.pre_ids = io->pre_ids; rp.pre_wts = io->pre_wts;
     rp.logits = e->logits;
     rp.sms = e->sm_count;
-    rp.ids = e->ids; rp.wts = e->wts; rp.x_prep = e->x_prep; rp.out = e->out;
+    rp.ids = io->ids; rp.wts = io->wts; rp.x_prep = e->x_prep; rp.out = io->out;
     rp.n_active = e->n_active; rp.act_e = e->act_e; rp.act_off = e->act_off; rp.act_cnt = e->act_cnt;
-    rp.sorted_tok = e->sorted_tok; rp.sorted_w = e->sorted_w; rp.done = e->done; rp.stat_active = stat;
-    size_t smem = fm_cuda_route_smem(l->H, l->E);
+    rp.sorted_tok = e->sorted_tok; rp.sorted_w = e->sorted_w; rp.done = e->done; rp.stat_active = io->stat;
+    const size_t smem = fm_cuda_route_smem(l->H, l->E);
     if (smem > e->route_smem_ok) {
         fm_status s = fm_cuda_route_prepare(smem);
         if (s) return s;
         e->route_smem_ok = smem;
     }
     fm_expert_params ep;
-    fill_expert_params(e, l, T, &ep);
-    /* the shared expert on its own branch: forked once the logits kernel
+    fill_expert_params(e, l, T, io->shared, io->out, &ep);
+    ep.sms = e->sm_count;
+    ep.smem_optin = e->smem_optin;
+    /* the shared expert on its own branch: forked once the first launch
      * has written the tokens' prep and zeroed the output, joined after the
      * routed down (phase timing keeps one stream) */
     const int fork = e->sched.sh_fork && ep.sgate.n > 0 && !ev && (parts & FM_ROUTE_PART_EXPERTS) &&
                      (parts & FM_ROUTE_PART_LOGITS) && (parts & FM_ROUTE_PART_SELECT);
-    ep.sh_prefetch = e->sh_prefetch && lc->pdl && ep.sgate.n > 0 && !ev && !fork;
-    ep.sh_early = e->sh_early && lc->pdl && ep.sgate.n > 0 && !ev && !fork;
-    {
-        const int se = fm_sched_trigger(&e->sched, fork);
-        rp.early_trigger = ep.sh_prefetch || ep.sh_early || se == 1 ? 1 : se == 2 ? 2 : 0;
-    }
-    rp.warp_group = e->sched.warp_group;
-    rp.sel_spread = e->sched.sel_spread;
-    rp.sel_warps = e->sel_warps;
-    ep.l2first = rp.l2first = e->l2first;
-    ep.pre_wait = e->sched.pre_wait;
-    ep.sms = e->sm_count;
-    ep.smem_optin = e->smem_optin;
+    rp.early_trigger = lc->pdl ? fm_sched_trigger(&e->sched, fork) : 0;
+    /* the selection zeroes the experts' gate/up counters that the routed
+     * down's blocks wait on; not with the phase timing's events between
+     * the launches */
+    rp.gu_done = handoff_on(e, lc, T) && !ev ? e->gu_done : NULL;
     fm_status s;
-    if (ev) FM_CU(cudaEventRecord(ev[0], e->stream));
+    if (ev) FM_CU(cudaEventRecord(ev[0], st));
     if (fork) {
-        /* v42: the selection zeroes the experts' gate/up counters that the
-         * routed down's blocks wait on */
-        rp.gu_done = handoff_on(e, lc, T) ? e->gu_done : NULL;
-        if (e->sh_fork_early && fm_cuda_route_sep_prep(T, l->H, l->E, e->sm_count)) {
-            /* the prep alone, the fork, then the logits without the prep */
-            if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, FM_ROUTE_PART_PREP, e->stream))) return s;
-            FM_CU(cudaEventRecord(e->fork_ev, e->stream));
-            if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, FM_ROUTE_PART_LOGITS, e->stream))) return s;
-        } else {
-            if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, FM_ROUTE_PART_LOGITS, e->stream))) return s;
-            FM_CU(cudaEventRecord(e->fork_ev, e->stream));
-        }
+        if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, FM_ROUTE_PART_LOGITS, st))) return s;
+        FM_CU(cudaEventRecord(e->fork_ev, st));
         /* the selection is captured before the branch, so that a graph does
          * not queue it behind the shared expert's launches */
-        if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, FM_ROUTE_PART_SELECT, e->stream))) return s;
+        if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, FM_ROUTE_PART_SELECT, st))) return s;
         FM_CU(cudaStreamWaitEvent(e->side, e->fork_ev, 0));
         fm_expert_params sp = ep;
         sp.max_active = 0; /* the shared expert's items only */
-        sp.ks_force = e->sh_ks;
+        sp.gu_done = NULL;
         fm_launch_cfg slc = *lc;
         slc.nt = shared_nt(e, lc, T);
         fm_launch_cfg sdc = slc;
@@ -888,26 +359,19 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
         FM_CU(cudaEventRecord(e->join_ev, e->side));
         ep.sgate.n = ep.sup.n = ep.sdown.n = 0; /* the routed experts only */
         ep.gu_done = rp.gu_done;
-        if ((s = fm_cuda_launch_gateup(&ep, lc, e->stream))) return s;
-        if ((s = fm_cuda_launch_down(&ep, lc, e->stream))) return s;
-        FM_CU(cudaStreamWaitEvent(e->stream, e->join_ev, 0));
+        if ((s = fm_cuda_launch_gateup(&ep, lc, st))) return s;
+        if ((s = fm_cuda_launch_down(&ep, lc, st))) return s;
+        FM_CU(cudaStreamWaitEvent(st, e->join_ev, 0));
         return FM_OK;
     }
-    /* v42 here too (no shared expert, or its blocks inside the routed
-     * launches, which keep waiting for the whole grids); not with the phase
-     * timing's events between the launches */
-    rp.gu_done = handoff_on(e, lc, T) && !ev ? e->gu_done : NULL;
-    if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, parts, e->stream))) return s;
+    if ((s = fm_cuda_launch_route(&rp, smem, lc->pdl, parts, st))) return s;
     if (!(parts & FM_ROUTE_PART_EXPERTS)) return FM_OK;
-    /* fused routing writes the tokens' prep in the grid the experts wait on,
-     * and has no selection kernel to zero the handoff's counters */
-    if (rp.fuse) ep.sh_early = 0;
-    ep.gu_done = rp.fuse ? NULL : rp.gu_done;
-    if (ev) FM_CU(cudaEventRecord(ev[1], e->stream));
-    if ((s = fm_cuda_launch_gateup(&ep, lc, e->stream))) return s;
-    if (ev) FM_CU(cudaEventRecord(ev[2], e->stream));
-    if ((s = fm_cuda_launch_down(&ep, lc, e->stream))) return s;
-    if (ev) FM_CU(cudaEventRecord(ev[3], e->stream));
+    ep.gu_done = rp.gu_done;
+    if (ev) FM_CU(cudaEventRecord(ev[1], st));
+    if ((s = fm_cuda_launch_gateup(&ep, lc, st))) return s;
+    if (ev) FM_CU(cudaEventRecord(ev[2], st));
+    if ((s = fm_cuda_launch_down(&ep, lc, st))) return s;
+    if (ev) FM_CU(cudaEventRecord(ev[3], st));
     return FM_OK;
 }
 
@@ -954,8 +418,9 @@ fm_status fm_cuda_forward(fm_cuda_engine *e, const fm_model_desc *d, const fm_cu
             return fm_error(FM_E_CUDA, "cudaEventCreate failed");
         }
     }
-    s = run_layer(e, l, T, e->x_raw, xdt, l->hash ? e->tok_ids : NULL, e->stats, &lc, e->pt ? ev : NULL,
-                  FM_ROUTE_PARTS_ALL);
+    const layer_io io = {e->x_raw, xdt, l->hash ? e->tok_ids : NULL, NULL, NULL, e->out, e->ids, e->wts, e->stats,
+                         e->shared_enabled};
+    s = run_layer(e, l, T, &io, &lc, e->pt ? ev : NULL, FM_ROUTE_PARTS_ALL, e->stream);
     if (!s) {
         cudaError_t err = cudaMemcpyAsync(o->out, e->out, (size_t)T * l->H * 4, cudaMemcpyDeviceToHost, e->stream);
         if (err == cudaSuccess && o->topk_ids)
@@ -998,13 +463,15 @@ static fm_status graph_time(fm_cuda_engine *e, fm_cuda_layer *const *layers, int
     for (int attempt = 0; attempt < 2; attempt++) {
         FM_CU(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
         fm_status cs = FM_OK;
-        for (int i = 0; i < n_layers && !cs; i++)
-            cs = run_layer(e, layers[i], T, e->x_raw, FM_DT_F32, layers[i]->hash ? e->tok_ids : NULL, e->stats + i,
-                           lc, NULL, parts);
+        for (int i = 0; i < n_layers && !cs; i++) {
+            const layer_io io = {e->x_raw,  FM_DT_F32, layers[i]->hash ? e->tok_ids : NULL, NULL, NULL, e->out,
+                                 e->ids,    e->wts,    e->stats + i, e->shared_enabled};
+            cs = run_layer(e, layers[i], T, &io, lc, NULL, parts, e->stream);
+        }
         err = cudaStreamEndCapture(e->stream, &graph);
         if (cs) { if (graph) cudaGraphDestroy(graph); return cs; }
         if (err == cudaSuccess)
-            err = cudaGraphInstantiateWithFlags(&exec, graph, e->prio ? cudaGraphInstantiateFlagUseNodePriority : 0);
+            err = cudaGraphInstantiateWithFlags(&exec, graph, 0);
         if (err == cudaSuccess) break;
         if (graph) cudaGraphDestroy(graph);
         graph = NULL;
@@ -1159,41 +626,71 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
     return s;
 }
 
-/* The probe's buffer on e's device: at least 64 MiB, whole 32 KB chunks for
- * the bulk-copy read; NULL with the error set when it cannot be had. */
-static void *probe_buffer(fm_cuda_engine *e, size_t *bytes) {
-    if (cudaSetDevice(e->device) != cudaSuccess) {
-        fm_error(FM_E_CUDA, "bandwidth probe: %s", cudaGetErrorString(cudaGetLastError()));
-        return NULL;
-    }
-    if (*bytes < (64u << 20)) *bytes = 64u << 20;
-    *bytes &= ~(size_t)32767;
-    void *buf = NULL;
-    if (cudaMalloc(&buf, *bytes) != cudaSuccess) {
-        cudaGetLastError();
-        fm_error(FM_E_NOMEM, "bandwidth probe: no %zu MiB of device memory", *bytes >> 20);
-        return NULL;
-    }
-    return buf;
+
+/* ------------------------------------------- calls on caller-owned memory */
+
+static int layer_hstride(const fm_cuda_layer *l) { return l->Ip > l->SIp ? l->Ip : l->SIp; }
+
+fm_status fm_cuda_engine_reserve(fm_cuda_engine *e, const fm_cuda_layer *l, int max_T) {
+    if (!e || !l) return fm_error(FM_E_ARG, "fm_cuda_engine_reserve: NULL argument");
+    if (l->eng != e) return fm_error(FM_E_ARG, "fm_cuda_engine_reserve: the layer belongs to another engine");
+    if (max_T <= 0 || max_T > (1 << 20))
+        return fm_error(FM_E_RANGE, "fm_cuda_engine_reserve: %d tokens (1 .. %d)", max_T, 1 << 20);
+    FM_CU(cudaSetDevice(e->device));
+    return ws_ensure(e, max_T, l->H, l->Hp, l->E, l->k, layer_hstride(l), 1);
 }
 
-double fm_cuda_measure_bandwidth(fm_cuda_engine *e, size_t bytes) {
-    if (!e) return 0.0;
-    void *buf = probe_buffer(e, &bytes);
-    if (!buf) return 0.0;
-    double best = 0;
-    fm_status s = fm_cuda_stream_read(buf, bytes, e->stream, 10, &best);
-    cudaFree(buf);
-    return s == FM_OK && best > 0 ? (double)bytes / best : 0.0;
+/* What every call on caller-owned memory checks on the host: no data is
+ * read, so the check costs no synchronization. */
+static fm_status device_call_check(const fm_cuda_engine *e, const fm_cuda_layer *l, const void *x, fm_dtype xdt,
+                                   int T, const float *out, const char *what) {
+    if (!e || !l || !x || !out) return fm_error(FM_E_ARG, "%s: NULL argument", what);
+    if (l->eng != e) return fm_error(FM_E_ARG, "%s: the layer belongs to another engine", what);
+    if (T <= 0) return fm_error(FM_E_ARG, "%s: T = %d tokens", what, T);
+    if (xdt != FM_DT_F32 && xdt != FM_DT_BF16 && xdt != FM_DT_F16)
+        return fm_error(FM_E_ARG, "%s: activations must be F32, BF16 or F16, not %s", what, fm_dtype_name(xdt));
+    /* the kernels read x and zero out with 16-byte accesses */
+    if ((uintptr_t)x % 16 || (uintptr_t)out % 16)
+        return fm_error(FM_E_ARG, "%s: x and out must be 16-byte aligned", what);
+    if (e->ws_T < T || e->ws_H < l->H || e->ws_Hp < l->Hp || e->ws_E < l->E || e->ws_k < l->k ||
+        e->ws_hstride < layer_hstride(l))
+        return fm_error(FM_E_RANGE,
+                        "%s: %d tokens of this layer need a reserved workspace (fm_cuda_engine_reserve; %d tokens "
+                        "reserved)",
+                        what, T, e->ws_T);
+    return FM_OK;
 }
 
-double fm_cuda_sustained_read(fm_cuda_engine *e, size_t bytes, double seconds) {
-    if (!e) return fm_error(FM_E_ARG, "sustained read: NULL engine"), 0.0;
-    if (!(seconds > 0 && seconds <= 600)) return fm_error(FM_E_RANGE, "sustained read: %g s", seconds), 0.0;
-    void *buf = probe_buffer(e, &bytes);
-    if (!buf) return 0.0;
-    double rate = 0;
-    fm_status s = fm_cuda_stream_read_for(buf, bytes, e->stream, seconds, &rate);
-    cudaFree(buf);
-    return s == FM_OK ? rate : 0.0;
+fm_status fm_cuda_moe(fm_cuda_engine *e, const fm_cuda_layer *l, const void *x, fm_dtype xdt, int T,
+                      const int32_t *token_ids, float *out, int32_t *topk_ids, float *topk_weights, void *stream) {
+    fm_status s = device_call_check(e, l, x, xdt, T, out, "fm_cuda_moe");
+    if (s) return s;
+    if (l->hash && !token_ids)
+        return fm_error(FM_E_ARG, "fm_cuda_moe: layer %d of %s routes by token id (hash layer): token ids are required",
+                        l->layer, l->d.family);
+    if ((topk_ids == NULL) != (topk_weights == NULL))
+        return fm_error(FM_E_ARG, "fm_cuda_moe: topk_ids and topk_weights go together (both or neither)");
+    FM_CU(cudaSetDevice(e->device));
+    fm_kernel_config cfg;
+    fm_launch_cfg lc;
+    char src[512];
+    choose_cfg(e, l, T, &cfg, &lc, src, sizeof src);
+    const layer_io io = {x,       xdt, l->hash ? token_ids : NULL, NULL, NULL, out, topk_ids ? topk_ids : e->ids,
+                         topk_ids ? topk_weights : e->wts, NULL, e->shared_enabled};
+    return run_layer(e, l, T, &io, &lc, NULL, FM_ROUTE_PARTS_ALL, (cudaStream_t)stream);
+}
+
+fm_status fm_cuda_experts(fm_cuda_engine *e, const fm_cuda_layer *l, const void *x, fm_dtype xdt, int T,
+                          const int32_t *topk_ids, const float *topk_weights, int include_shared, float *out,
+                          void *stream) {
+    fm_status s = device_call_check(e, l, x, xdt, T, out, "fm_cuda_experts");
+    if (s) return s;
+    if (!topk_ids || !topk_weights) return fm_error(FM_E_ARG, "fm_cuda_experts: NULL topk_ids or topk_weights");
+    FM_CU(cudaSetDevice(e->device));
+    fm_kernel_config cfg;
+    fm_launch_cfg lc;
+    char src[512];
+    choose_cfg(e, l, T, &cfg, &lc, src, sizeof src);
+    const layer_io io = {x, xdt, NULL, topk_ids, topk_weights, out, e->ids, e->wts, NULL, include_shared != 0};
+    return run_layer(e, l, T, &io, &lc, NULL, FM_ROUTE_PARTS_ALL, (cudaStream_t)stream);
 }

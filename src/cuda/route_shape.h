@@ -13,14 +13,14 @@ extern "C" {
 
 /* K slices of the tiled shape: enough that its grid is about `depth` blocks
  * per SM, each slice a multiple of `step` and at least 128 wide, at most 32
- * slices (FP4MOE_CUDA_LOGITS_KS=8|16: at most that many). *ks slices of *kc. */
+ * slices. *ks slices of *kc. */
 void fm_route_tile_split(int T, int H, int E, int sms, int depth, int step, int *ks, int *kc);
 /* Blocks of the tiled shape's grid at T tokens (its tensor-core kernels). */
 long fm_route_tile_blocks(int T, int H, int E, int sms);
 /* 1 when the logits of T tokens take the GEMV shape: up to FM_LG_SMALL_T
  * tokens always, up to FM_LG_GEMV_MAX where the tiled grid would have fewer
- * blocks than a third of the SMs (v49); FP4MOE_CUDA_GEMV_T=32|64|128 sets a
- * plain limit instead. */
+ * blocks than a third of the SMs (the GEMV's blocks then outnumber the
+ * tiles'). */
 int fm_route_logits_gemv(int T, int H, int E, int sms);
 
 #ifdef __cplusplus

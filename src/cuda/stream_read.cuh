@@ -1,7 +1,7 @@
 /*
  * Streaming reads of a device buffer: the kernels of the engine's bandwidth
- * probe (fm_cuda_stream_read in expert.cu) and of the tool that compares it
- * with other read patterns (tests/tools/cuda_bwprobe.cu), so that the tool
+ * probe (fm_cuda_stream_read in bwprobe.cu) and of the tool that compares it
+ * with other read patterns (dev/, cuda_bwprobe), so that the tool
  * times exactly the code the probe runs. Every kernel XORs all the 32-bit
  * words it read into *acc_out (atomicXor), which a caller can check against
  * the buffer's XOR: a kernel that skipped bytes cannot pass unnoticed.
@@ -21,8 +21,7 @@ static __device__ __forceinline__ uint4 fm_ld_nc(const void *p) {
                  : "l"(p));
     return r;
 }
-/* the same with .L2::256B (the probe before the ninth session; 5 - 8 %
- * slower on the H200) */
+/* the same with .L2::256B (an earlier probe's load; slower on the H200) */
 static __device__ __forceinline__ uint4 fm_ld_nc_256(const void *p) {
     uint4 r;
     asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"

@@ -67,7 +67,7 @@ int fm_tune_config_invalid(const fm_kernel_config *c, char *why, size_t cap) {
         {"rows_per_block", c->rows_per_block, 1, 256},
         {"k_split", c->k_split, 1, 64},
         {"warps", c->warps, 1, 32},
-        {"stages", c->stages, 1, 8},
+        {"stages", c->stages, 1, 1}, /* the register double buffer is the one weight pipeline */
         {"tile_n", c->tile_n, 1, 256},
     };
     if (c->path != FM_PATH_SMALL && c->path != FM_PATH_LARGE && c->path != FM_PATH_WGMMA) {
@@ -158,7 +158,7 @@ static fm_status parse_params(pctx *p, json_t *obj, const char *field, fm_kernel
     if ((st = get_int(p, o, "rows_per_block", 1, 256, &c->rows_per_block))) goto out;
     if ((st = get_int(p, o, "k_split", 1, 64, &c->k_split))) goto out;
     if ((st = get_int(p, o, "warps", 1, 32, &c->warps))) goto out;
-    if ((st = get_int(p, o, "stages", 1, 8, &c->stages))) goto out;
+    if ((st = get_int(p, o, "stages", 1, 1, &c->stages))) goto out; /* one weight pipeline */
     if ((st = get_int(p, o, "tile_n", 1, 256, &c->tile_n))) goto out;
     double sw = 0;
     if ((st = get_num(p, o, "switch_tpe", 1, 0, 1e6, &sw))) goto out;

@@ -210,9 +210,7 @@ fm_status fm_explain(const fm_explain_opts *o, char **out) {
         const int sms = key->sm_count > 0 ? key->sm_count : 132;
         const int lg_gemv = fm_route_logits_gemv(T, d->hidden, d->n_experts, sms);
         const long lg_blocks = fm_route_tile_blocks(T, d->hidden, d->n_experts, sms);
-        const int lg_rule = T <= FM_LG_SMALL_T || (T <= FM_LG_GEMV_MAX && 3 * lg_blocks < sms);
-        const char *lg_why = lg_gemv != lg_rule       ? "set by FP4MOE_CUDA_GEMV_T"
-                              : T <= FM_LG_SMALL_T   ? "up to 32 tokens"
+        const char *lg_why = T <= FM_LG_SMALL_T     ? "up to 32 tokens"
                               : T > FM_LG_GEMV_MAX   ? "above 128 tokens"
                               : lg_gemv              ? "up to 128 tokens where the tiled grid would be under a third of the SMs"
                                                      : "the tiled grid fills a third of the SMs or more";

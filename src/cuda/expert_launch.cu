@@ -1,0 +1,168 @@
+/* The expert launches of a layer (gate/up, down) for both kernel families:
+ * the grid of work items, the block shape and K split, the launch
+ * attributes (PDL, clusters), and the kernels' names for provenance. */
+#include "cuda_internal.h"
+#include <stdio.h>
+#include <string.h>
+
+/* The wgmma kernels' K split: each (row block, pass) item becomes 2 blocks
+ * over half of K each where the launch's grid is under 5 blocks per SM
+ * (about one wave of 4 resident blocks and a short tail) and each half keeps
+ * at least 8 segments of K (down) or 10 (gate/up, which also pays the
+ * cluster's reduction): the blocks then fill the SMs more evenly. blocks is
+ * the grid without the split, nseg the segments of K. */
+static int wg_ks(int gu, int64_t blocks, int sms, int nseg) {
+    return nseg >= (gu ? 20 : 16) && blocks > 0 && blocks < 5L * (sms > 0 ? sms : 132) ? 2 : 1;
+}
+
+/* The work items of one expert launch: max_active x row blocks, and the
+ * shared expert's (row block, chunk) items (*sh_blocks of them, *sh_chunks
+ * chunks per row block). */
+static int64_t grid_items(const fm_expert_params *p, int nmat, int rpb, int chunk, int64_t *sh_blocks,
+                          int *sh_chunks) {
+    const fm_dmat *m = nmat == 2 ? &p->gate : &p->down;
+    const fm_dmat *sm = nmat == 2 ? &p->sgate : &p->sdown;
+    const int nrb = (m->rows_p + rpb - 1) / rpb;
+    const int nrb_s = sm->n ? (sm->rows_p + rpb - 1) / rpb : 0;
+    *sh_chunks = nrb_s > 0 ? (p->T + chunk - 1) / chunk : 0;
+    *sh_blocks = (int64_t)nrb_s * *sh_chunks;
+    return (int64_t)p->max_active * nrb + *sh_blocks;
+}
+
+/* One expert launch (both kernel families): the shared expert's (row block,
+ * token chunk) items first, then max_active x row blocks; rpb rows per
+ * block, chunks of `chunk` tokens (one kernel pass: a chunk costs the same
+ * decode work as a pass of one long loop, but the chunks run in parallel
+ * and re-read the weights from L2); bdup blocks per item (a K split), in
+ * clusters of `cluster` blocks. */
+static fm_status launch_grid(const fm_expert_params *p, int nmat, fm_expert_kfn fn, int rpb, int chunk, int threads,
+                             size_t smem, int pdl, int W, int KS, int bdup, int cluster, cudaStream_t s,
+                             const char *what) {
+    if (!fn) return fm_error(FM_E_UNSUPPORTED, "%s: no kernel of this shape is built", what);
+    fm_expert_params q = *p;
+    int64_t sh_blocks;
+    q.sh_chunk = chunk;
+    const int64_t blocks = grid_items(p, nmat, rpb, chunk, &sh_blocks, &q.sh_chunks) * bdup;
+    if (blocks <= 0) return FM_OK;
+    if (blocks > 0x7fffffff) return fm_error(FM_E_RANGE, "CUDA grid of %lld blocks is too large", (long long)blocks);
+    q.sh_blocks = (int)sh_blocks;
+    /* The shared expert's launches on its own stream ask for
+     * FM_CUDA_SHARED_SMEM_MARK bytes of dynamic shared memory more than they
+     * use: CUPTI reports each launch's dynamic shared memory, and a profile
+     * (src/prof/kernels.c) tells them by it from the routed experts' launches
+     * of the same kernel (kernels of their own would be a second copy of the
+     * code in the instruction caches). The function's limit is raised for
+     * the mark on every launch, so that no later launch lowers it below a
+     * captured one's. */
+    if (smem % 16)
+        return fm_error(FM_E_RANGE, "%s: %zu bytes of shared memory, not a multiple of 16", what, smem);
+    const size_t limit =
+        smem + FM_CUDA_SHARED_SMEM_MARK <= (size_t)p->smem_optin ? smem + FM_CUDA_SHARED_SMEM_MARK : smem;
+    const size_t dsm = p->max_active == 0 && p->sgate.n > 0 ? limit : smem;
+    if (limit > 48 * 1024) {
+        cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)limit);
+        if (err != cudaSuccess) {
+            cudaGetLastError();
+            return fm_error(FM_E_CUDA, "cudaFuncSetAttribute(%zu bytes of shared memory, %s): %s", limit, what,
+                            cudaGetErrorString(err));
+        }
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[2];
+    cfg.gridDim = dim3((unsigned)blocks);
+    cfg.blockDim = dim3((unsigned)threads);
+    cfg.dynamicSmemBytes = dsm;
+    cfg.stream = s;
+    unsigned na = 0;
+    if (pdl) {
+        attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+    }
+    if (cluster > 1) {
+        attr[na].id = cudaLaunchAttributeClusterDimension;
+        attr[na].val.clusterDim.x = (unsigned)cluster;
+        attr[na].val.clusterDim.y = 1;
+        attr[na].val.clusterDim.z = 1;
+        na++;
+    }
+    cfg.attrs = attr;
+    cfg.numAttrs = na;
+    FM_CU(cudaLaunchKernelEx(&cfg, fn, q, W, KS));
+    FM_CU_LAUNCH(what);
+    return FM_OK;
+}
+
+/* wgs: warpgroups per block (1, or 2 from the config's 128 rows per block;
+ * passes of 8 tokens have one). Two warpgroups never split K. Down runs in
+ * 128-row blocks, whose segments carry gate/up's bytes per barrier and per
+ * copy group. */
+static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nmax, int wgs, cudaStream_t s) {
+    const int kind = nmat == 2 ? 1 : 2;
+    if (nmax < 2) wgs = 1;
+    if (nmax == 8 && wgs != 1) nmax = 4; /* 64-token passes are built with one warpgroup */
+    const int rpb = (nmat == 1 ? 128 : 64) * wgs, chunk = 8 * nmax;
+    const size_t smem = fm_expert_wg_smem(2, nmax, nmat == 1, wgs);
+    int64_t sh_blocks;
+    int sh_chunks;
+    int ks = wgs > 1 ? 1
+                     : wg_ks(nmat == 2, grid_items(p, nmat, rpb, chunk, &sh_blocks, &sh_chunks), p->sms,
+                             (int)((nmat == 2 ? p->gate.kp : p->down.kp) / FM_KSEG));
+    /* gate/up's cluster reduction reuses CTA 0's rings for the others' sums */
+    while (nmat == 2 && ks > 1 && (size_t)(ks - 1) * 2 * 4 * nmax * 128 * sizeof(float) > smem) ks /= 2;
+    return launch_grid(p, nmat, fm_expert_wg_kernel_for(kind, p->mx, nmax, wgs), rpb, chunk, 128 * wgs, smem, pdl,
+                       4 * wgs, ks, ks, nmat == 2 ? ks : 1, s,
+                       nmat == 2 ? "fm_expert_wg_kernel (gate/up)" : "fm_expert_wg_kernel (down)");
+}
+
+static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int nmat, cudaStream_t s) {
+    if (c->wgmma_path)
+        return launch_wg(p, nmat, c->pdl, c->nt > 4 ? 8 : c->nt > 2 ? 4 : c->nt, c->warps == 8 ? 2 : 1, s);
+    if ((c->nt != 1 && c->nt != 2 && c->nt != 4) || c->warps < 1 || c->warps > 8 || c->ksplit < 1 ||
+        c->warps % c->ksplit)
+        return fm_error(FM_E_ARG, "invalid CUDA kernel config: tile_n %d, warps %d, k_split %d", c->nt * 8, c->warps,
+                        c->ksplit);
+    const size_t smem = c->ksplit > 1 ? (size_t)c->warps * nmat * c->nt * 4 * 32 * sizeof(float) : 0;
+    if (smem > 48 * 1024 && smem > (size_t)p->smem_optin)
+        return fm_error(FM_E_ARG,
+                        "kernel config (warps %d, k_split %d, tile_n %d) needs %zu bytes of shared memory per "
+                        "block; this GPU allows %d",
+                        c->warps, c->ksplit, c->nt * 8, smem, p->smem_optin);
+    return launch_grid(p, nmat, fm_expert_mma_kernel(nmat, c->nt, p->mx), 16 * (c->warps / c->ksplit), 8 * c->nt,
+                       32 * c->warps, smem, c->pdl, c->warps, c->ksplit, 1, 1, s,
+                       nmat == 2 ? "fm_expert_kernel (gate/up)" : "fm_expert_kernel (down)");
+}
+
+extern "C" fm_status fm_cuda_launch_gateup(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s) {
+    return launch(p, c, 2, s);
+}
+extern "C" fm_status fm_cuda_launch_down(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s) {
+    return launch(p, c, 1, s);
+}
+
+extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char *buf, size_t cap) {
+    if (c->wgmma_path) {
+        if (c->warps == 8 && c->nt > 1)
+            snprintf(buf, cap,
+                     "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16, A in registers, B in shared memory; "
+                     "two warpgroups per block sharing one activation stage: 128-row gate/up and 256-row down "
+                     "blocks, no K split; up to %d tokens per pass)",
+                     mx ? "mxfp4" : "nvfp4", c->nt > 2 ? 32 : 8 * c->nt);
+        else
+            snprintf(buf, cap,
+                     "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16, A in registers, B in shared memory; "
+                     "64-row gate/up and 128-row down blocks, K split in 2 where a grid is under 5 blocks per SM; "
+                     "up to %d tokens per pass)",
+                     mx ? "mxfp4" : "nvfp4", c->nt > 2 ? 32 : 8 * c->nt);
+        return buf;
+    }
+    if (fm_expert_mma_xg(2, c->nt))
+        snprintf(buf, cap,
+                 "fm_expert_kernel<nt%d,%s> gate_up (regs x2, x per K step) + down (regs x2) (mma.m16n8k16 bf16, "
+                 "%d warps, k_split %d)",
+                 c->nt, mx ? "mxfp4" : "nvfp4", c->warps, c->ksplit);
+    else
+        snprintf(buf, cap, "fm_expert_kernel<nt%d,%s,regs x2> gate_up+down (mma.m16n8k16 bf16, %d warps, k_split %d)",
+                 c->nt, mx ? "mxfp4" : "nvfp4", c->warps, c->ksplit);
+    return buf;
+}
