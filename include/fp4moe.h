@@ -493,6 +493,9 @@ fm_status fm_forward_file(const fm_forward_file_opts *o, char *info, size_t cap)
  * contributes nothing (an expert another rank holds). The CPU engine
  * rejects ids >= E with FM_E_RANGE; the CUDA engine cannot check without a
  * host synchronization and skips them. x is F32/BF16/F16 [T][H], out F32.
+ * CPU: T >= 1; every weight must be finite (FM_E_NUMERIC, naming token and
+ * slot); the router is not used (router_w may be NULL); include_shared
+ * adds nothing to a layer without a shared expert.
  */
 fm_status fm_cpu_experts(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_layer *l,
                          const void *x, fm_dtype xdt, int T, const int32_t *topk_ids,
@@ -553,7 +556,10 @@ typedef struct {
 fm_status fm_layer_tensors_check(const fm_model_desc *d, const fm_layer_tensors *t);
 /* A layer in host memory from host tensors (copied; the views may go away
  * afterwards), for the CPU engine and fm_cuda_layer_upload. layer is the
- * layer's index in the model (hash routing, messages). */
+ * layer's index in the model (hash routing, messages). The layer's inter
+ * is t->inter and its shared width shared_gate's rows; without router_w it
+ * has no router (the pre-routed call only). weight_scale_2 values must be
+ * positive and finite. */
 fm_status fm_moe_layer_from_tensors(const fm_model_desc *d, int layer, const fm_layer_tensors *t,
                                     fm_moe_layer **out);
 

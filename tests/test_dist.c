@@ -4,8 +4,8 @@
  * The engine here is a private float64 double of an MoE engine (softmax
  * top-k routing, experts dequantized with fm_qmatrix_dequant_row_f64), so
  * this file checks the views (pointer/stride arithmetic of the TP slices,
- * biases, one-expert EP views), the dispatch/combine and the collectives on
- * their own. test_dist_engine.c repeats the equality with the real CPU
+ * biases, EP views of a rank's experts), the dispatch/combine and the
+ * collectives on their own. test_dist_engine.c repeats the equality with the real CPU
  * engine and routers.
  */
 #include <setjmp.h>
@@ -167,8 +167,48 @@ static fm_status dbl_route_op(void *ctx, int local, const fm_model_desc *d, cons
     return FM_OK;
 }
 
+/* Pre-routed experts in double; counts calls per local rank. */
+static int g_experts_calls[FM_DIST_MAX_RANKS];
+
+static fm_status dbl_experts(void *ctx, int local, void *h, const fm_model_desc *d, const fm_moe_layer *l,
+                             const float *x, int T, const int32_t *ids, const float *w, int shared, float *out) {
+    (void)ctx;
+    (void)h;
+    g_experts_calls[local]++;
+    const int H = l->hidden, k = l->topk, E = l->n_experts;
+    if (T < 1) return fm_error(FM_E_ARG, "test engine: T=%d", T);
+    double *y = calloc((size_t)T * H, sizeof(double)), *wq = malloc(sizeof(double) * (size_t)T);
+    int *rows = malloc(sizeof(int) * (size_t)T);
+    fm_status s = FM_OK;
+    for (int q = 0; q < T * k && !s; q++)
+        if (ids[q] < -1 || ids[q] >= E) s = fm_error(FM_E_RANGE, "test engine: id %d of %d experts", ids[q], E);
+    for (int e = 0; e < E && !s; e++) {
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < k; j++)
+                if (ids[(size_t)t * k + j] == e) {
+                    rows[n] = t;
+                    wq[n++] = w[(size_t)t * k + j];
+                }
+        if (n) dbl_expert(d, &l->gate[e], &l->up[e], &l->down[e], x, n, rows, wq, y);
+    }
+    if (!s && shared && l->has_shared) {
+        for (int t = 0; t < T; t++) {
+            rows[t] = t;
+            wq[t] = 1.0;
+        }
+        dbl_expert(d, &l->sh_gate, &l->sh_up, &l->sh_down, x, T, rows, wq, y);
+    }
+    for (size_t q = 0; q < (size_t)T * H && !s; q++) out[q] = (float)y[q];
+    free(y);
+    free(wq);
+    free(rows);
+    return s;
+}
+
 static fm_dist_exec dbl_exec(void) {
-    return (fm_dist_exec){.name = "float64 test engine", .forward = dbl_forward, .route = dbl_route_op};
+    return (fm_dist_exec){
+        .name = "float64 test engine", .forward = dbl_forward, .route = dbl_route_op, .experts = dbl_experts};
 }
 
 /* ------------------------------------------------------------- helpers */
@@ -595,39 +635,58 @@ static void test_names(void **state) {
     assert_string_equal(fm_dist_mode_name(FM_DIST_EP), "ep");
 }
 
-/* EP computes each owned active expert once per step: forward calls =
- * active experts (+ one shared call per rank that holds tokens). */
-static void test_ep_calls_each_expert_once(void **state) {
-    (void)state;
+/* EP computes a rank's pairs in one experts call per step (each expert's
+ * weights are read once); forward runs only the shared expert, on the
+ * ranks whose token chunk is not empty. TP token-sharded: one experts call
+ * per rank (shared slice included), no forward. */
+static void count_calls(const char *preset, fm_dist_mode mode, int lay, int R, int T) {
     model m;
-    if (load("tiny-qwen3", FM_QF_NVFP4, &m)) fail(); /* no shared expert */
-    const int T = 9, H = m.l->hidden, k = m.l->topk;
+    if (load(preset, FM_QF_NVFP4, &m)) fail();
+    const int H = m.l->hidden, k = m.l->topk;
     float *x = rand_x(T, H, 3), *out = malloc(sizeof(float) * (size_t)T * H);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * k);
     fm_moe_out mo = {.out = out, .topk_ids = ids};
-    for (int lay = 0; lay < 2; lay++) {
-        fm_dist_opts o = {.mode = FM_DIST_EP, .ranks = 4, .layout = (fm_dist_layout)lay};
-        fm_comm *c;
-        fm_dist *ds;
-        assert_int_equal(fm_comm_sim_new(4, &c), FM_OK);
-        assert_int_equal(fm_dist_new_exec(&m.d, m.l, &o, c, dbl_exec(), &ds), FM_OK);
+    fm_dist_opts o = {.mode = mode, .ranks = R, .layout = (fm_dist_layout)lay};
+    fm_comm *c;
+    fm_dist *ds;
+    assert_int_equal(fm_comm_sim_new(R, &c), FM_OK);
+    assert_int_equal(fm_dist_new_exec(&m.d, m.l, &o, c, dbl_exec(), &ds), FM_OK);
+    for (int step = 1; step <= 2; step++) {
         g_forward_calls = 0;
+        memset(g_experts_calls, 0, sizeof g_experts_calls);
         fm_dist_stats st;
         assert_int_equal(fm_dist_forward(ds, x, FM_DT_F32, T, NULL, &mo, &st), FM_OK);
-        unsigned char seen[64] = {0};
-        int active = 0;
-        for (int q = 0; q < T * k; q++) active += !seen[ids[q]]++;
-        assert_int_equal(g_forward_calls, active);
-        int sum_active = 0;
-        for (int p = 0; p < 4; p++) sum_active += st.active[p];
-        assert_int_equal(sum_active, active);
-        fm_dist_free(ds);
-        fm_comm_free(c);
+        int chunks = 0;
+        for (int p = 0; p < R; p++) chunks += p * ((T + R - 1) / R) < T;
+        for (int p = 0; p < R; p++) {
+            if (mode == FM_DIST_EP) assert_true(st.pairs[p] > 0); /* this seed loads every rank */
+            assert_int_equal(g_experts_calls[p], 1);
+        }
+        assert_int_equal(g_forward_calls, mode == FM_DIST_EP && m.l->has_shared ? chunks : 0);
+        if (mode == FM_DIST_EP) {
+            unsigned char seen[64] = {0};
+            int active = 0, sum_active = 0;
+            for (int q = 0; q < T * k; q++) active += !seen[ids[q]]++;
+            for (int p = 0; p < R; p++) sum_active += st.active[p];
+            assert_int_equal(sum_active, active);
+        }
     }
+    fm_dist_free(ds);
+    fm_comm_free(c);
     free(x);
     free(out);
     free(ids);
     fm_moe_layer_free(m.l);
+}
+
+static void test_one_experts_call_per_rank(void **state) {
+    (void)state;
+    for (int lay = 0; lay < 2; lay++) {
+        count_calls("tiny-qwen3", FM_DIST_EP, lay, 4, 9);    /* no shared expert            */
+        count_calls("tiny-deepseek", FM_DIST_EP, lay, 4, 9); /* shared: chunks 3, 3, 3 and 0 */
+        count_calls("tiny-qwen3", FM_DIST_EP, lay, 8, 16);   /* 2 experts per rank < k = 4  */
+    }
+    count_calls("tiny-deepseek", FM_DIST_TP, FM_DIST_TOKEN_SHARDED, 2, 5);
 }
 
 /* bench's device path (an engine that times itself, TP with replicated
@@ -693,7 +752,7 @@ int main(void) {
         cmocka_unit_test(test_tp_view_is_zero_copy),
         cmocka_unit_test(test_uneven_splits_rejected),
         cmocka_unit_test(test_bad_forward_inputs),
-        cmocka_unit_test(test_ep_calls_each_expert_once),
+        cmocka_unit_test(test_one_experts_call_per_rank),
         cmocka_unit_test(test_sharded_equals_unsharded),
         cmocka_unit_test(test_compression_cost),
         cmocka_unit_test(test_bench_device_path),

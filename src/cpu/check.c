@@ -48,7 +48,20 @@ static fm_status check_expert(const fm_moe_layer *l, const char *name, const fm_
 
 fm_status fm_cpu_check_layer(const fm_model_desc *d, const fm_moe_layer *l) {
     fm_status st = fm_route_check(d, l);
-    if (st) return st;
+    return st ? st : fm_cpu_check_experts(d, l);
+}
+
+fm_status fm_cpu_check_experts(const fm_model_desc *d, const fm_moe_layer *l) {
+    if (!d || !l) return fm_error(FM_E_ARG, "experts: model description or layer is NULL");
+    if (l->n_experts < 1 || l->topk < 1 || l->hidden < 1)
+        return fm_error(FM_E_RANGE, "layer %d: %d experts, top-k %d, hidden %d", l->layer, l->n_experts, l->topk,
+                        l->hidden);
+    if (d->n_experts != l->n_experts || d->topk != l->topk || d->hidden != l->hidden)
+        return fm_error(FM_E_ARG,
+                        "layer %d: layer (E=%d, k=%d, H=%d) does not match the model description "
+                        "(E=%d, k=%d, H=%d)",
+                        l->layer, l->n_experts, l->topk, l->hidden, d->n_experts, d->topk, d->hidden);
+    fm_status st;
     if (l->fmt != FM_QF_NVFP4 && l->fmt != FM_QF_MXFP4 && l->fmt != FM_QF_BF16)
         return fm_error(FM_E_UNSUPPORTED, "layer %d: expert format %s is not supported", l->layer,
                         fm_qformat_name(l->fmt));

@@ -11,6 +11,9 @@ extern "C" { /* the CUDA engine (C++) uses the checks below */
 /* Checks a layer against its description before any kernel touches it:
  * formats, shapes, strides, pointers. Messages name layer, expert, matrix. */
 fm_status fm_cpu_check_layer(const fm_model_desc *d, const fm_moe_layer *l);
+/* The part of that check the pre-routed experts need: everything but the
+ * router (shape agreement with d, formats, strides, pointers). */
+fm_status fm_cpu_check_experts(const fm_model_desc *d, const fm_moe_layer *l);
 
 /* Converts T x H activations (F32/BF16/F16, any alignment) to F32 and
  * rejects non-finite values, naming token and feature. */

@@ -18,6 +18,8 @@
  *   6. finite check of the output                                 [other]
  * The shared expert is one more "expert" with every token and weight 1;
  * activation, combine and shared are fused (fm_phase_times.fused_mask).
+ * fm_cpu_experts is the same call without step 2: the caller's ids and
+ * weights go straight to step 3 (ids < 0 are skipped there).
  *
  * The engine keeps its scratch between calls; one engine runs one call at a
  * time.
@@ -194,12 +196,12 @@ typedef struct {
     fm_cpu_engine *e;
     const fm_model_desc *d;
     const fm_moe_layer *l;
-    fm_moe_out *o;
+    float *out; /* [T, H] */
     int T;
     int64_t H;
     atomic_int next;
     int n_items;
-    const float *x, *xp;
+    const float *x;
     float *logits;
     slot *slots;
     int n_slots;
@@ -255,7 +257,7 @@ static void job_down(void *arg, int tid) {
     for (int it; (it = atomic_fetch_add(&j->next, 1)) < j->n_items;) {
         int64_t r0 = (int64_t)it * j->down_rows;
         int64_t r1 = r0 + j->down_rows < j->H ? r0 + j->down_rows : j->H;
-        for (int t = 0; t < j->T; t++) memset(j->o->out + t * j->H + r0, 0, sizeof(float) * (size_t)(r1 - r0));
+        for (int t = 0; t < j->T; t++) memset(j->out + t * j->H + r0, 0, sizeof(float) * (size_t)(r1 - r0));
         for (int si = 0; si < j->n_slots; si++) {
             const slot *s = &j->slots[si];
             fm_down_task t = {
@@ -290,32 +292,38 @@ static fm_status permute_x(fm_cpu_engine *e, fm_qformat f, const float *x, float
     return FM_OK;
 }
 
-fm_status fm_cpu_forward(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_layer *l,
-                         const void *x, fm_dtype xdt, int T, const int32_t *token_ids, fm_moe_out *o) {
-    if (!e || !o || !o->out) return fm_error(FM_E_ARG, "fm_cpu_forward: engine or output is NULL");
-    if (T < 0) return fm_error(FM_E_ARG, "fm_cpu_forward: negative token count %d", T);
-    if (T > (1 << 24)) return fm_error(FM_E_RANGE, "fm_cpu_forward: %d tokens in one call (at most 2^24)", T);
-    fm_status st = fm_cpu_check_layer(d, l);
-    if (st) return st;
-    if (T == 0) return FM_OK;
-    if (!x) return fm_error(FM_E_ARG, "fm_cpu_forward: input is NULL");
+/* Timestamps of one call, for the phase table. */
+typedef struct {
+    uint64_t start, route, sort, gu, down, end;
+} stamps;
 
-    uint64_t t_start = fm_now_ns();
+static void add_phases(fm_cpu_engine *e, const stamps *ts) {
+    if (!e->pt) return;
+    uint64_t t_fin = fm_now_ns();
+    e->pt->ns[FM_PH_OTHER] += (double)(ts->route - ts->start) + (double)(t_fin - ts->end);
+    e->pt->ns[FM_PH_ROUTE] += (double)(ts->sort - ts->route);
+    e->pt->ns[FM_PH_SORT] += (double)(ts->gu - ts->sort);
+    e->pt->ns[FM_PH_GATEUP] += (double)(ts->down - ts->gu);
+    e->pt->ns[FM_PH_DOWN] += (double)(ts->end - ts->down);
+    e->pt->calls++;
+    e->pt->fused_mask |= (1u << FM_PH_ACT) | (1u << FM_PH_COMBINE) | (1u << FM_PH_SHARED);
+}
+
+/* Steps 3-6 on checked inputs: xp [T, H] in the kernels' layout, ids / wt
+ * [T, k] with ids < E (ids < 0 are skipped), the shared expert when
+ * shared. Writes out [T, H]; ts->gu, down, end are stamped here. */
+static fm_status experts_run(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_layer *l, const float *xp,
+                             int T, const int32_t *ids, const float *wt, int shared, float *out, stamps *ts) {
     const int64_t H = l->hidden;
     const int E = l->n_experts, k = l->topk;
+    shared = shared && l->has_shared;
     const int64_t Tk = (int64_t)T * k;
-    const int n_slots_max = E + (l->has_shared ? 1 : 0);
-    const int64_t I = l->inter, Ish = l->has_shared ? l->shared_inter : 0;
+    const int n_slots_max = E + (shared ? 1 : 0);
+    const int64_t I = l->inter, Ish = shared ? l->shared_inter : 0;
     const int64_t maxcols = H > I ? (H > Ish ? H : Ish) : (I > Ish ? I : Ish);
-    const int64_t ntok = Tk + (l->has_shared ? T : 0);
+    const int64_t ntok = Tk + (shared ? T : 0);
     const int64_t gu_items_max = (int64_t)E * ((I + GU_ROWS - 1) / GU_ROWS) + (Ish + GU_ROWS - 1) / GU_ROWS;
 
-    float *xf = grow(&e->b[B_X], (size_t)(T * H), sizeof(float));
-    float *xp = grow(&e->b[B_XP], (size_t)(T * H), sizeof(float));
-    float *logits = grow(&e->b[B_LOGITS], (size_t)T * (size_t)E, sizeof(float));
-    int32_t *ids = grow(&e->b[B_IDS], (size_t)Tk, sizeof(int32_t));
-    float *wt = grow(&e->b[B_WT], (size_t)Tk, sizeof(float));
-    float *rscr = grow(&e->b[B_RSCR], fm_route_scratch_floats(E), sizeof(float));
     int32_t *count = grow(&e->b[B_COUNT], (size_t)E + 1, sizeof(int32_t));
     slot *slots = grow(&e->b[B_SLOT], (size_t)n_slots_max, sizeof(slot));
     int32_t *tok = grow(&e->b[B_TOK], (size_t)ntok, sizeof(int32_t));
@@ -326,29 +334,12 @@ fm_status fm_cpu_forward(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_
     int32_t *items = grow(&e->b[B_ITEM], (size_t)(2 * gu_items_max), sizeof(int32_t));
     const int64_t wstride = (fm_cpu_wbuf_floats(maxcols) + 15) & ~(int64_t)15; /* 64-byte aligned */
     float *wbuf = grow(&e->b[B_WBUF], (size_t)(wstride * e->n_threads), sizeof(float));
-    if (!xf || !xp || !logits || !ids || !wt || !rscr || !count || !slots || !tok || !twt || !xptr ||
-        !optr || !h || !items || !wbuf)
-        return FM_E_NOMEM;
-
-    st = fm_cpu_load_x(x, xdt, T, H, xf);
-    if (st) return st;
-    st = permute_x(e, l->fmt, xf, xp, T, H);
-    if (st) return st;
-    uint64_t t_route = fm_now_ns();
-
-    job j = {.e = e, .d = d, .l = l, .o = o, .T = T, .H = H, .x = xf, .xp = xp, .logits = logits,
-             .wbuf = wbuf, .wbuf_stride = wstride};
-    run(e, job_logits, &j, T * ((E + ROUTE_EXPERTS - 1) / ROUTE_EXPERTS));
-    for (int t = 0; t < T; t++) {
-        st = fm_route_select(d, l, t, logits + (int64_t)t * E, token_ids ? token_ids + t : NULL, ids + (int64_t)t * k,
-                             wt + (int64_t)t * k, rscr);
-        if (st) return st;
-    }
-    uint64_t t_sort = fm_now_ns();
+    if (!count || !slots || !tok || !twt || !xptr || !optr || !h || !items || !wbuf) return FM_E_NOMEM;
 
     /* Group tokens by expert, experts ascending, tokens ascending. */
     memset(count, 0, sizeof(int32_t) * (size_t)E);
-    for (int64_t i = 0; i < Tk; i++) count[ids[i]]++;
+    for (int64_t i = 0; i < Tk; i++)
+        if (ids[i] >= 0) count[ids[i]]++;
     int ns = 0;
     int64_t off = 0, hoff = 0;
     for (int ex = 0; ex < E; ex++) {
@@ -360,20 +351,24 @@ fm_status fm_cpu_forward(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_
     }
     for (int t = 0; t < T; t++)
         for (int q = 0; q < k; q++) {
-            slot *s = &slots[count[ids[(int64_t)t * k + q]]];
+            const int32_t id = ids[(int64_t)t * k + q];
+            if (id < 0) continue;
+            slot *s = &slots[count[id]];
             int64_t at = s->off + s->n++;
             tok[at] = t;
             twt[at] = wt[(int64_t)t * k + q];
         }
-    if (l->has_shared) {
+    if (shared) {
         slots[ns] = (slot){-1, T, off, hoff, l->shared_inter, &l->sh_gate, &l->sh_up, &l->sh_down};
         for (int t = 0; t < T; t++) { tok[off + t] = t; twt[off + t] = 1.0f; }
+        off += T;
         ns++;
     }
-    for (int64_t i = 0; i < ntok; i++) {
+    for (int64_t i = 0; i < off; i++) {
         xptr[i] = xp + (int64_t)tok[i] * H;
-        optr[i] = o->out + (int64_t)tok[i] * H;
+        optr[i] = out + (int64_t)tok[i] * H;
     }
+    job j = {.e = e, .d = d, .l = l, .out = out, .T = T, .H = H, .wbuf = wbuf, .wbuf_stride = wstride};
     j.down_rows = down_item_rows(H, T, e->n_threads);
     int n_gu = 0;
     for (int si = 0; si < ns; si++)
@@ -390,26 +385,89 @@ fm_status fm_cpu_forward(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_
     j.optr = optr;
     j.h = h;
     j.items = items;
-    uint64_t t_gu = fm_now_ns();
+    ts->gu = fm_now_ns();
 
     run(e, job_gate_up, &j, n_gu);
-    uint64_t t_down = fm_now_ns();
+    ts->down = fm_now_ns();
     run(e, job_down, &j, (int)((H + j.down_rows - 1) / j.down_rows));
-    uint64_t t_end = fm_now_ns();
+    ts->end = fm_now_ns();
+    return fm_check_out_finite(l->layer, "output", out, T, H);
+}
 
-    if ((st = fm_check_out_finite(l->layer, "output", o->out, T, H))) return st;
+/* Step 1: activations to F32 (checked) and the kernels' copy of them. */
+static fm_status load_acts(fm_cpu_engine *e, const fm_moe_layer *l, const void *x, fm_dtype xdt, int T, float **xf,
+                           float **xp) {
+    const int64_t H = l->hidden;
+    *xf = grow(&e->b[B_X], (size_t)(T * H), sizeof(float));
+    *xp = grow(&e->b[B_XP], (size_t)(T * H), sizeof(float));
+    if (!*xf || !*xp) return FM_E_NOMEM;
+    fm_status st = fm_cpu_load_x(x, xdt, T, H, *xf);
+    return st ? st : permute_x(e, l->fmt, *xf, *xp, T, H);
+}
+
+fm_status fm_cpu_forward(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_layer *l,
+                         const void *x, fm_dtype xdt, int T, const int32_t *token_ids, fm_moe_out *o) {
+    if (!e || !o || !o->out) return fm_error(FM_E_ARG, "fm_cpu_forward: engine or output is NULL");
+    if (T < 0) return fm_error(FM_E_ARG, "fm_cpu_forward: negative token count %d", T);
+    if (T > (1 << 24)) return fm_error(FM_E_RANGE, "fm_cpu_forward: %d tokens in one call (at most 2^24)", T);
+    fm_status st = fm_cpu_check_layer(d, l);
+    if (st) return st;
+    if (T == 0) return FM_OK;
+    if (!x) return fm_error(FM_E_ARG, "fm_cpu_forward: input is NULL");
+
+    stamps ts = {.start = fm_now_ns()};
+    const int64_t H = l->hidden;
+    const int E = l->n_experts, k = l->topk;
+    const int64_t Tk = (int64_t)T * k;
+    float *xf, *xp;
+    float *logits = grow(&e->b[B_LOGITS], (size_t)T * (size_t)E, sizeof(float));
+    int32_t *ids = grow(&e->b[B_IDS], (size_t)Tk, sizeof(int32_t));
+    float *wt = grow(&e->b[B_WT], (size_t)Tk, sizeof(float));
+    float *rscr = grow(&e->b[B_RSCR], fm_route_scratch_floats(E), sizeof(float));
+    if (!logits || !ids || !wt || !rscr) return FM_E_NOMEM;
+    if ((st = load_acts(e, l, x, xdt, T, &xf, &xp))) return st;
+    ts.route = fm_now_ns();
+
+    /* Step 2: routing; the experts path below is fm_cpu_experts'. */
+    job j = {.e = e, .d = d, .l = l, .T = T, .H = H, .x = xf, .logits = logits};
+    run(e, job_logits, &j, T * ((E + ROUTE_EXPERTS - 1) / ROUTE_EXPERTS));
+    for (int t = 0; t < T; t++) {
+        st = fm_route_select(d, l, t, logits + (int64_t)t * E, token_ids ? token_ids + t : NULL, ids + (int64_t)t * k,
+                             wt + (int64_t)t * k, rscr);
+        if (st) return st;
+    }
+    ts.sort = fm_now_ns();
+    if ((st = experts_run(e, d, l, xp, T, ids, wt, 1, o->out, &ts))) return st;
     if (o->topk_ids) memcpy(o->topk_ids, ids, sizeof(int32_t) * (size_t)Tk);
     if (o->topk_weights) memcpy(o->topk_weights, wt, sizeof(float) * (size_t)Tk);
+    add_phases(e, &ts);
+    return FM_OK;
+}
 
-    if (e->pt) {
-        uint64_t t_fin = fm_now_ns();
-        e->pt->ns[FM_PH_OTHER] += (double)(t_route - t_start) + (double)(t_fin - t_end);
-        e->pt->ns[FM_PH_ROUTE] += (double)(t_sort - t_route);
-        e->pt->ns[FM_PH_SORT] += (double)(t_gu - t_sort);
-        e->pt->ns[FM_PH_GATEUP] += (double)(t_down - t_gu);
-        e->pt->ns[FM_PH_DOWN] += (double)(t_end - t_down);
-        e->pt->calls++;
-        e->pt->fused_mask |= (1u << FM_PH_ACT) | (1u << FM_PH_COMBINE) | (1u << FM_PH_SHARED);
+fm_status fm_cpu_experts(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_layer *l, const void *x,
+                         fm_dtype xdt, int T, const int32_t *topk_ids, const float *topk_weights, int include_shared,
+                         float *out) {
+    if (!e || !out) return fm_error(FM_E_ARG, "fm_cpu_experts: engine or output is NULL");
+    if (T < 1) return fm_error(FM_E_RANGE, "fm_cpu_experts: T=%d tokens (need >= 1)", T);
+    if (T > (1 << 24)) return fm_error(FM_E_RANGE, "fm_cpu_experts: %d tokens in one call (at most 2^24)", T);
+    fm_status st = fm_cpu_check_experts(d, l);
+    if (st) return st;
+    if (!x || !topk_ids || !topk_weights)
+        return fm_error(FM_E_ARG, "fm_cpu_experts: input, topk_ids or topk_weights is NULL");
+    const int E = l->n_experts, k = l->topk;
+    for (int64_t i = 0; i < (int64_t)T * k; i++) {
+        if (topk_ids[i] >= E)
+            return fm_error(FM_E_RANGE, "fm_cpu_experts: token %lld, slot %lld: expert id %d is not below E=%d",
+                            (long long)(i / k), (long long)(i % k), (int)topk_ids[i], E);
+        if (!isfinite(topk_weights[i]))
+            return fm_error(FM_E_NUMERIC, "fm_cpu_experts: token %lld, slot %lld: weight is %g", (long long)(i / k),
+                            (long long)(i % k), (double)topk_weights[i]);
     }
+    stamps ts = {.start = fm_now_ns()};
+    float *xf, *xp;
+    if ((st = load_acts(e, l, x, xdt, T, &xf, &xp))) return st;
+    ts.route = ts.sort = fm_now_ns();
+    if ((st = experts_run(e, d, l, xp, T, topk_ids, topk_weights, include_shared, out, &ts))) return st;
+    add_phases(e, &ts);
     return FM_OK;
 }

@@ -162,28 +162,23 @@ uint64_t fm_io_tspec_bytes(const fm_io_tspec *t) {
 
 /* ------------------------------------------------------------------ bind */
 
-typedef struct {
-    fm_ckpt *c;
-    fm_io_problem_fn report;
-    void *ud;
-    int n_problems;
-    fm_status first;
-    char first_msg[1024];
-} checker;
-
-static void problem(checker *k, fm_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void problem(checker *k, fm_status s, const char *fmt, ...) {
+void fm_io_problem(fm_io_problems *k, fm_status s, const char *fmt, ...) {
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (k->n_problems++ == 0) {
+    if (k->n++ == 0) {
         k->first = s;
         snprintf(k->first_msg, sizeof k->first_msg, "%s", msg);
     }
     if (k->report) k->report(k->ud, msg);
 }
+
+typedef struct {
+    fm_ckpt *c;
+    fm_io_problems p;
+} checker;
 
 static int dt_ok(const fm_io_tspec *t, fm_dtype got) {
     if (got == t->dt) return 1;
@@ -201,7 +196,7 @@ static int dt_ok(const fm_io_tspec *t, fm_dtype got) {
     }
 }
 
-static void shape_str(char *buf, size_t cap, int ndim, const int64_t *s) {
+void fm_io_shape_str(char *buf, size_t cap, int ndim, const int64_t *s) {
     size_t n = (size_t)snprintf(buf, cap, "[");
     for (int i = 0; i < ndim && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "", (long long)s[i]);
     if (n < cap) snprintf(buf + n, cap - n, "]");
@@ -210,44 +205,47 @@ static void shape_str(char *buf, size_t cap, int ndim, const int64_t *s) {
 static const fm_st_tensor *check_tensor(checker *k, const fm_io_tspec *t) {
     const fm_st_tensor *st = fm_ckpt_find(k->c, t->name);
     if (!st) {
-        if (!t->optional) problem(k, FM_E_NOTFOUND, "missing tensor '%s': %s", t->name, fm_last_error());
+        if (!t->optional) fm_io_problem(&k->p, FM_E_NOTFOUND, "missing tensor '%s': %s", t->name, fm_last_error());
         return NULL;
     }
     int bad = 0;
     if (!dt_ok(t, st->dtype)) {
-        problem(k, FM_E_FORMAT, "tensor '%s' has dtype %s, expected %s", t->name, fm_dtype_name(st->dtype), fm_dtype_name(t->dt));
+        fm_io_problem(&k->p, FM_E_FORMAT, "tensor '%s' has dtype %s, expected %s", t->name, fm_dtype_name(st->dtype), fm_dtype_name(t->dt));
         bad = 1;
     }
     int same = st->ndim == t->ndim;
     for (int i = 0; same && i < t->ndim; i++) same = st->shape[i] == t->shape[i];
     if (!same) {
         char a[128], b[128];
-        shape_str(a, sizeof a, st->ndim, st->shape);
-        shape_str(b, sizeof b, t->ndim, t->shape);
-        problem(k, FM_E_FORMAT, "tensor '%s' has shape %s, expected %s", t->name, a, b);
+        fm_io_shape_str(a, sizeof a, st->ndim, st->shape);
+        fm_io_shape_str(b, sizeof b, t->ndim, t->shape);
+        fm_io_problem(&k->p, FM_E_FORMAT, "tensor '%s' has shape %s, expected %s", t->name, a, b);
         bad = 1;
     }
     if (!bad && !st->data) {
-        problem(k, FM_E_IO, "tensor '%s' has no data mapping", t->name);
+        fm_io_problem(&k->p, FM_E_IO, "tensor '%s' has no data mapping", t->name);
         bad = 1;
     }
     return bad ? NULL : st;
 }
 
-/* Element i of a BF16 or F32 tensor as float (data may be unaligned). */
-static float load_f(const fm_st_tensor *st, int64_t i) {
-    const uint8_t *p = st->data;
-    if (st->dtype == FM_DT_BF16) return fm_bf16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
+float fm_io_load_f(const void *data, fm_dtype dt, int64_t i) {
+    const uint8_t *p = data;
+    if (dt == FM_DT_BF16) return fm_bf16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
     float f;
     memcpy(&f, p + 4 * i, 4);
     return f;
 }
 
-static float *to_f32(fm_moe_layer *l, const fm_st_tensor *st, int64_t n, int64_t off, int64_t stride) {
+float *fm_io_f32_copy(fm_moe_layer *l, const void *data, fm_dtype dt, int64_t n, int64_t off, int64_t stride) {
     float *v = fm_io_layer_alloc(l, sizeof(float) * (size_t)n);
     if (v)
-        for (int64_t i = 0; i < n; i++) v[i] = load_f(st, off + i * stride);
+        for (int64_t i = 0; i < n; i++) v[i] = fm_io_load_f(data, dt, off + i * stride);
     return v;
+}
+
+static float *to_f32(fm_moe_layer *l, const fm_st_tensor *st, int64_t n, int64_t off, int64_t stride) {
+    return fm_io_f32_copy(l, st->data, st->dtype, n, off, stride);
 }
 
 static fm_qmatrix *mat_of(fm_moe_layer *l, int e, int m) {
@@ -277,6 +275,41 @@ static fm_status quantize_matrix(fm_moe_layer *l, fm_qmatrix *q, fm_qformat f) {
     return FM_OK;
 }
 
+void fm_io_wire_gptoss(fm_moe_layer *l, int m, int scales, const uint8_t *data, int64_t R, int64_t K) {
+    const int64_t rowb = scales ? K / 32 : K / 2;
+    for (int e = 0; e < l->n_experts; e++) {
+        const uint8_t *base = data + (size_t)e * (size_t)(R * rowb);
+        /* gate = even rows, up = odd rows of the fused [2I, .] block */
+        for (int mm = m == 0 ? 0 : 2; mm < (m == 0 ? 2 : 3); mm++) {
+            fm_qmatrix *g = mat_of(l, e, mm);
+            const int64_t off = m == 0 ? mm * rowb : 0, step = m == 0 ? 2 * rowb : rowb;
+            g->fmt = FM_QF_MXFP4;
+            g->rows = m == 0 ? R / 2 : R;
+            g->cols = K;
+            g->scale2 = 1.0f;
+            if (scales) { g->scales = base + off; g->scale_stride = step; }
+            else { g->packed = base + off; g->row_stride = step; }
+        }
+    }
+}
+
+fm_status fm_io_wire_gptoss_bias(fm_moe_layer *l, int m, const void *data, fm_dtype dt, int64_t R) {
+    for (int e = 0; e < l->n_experts; e++) {
+        if (m == 0) {
+            const int64_t I = R / 2;
+            float *gb = fm_io_f32_copy(l, data, dt, I, e * R, 2), *ub = fm_io_f32_copy(l, data, dt, I, e * R + 1, 2);
+            if (!gb || !ub) return FM_E_NOMEM;
+            l->gate[e].bias = gb;
+            l->up[e].bias = ub;
+        } else {
+            float *db = fm_io_f32_copy(l, data, dt, R, e * R, 1);
+            if (!db) return FM_E_NOMEM;
+            l->down[e].bias = db;
+        }
+    }
+    return FM_OK;
+}
+
 fm_status fm_io_layer_bind(fm_ckpt *c, const fm_model_desc *d, int layer, fm_qformat quantize_bf16, fm_io_problem_fn report,
                          void *ud, fm_moe_layer **out) {
     *out = NULL;
@@ -291,15 +324,15 @@ fm_status fm_io_layer_bind(fm_ckpt *c, const fm_model_desc *d, int layer, fm_qfo
     if (s != FM_OK) return s;
     fm_moe_layer *l = fm_io_layer_new(d, layer, d->expert_format);
     if (!l) { free(plan); return FM_E_NOMEM; }
-    checker k = {c, report, ud, 0, FM_OK, ""};
-    int64_t H = d->hidden, I = d->moe_inter, E = d->n_experts;
+    checker k = {c, {report, ud, 0, FM_OK, ""}};
+    int64_t H = d->hidden, E = d->n_experts;
     fm_qformat f = d->expert_format;
     int blk = f == FM_QF_NVFP4 ? 16 : f == FM_QF_MXFP4 ? 32 : 0;
     for (size_t i = 0; i < np; i++) {
         const fm_io_tspec *t = &plan[i];
         const fm_st_tensor *st = check_tensor(&k, t);
         if (!st) continue;
-        if (k.n_problems) continue; /* keep checking; wire only a clean layer */
+        if (k.p.n) continue; /* keep checking; wire only a clean layer */
         const uint8_t *data = st->data;
         fm_qmatrix *q;
         switch (t->role) {
@@ -320,7 +353,7 @@ fm_status fm_io_layer_bind(fm_ckpt *c, const fm_model_desc *d, int layer, fm_qfo
         case FM_T_SCALE2: {
             float v;
             memcpy(&v, data, 4);
-            if (!isfinite(v) || v <= 0) problem(&k, FM_E_NUMERIC, "tensor '%s' = %g is not a positive finite scale", t->name, (double)v);
+            if (!isfinite(v) || v <= 0) fm_io_problem(&k.p, FM_E_NUMERIC, "tensor '%s' = %g is not a positive finite scale", t->name, (double)v);
             mat_of(l, t->e, t->m)->scale2 = v;
             break;
         }
@@ -349,7 +382,7 @@ fm_status fm_io_layer_bind(fm_ckpt *c, const fm_model_desc *d, int layer, fm_qfo
                 if (st->dtype == FM_DT_I64) memcpy(&v, data + 8 * j, 8);
                 else { int32_t v32; memcpy(&v32, data + 4 * j, 4); v = v32; }
                 if (v < 0 || v >= E) {
-                    problem(&k, FM_E_RANGE, "tensor '%s' row %lld holds expert %lld, outside [0, %lld)", t->name,
+                    fm_io_problem(&k.p, FM_E_RANGE, "tensor '%s' row %lld holds expert %lld, outside [0, %lld)", t->name,
                             (long long)(j / kk), (long long)v, (long long)E);
                     break;
                 }
@@ -360,53 +393,15 @@ fm_status fm_io_layer_bind(fm_ckpt *c, const fm_model_desc *d, int layer, fm_qfo
             break;
         }
         case FM_T_FUSED_PACKED:
-        case FM_T_FUSED_SCALES:
-            for (int e = 0; e < E; e++) {
-                int64_t R = t->R, K = t->K;
-                int scales = t->role == FM_T_FUSED_SCALES;
-                int64_t rowb = scales ? K / 32 : K / 2;
-                const uint8_t *base = data + (size_t)e * (size_t)(R * rowb);
-                if (t->m == 0) {
-                    /* gate = even rows, up = odd rows of the fused [2I, .] block */
-                    for (int mm = 0; mm < 2; mm++) {
-                        fm_qmatrix *g = mat_of(l, e, mm);
-                        g->fmt = FM_QF_MXFP4;
-                        g->rows = I;
-                        g->cols = H;
-                        g->scale2 = 1.0f;
-                        if (scales) { g->scales = base + mm * rowb; g->scale_stride = 2 * rowb; }
-                        else { g->packed = base + mm * rowb; g->row_stride = 2 * rowb; }
-                    }
-                } else {
-                    fm_qmatrix *g = mat_of(l, e, 2);
-                    g->fmt = FM_QF_MXFP4;
-                    g->rows = H;
-                    g->cols = I;
-                    g->scale2 = 1.0f;
-                    if (scales) { g->scales = base; g->scale_stride = rowb; }
-                    else { g->packed = base; g->row_stride = rowb; }
-                }
-            }
-            break;
+        case FM_T_FUSED_SCALES: fm_io_wire_gptoss(l, t->m, t->role == FM_T_FUSED_SCALES, data, t->R, t->K); break;
         case FM_T_FUSED_BIAS:
-            for (int e = 0; e < E; e++) {
-                if (t->m == 0) {
-                    float *gb = to_f32(l, st, I, e * 2 * I, 2), *ub = to_f32(l, st, I, e * 2 * I + 1, 2);
-                    if (!gb || !ub) { s = FM_E_NOMEM; goto done; }
-                    l->gate[e].bias = gb;
-                    l->up[e].bias = ub;
-                } else {
-                    float *db = to_f32(l, st, H, e * H, 1);
-                    if (!db) { s = FM_E_NOMEM; goto done; }
-                    l->down[e].bias = db;
-                }
-            }
+            if ((s = fm_io_wire_gptoss_bias(l, t->m, st->data, st->dtype, t->R))) goto done;
             break;
         }
     }
-    if (k.n_problems) {
-        s = fm_error(k.first, "%s layer %d: %s%s", fm_ckpt_dir(c), layer, k.first_msg,
-                     k.n_problems > 1 ? " (and more problems)" : "");
+    if (k.p.n) {
+        s = fm_error(k.p.first, "%s layer %d: %s%s", fm_ckpt_dir(c), layer, k.p.first_msg,
+                     k.p.n > 1 ? " (and more problems)" : "");
         goto done;
     }
     if (f == FM_QF_BF16 && (quantize_bf16 == FM_QF_NVFP4 || quantize_bf16 == FM_QF_MXFP4)) {

@@ -11,6 +11,35 @@ static inline const char *fm_io_qformat_str(fm_qformat f) {
 
 
 
+/* Problems found while checking tensors: checking goes on after one, the
+ * first message is kept for the error, and every one goes to report when
+ * it is set (fm_inspect lists them all). */
+typedef void (*fm_io_problem_fn)(void *ud, const char *msg);
+typedef struct {
+    fm_io_problem_fn report;
+    void *ud;
+    int n;
+    fm_status first;
+    char first_msg[1024];
+} fm_io_problems;
+void fm_io_problem(fm_io_problems *p, fm_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* "[a, b, c]" */
+void fm_io_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape);
+
+/* Element i of a BF16 or F32 array as float (any alignment). */
+float fm_io_load_f(const void *data, fm_dtype dt, int64_t i);
+/* n floats from element off of a BF16 / F32 array, every stride-th, into
+ * memory the layer owns. NULL + message on failure. */
+float *fm_io_f32_copy(fm_moe_layer *l, const void *data, fm_dtype dt, int64_t n, int64_t off, int64_t stride);
+/* gpt-oss fused experts on a contiguous tensor: m = 0 wires every expert's
+ * gate and up to the even and odd rows of [E, R = 2I, K/32 x 16] blocks
+ * (scales: the [E, R, K/32] E8M0 scales), m = 2 its down to [E, R = H, .].
+ * Zero-copy: data must outlive the layer. */
+void fm_io_wire_gptoss(fm_moe_layer *l, int m, int scales, const uint8_t *data, int64_t R, int64_t K);
+/* Their biases, BF16 / F32 [E, R] (m = 0: rows interleaved like the
+ * weights), as F32 copies owned by the layer. */
+fm_status fm_io_wire_gptoss_bias(fm_moe_layer *l, int m, const void *data, fm_dtype dt, int64_t R);
+
 /* Allocation owned by a layer (freed by fm_moe_layer_free). NULL + message on failure. */
 fm_moe_layer *fm_io_layer_new(const fm_model_desc *d, int layer, fm_qformat fmt);
 void *fm_io_layer_alloc(fm_moe_layer *l, size_t n);
@@ -62,7 +91,6 @@ uint64_t fm_io_tspec_bytes(const fm_io_tspec *t);
 
 /* Binds layer L; with report != NULL every problem is passed to it (and
  * checking goes on) instead of stopping at the first. */
-typedef void (*fm_io_problem_fn)(void *ud, const char *msg);
 fm_status fm_io_layer_bind(fm_ckpt *c, const fm_model_desc *d, int layer, fm_qformat quantize_bf16,
                          fm_io_problem_fn report, void *ud, fm_moe_layer **out);
 

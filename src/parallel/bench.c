@@ -101,8 +101,8 @@ fm_status fm_dist_bench(fm_dist *ds, int T, uint64_t seed, int reps, fm_dist_ben
         return s;
     }
     snprintf(r->method, sizeof r->method, "%s",
-             ds->ex.bench ? "host-staged forward per rank (the engine API takes host buffers); collectives staged"
-                          : "forward per rank, ranks timed one after another; collectives timed as run");
+             ds->ex.bench ? "host-staged engine calls per rank (host buffers in and out); collectives staged"
+                          : "engine calls per rank, ranks timed one after another; collectives timed as run");
 
     fm_status s = FM_OK;
     float *x = NULL, *out = NULL;

@@ -15,8 +15,9 @@
  *
  * Routing is replicated: each rank runs the full router (over all E) on the
  * tokens it holds, so every rank agrees on which pairs exist. A rank computes
- * one of its experts through the engine's normal forward on a one-expert view
- * (fm_dist_expert_view) and applies the routing weight itself.
+ * its pairs in one pre-routed experts call per step on a view of its experts
+ * (fm_dist_ep_view; under TP token-sharded, the slice itself), with the
+ * global ids mapped to the view's and the others -1.
  */
 #include "parallel/parallel_internal.h"
 #include "util/util.h"
@@ -33,14 +34,10 @@ void fm_dist_free(fm_dist *ds) {
             rank_state *r = &ds->rs[i];
             if (ds->ex.release) {
                 if (r->htp) ds->ex.release(ds->ex.ctx, i, r->htp);
+                if (r->hep) ds->ex.release(ds->ex.ctx, i, r->hep);
                 if (r->hsh) ds->ex.release(ds->ex.ctx, i, r->hsh);
-                if (r->hexp)
-                    for (int j = 0; j < r->ne; j++)
-                        if (r->hexp[j]) ds->ex.release(ds->ex.ctx, i, r->hexp[j]);
             }
             free(r->arrays);
-            free(r->lexp);
-            free(r->hexp);
         }
     }
     if (ds->hfull && ds->ex.release) ds->ex.release(ds->ex.ctx, 0, ds->hfull);
@@ -51,6 +48,8 @@ void fm_dist_free(fm_dist *ds) {
 }
 
 const char *fm_dist_describe(const fm_dist *ds) { return ds ? ds->desc : "(none)"; }
+
+static void *alloc_array(size_t n, size_t sz, const char *what);
 
 static fm_status prepare(fm_dist *ds, int i, const fm_model_desc *d, const fm_moe_layer *v, void **h) {
     *h = NULL;
@@ -78,8 +77,8 @@ fm_status fm_dist_new_exec(const fm_model_desc *d, const fm_moe_layer *l, const 
                      fm_dist_mode_name(o->mode), o->ranks);
         goto fail;
     }
-    if (!exec.forward || !exec.route) {
-        s = fm_error(FM_E_ARG, "dist: engine '%s' lacks forward or route", exec.name ? exec.name : "?");
+    if (!exec.forward || !exec.route || !exec.experts) {
+        s = fm_error(FM_E_ARG, "dist: engine '%s' lacks forward, route or experts", exec.name ? exec.name : "?");
         goto fail;
     }
     ds->d = d;
@@ -89,7 +88,8 @@ fm_status fm_dist_new_exec(const fm_model_desc *d, const fm_moe_layer *l, const 
     ds->R = o->ranks;
     ds->nloc = fm_comm_local_count(c);
     ds->rs = fm_calloc((size_t)ds->nloc, sizeof *ds->rs);
-    ds->zero_router = fm_calloc((size_t)l->hidden, sizeof(float));
+    const int ne = o->mode == FM_DIST_EP ? l->n_experts / ds->R : 1;
+    ds->zero_router = alloc_array((size_t)ne * (size_t)l->hidden, sizeof(float), "view router");
     if (!ds->rs || !ds->zero_router) {
         s = FM_E_NOMEM;
         goto fail;
@@ -97,42 +97,20 @@ fm_status fm_dist_new_exec(const fm_model_desc *d, const fm_moe_layer *l, const 
     for (int i = 0; i < ds->nloc; i++) {
         rank_state *r = &ds->rs[i];
         r->rank = fm_comm_local_rank(c, i);
-        /* The layer this rank computes from: a TP slice or the whole layer. */
-        const fm_model_desc *dr = d;
-        const fm_moe_layer *lr = l;
         if (o->mode == FM_DIST_TP) {
+            /* replicated: one normal forward of the slice (routing inside
+             * the engine); token-sharded: the token owners route, and the
+             * slice's experts run on the gathered routing */
             if ((s = fm_dist_tp_view(d, l, r->rank, ds->R, &r->dtp, &r->ltp, &r->arrays))) goto fail;
-            dr = &r->dtp;
-            lr = &r->ltp;
-            if (o->layout == FM_DIST_REPLICATED) {
-                /* one normal forward of the slice; routing inside the engine */
-                if ((s = prepare(ds, i, dr, lr, &r->htp))) goto fail;
-                continue;
-            }
-            /* token-sharded: the token owner routes, so ranks compute given
-             * (token, expert) pairs through one-expert views of the slice */
-            r->e0 = 0;
-            r->ne = l->n_experts;
-        } else {
-            r->ne = l->n_experts / ds->R;
-            r->e0 = r->rank * r->ne;
+            if ((s = prepare(ds, i, &r->dtp, &r->ltp, &r->htp))) goto fail;
+            continue;
         }
-        fm_moe_layer tmp;
-        fm_dist_expert_view(dr, lr, 0, ds->zero_router, &ds->dexp, &tmp);
-        if (l->has_shared) fm_dist_expert_view(dr, lr, -1, ds->zero_router, &ds->dsh, &tmp);
-        r->lexp = fm_calloc((size_t)r->ne, sizeof *r->lexp);
-        r->hexp = fm_calloc((size_t)r->ne, sizeof *r->hexp);
-        if (!r->lexp || !r->hexp) {
-            s = FM_E_NOMEM;
-            goto fail;
-        }
-        fm_model_desc dv;
-        for (int j = 0; j < r->ne; j++) {
-            fm_dist_expert_view(dr, lr, r->e0 + j, ds->zero_router, &dv, &r->lexp[j]);
-            if ((s = prepare(ds, i, &ds->dexp, &r->lexp[j], &r->hexp[j]))) goto fail;
-        }
+        r->ne = ne;
+        r->e0 = r->rank * ne;
+        fm_dist_ep_view(d, l, r->e0, ne, ds->zero_router, &r->dep, &r->lep);
+        if ((s = prepare(ds, i, &r->dep, &r->lep, &r->hep))) goto fail;
         if (l->has_shared) {
-            fm_dist_expert_view(dr, lr, -1, ds->zero_router, &dv, &r->lsh);
+            fm_dist_expert_view(d, l, -1, ds->zero_router, &ds->dsh, &r->lsh);
             if ((s = prepare(ds, i, &ds->dsh, &r->lsh, &r->hsh))) goto fail;
         }
     }
@@ -174,83 +152,89 @@ static void *alloc_array(size_t n, size_t sz, const char *what) {
 }
 
 /*
- * The routed pairs of one rank over n token rows: for each slot (row, s)
- * whose expert ids[row*k+s] lies in the rank's block, acc[row] += w *
- * expert(x[row]). Tokens of one expert go to the engine together, so each
- * expert's weights are read once. Returns pair and active-expert counts.
+ * The routed pairs of one rank over n token rows, in one experts call on
+ * the prepared view v (experts [e0, e0 + v->n_experts) of the layer): each
+ * slot (row, s) whose expert ids[row*k+s] lies in the view's block goes to
+ * the engine as the view's id, packed into the view's top-k, and rows
+ * without such a slot stay out of the call. acc[row] += the result. shared:
+ * the view's shared expert on every row as well (TP's slice). Returns pair
+ * and active-expert counts.
  */
-static fm_status ep_compute(fm_dist *ds, int i, const float *x, int n, const int32_t *ids, const float *w,
-                            float *acc, int64_t *pairs, int *active) {
-    rank_state *r = &ds->rs[i];
+static fm_status ep_compute(fm_dist *ds, int i, void *h, const fm_model_desc *dv, const fm_moe_layer *v, int e0,
+                            const float *x, int n, const int32_t *ids, const float *w, int shared, float *acc,
+                            int64_t *pairs, int *active) {
     const int k = ds->l->topk, H = ds->l->hidden, E = ds->l->n_experts;
+    const int ne = v->n_experts, kv = v->topk;
+    shared = shared && v->has_shared;
     fm_status s = FM_OK;
     *pairs = 0;
     *active = 0;
-    int *cnt = fm_calloc((size_t)r->ne + 1, sizeof(int));
-    int64_t nslots = (int64_t)n * k;
-    int *row = alloc_array((size_t)nslots, sizeof(int), "pair list");
-    float *wt = alloc_array((size_t)nslots, sizeof(float), "pair weights");
+    unsigned char *seen = alloc_array((size_t)ne, 1, "expert mask");
+    int *row = alloc_array((size_t)n, sizeof(int), "row list");
+    int32_t *lid = alloc_array((size_t)n * (size_t)kv, sizeof(int32_t), "local ids");
+    float *lw = alloc_array((size_t)n * (size_t)kv, sizeof(float), "local weights");
     float *xb = NULL, *yb = NULL;
-    if (!cnt || !row || !wt) {
+    if (!seen || !row || !lid || !lw) {
         s = FM_E_NOMEM;
         goto done;
     }
-    for (int64_t q = 0; q < nslots; q++) {
-        const int e = ids[q];
-        if (e < -1 || e >= E) {
-            s = fm_error(FM_E_RANGE, "dist: routing gave expert id %d for token row %lld (E=%d)", e,
-                         (long long)(q / k), E);
-            goto done;
+    int m = 0;
+    for (int t = 0; t < n; t++) {
+        int32_t *li = lid + (size_t)m * kv;
+        float *lwt = lw + (size_t)m * kv;
+        int c = 0;
+        for (int j = 0; j < k; j++) {
+            const int e = ids[(size_t)t * k + j];
+            if (e < -1 || e >= E) {
+                s = fm_error(FM_E_RANGE, "dist: routing gave expert id %d for token row %d (E=%d)", e, t, E);
+                goto done;
+            }
+            if (e < e0 || e >= e0 + ne) continue;
+            if (c == kv) { /* only repeated ids put more than min(k, ne) slots on one rank */
+                s = fm_error(FM_E_RANGE, "dist: token row %d has more than %d slots on experts [%d, %d)", t, kv, e0,
+                             e0 + ne);
+                goto done;
+            }
+            li[c] = e - e0;
+            lwt[c++] = w[(size_t)t * k + j];
+            if (!seen[e - e0]) {
+                seen[e - e0] = 1;
+                (*active)++;
+            }
         }
-        if (e >= r->e0 && e < r->e0 + r->ne) cnt[e - r->e0 + 1]++;
+        *pairs += c;
+        if (!c && !shared) continue;
+        for (; c < kv; c++) {
+            li[c] = -1;
+            lwt[c] = 0.0f;
+        }
+        row[m++] = t;
     }
-    int maxc = 0;
-    for (int j = 0; j < r->ne; j++) {
-        if (cnt[j + 1] > maxc) maxc = cnt[j + 1];
-        if (cnt[j + 1]) (*active)++;
-        cnt[j + 1] += cnt[j]; /* prefix: cnt[j] = first pair of expert j */
-    }
-    *pairs = cnt[r->ne];
-    {
-        int *fill = fm_calloc((size_t)r->ne, sizeof(int));
-        if (!fill) {
+    if (!m) goto done;
+    const float *xin = x;
+    if (m < n) { /* only the rows with work */
+        if (!(xb = alloc_array((size_t)m * (size_t)H, sizeof(float), "expert batch"))) {
             s = FM_E_NOMEM;
             goto done;
         }
-        for (int64_t q = 0; q < nslots; q++) {
-            const int e = ids[q];
-            if (e < r->e0 || e >= r->e0 + r->ne) continue;
-            const int j = e - r->e0, at = cnt[j] + fill[j]++;
-            row[at] = (int)(q / k);
-            wt[at] = w[q];
-        }
-        free(fill);
+        for (int q = 0; q < m; q++) memcpy(xb + (size_t)q * H, x + (size_t)row[q] * H, (size_t)H * sizeof(float));
+        xin = xb;
     }
-    if (maxc) {
-        xb = alloc_array((size_t)maxc * (size_t)H, sizeof(float), "expert batch");
-        yb = alloc_array((size_t)maxc * (size_t)H, sizeof(float), "expert batch");
-        if (!xb || !yb) {
-            s = FM_E_NOMEM;
-            goto done;
-        }
+    if (!(yb = alloc_array((size_t)m * (size_t)H, sizeof(float), "expert outputs"))) {
+        s = FM_E_NOMEM;
+        goto done;
     }
-    for (int j = 0; j < r->ne; j++) {
-        const int b = cnt[j], m = cnt[j + 1] - cnt[j];
-        if (!m) continue;
-        for (int q = 0; q < m; q++) memcpy(xb + (size_t)q * H, x + (size_t)row[b + q] * H, (size_t)H * sizeof(float));
-        s = exec_forward(ds, i, r->hexp[j], &ds->dexp, &r->lexp[j], xb, FM_DT_F32, m, NULL, yb, NULL, NULL);
-        if (s) goto done;
-        for (int q = 0; q < m; q++) {
-            float *dst = acc + (size_t)row[b + q] * H;
-            const float *y = yb + (size_t)q * H;
-            const float wq = wt[b + q];
-            for (int h = 0; h < H; h++) dst[h] += wq * y[h];
-        }
+    if ((s = ds->ex.experts(ds->ex.ctx, i, h, dv, v, xin, m, lid, lw, shared, yb))) goto done;
+    for (int q = 0; q < m; q++) {
+        float *dst = acc + (size_t)row[q] * H;
+        const float *y = yb + (size_t)q * H;
+        for (int c = 0; c < H; c++) dst[c] += y[c];
     }
 done:
-    free(cnt);
+    free(seen);
     free(row);
-    free(wt);
+    free(lid);
+    free(lw);
     free(xb);
     free(yb);
     return s;
@@ -444,8 +428,9 @@ static fm_status tp_forward(fm_dist *ds, const void *x, fm_dtype xdt, int T, con
                 memcpy(ids0, ig, sizeof(int32_t) * (size_t)T * k);
                 memcpy(w0, wg, sizeof(float) * (size_t)T * k);
             }
-            if ((s = ep_compute(ds, i, xg, T, ig, wg, part.p[i], &pairs_dummy, &active_dummy))) goto done;
-            if ((s = shared_compute(ds, i, xg, T, part.p[i]))) goto done;
+            if ((s = ep_compute(ds, i, r->htp, &r->dtp, &r->ltp, 0, xg, T, ig, wg, 1, part.p[i], &pairs_dummy,
+                                &active_dummy)))
+                goto done;
             st->compute_ns[r->rank] += (double)(fm_now_ns() - t_start);
         }
         /* 4. Sum the slices; each rank keeps its own chunk. */
@@ -509,7 +494,8 @@ static fm_status ep_replicated(fm_dist *ds, const void *x, fm_dtype xdt, int T, 
             memcpy(ids0, ids, (size_t)T * k * sizeof(int32_t));
             memcpy(w0, w, (size_t)T * k * sizeof(float));
         }
-        if ((s = ep_compute(ds, i, xf, T, ids, w, acc, &pairs[i], &active[i]))) goto done;
+        if ((s = ep_compute(ds, i, r->hep, &r->dep, &r->lep, r->e0, xf, T, ids, w, 0, acc, &pairs[i], &active[i])))
+            goto done;
         int t0, n;
         chunk_of(r->rank, T, R, &t0, &n);
         if ((s = shared_compute(ds, i, xf + (size_t)t0 * H, n, acc + (size_t)t0 * H))) goto done;
@@ -694,7 +680,9 @@ static fm_status ep_sharded(fm_dist *ds, const void *x, fm_dtype xdt, int T, con
             }
             fm_codec_decode_row(ds->o.compress, rec + rb - rowb, H, xi + (size_t)q * H);
         }
-        if ((s = ep_compute(ds, i, xi, (int)nr, gi, wi, ai, &pairs[i], &active[i]))) goto done;
+        if ((s = ep_compute(ds, i, r->hep, &r->dep, &r->lep, r->e0, xi, (int)nr, gi, wi, 0, ai, &pairs[i],
+                            &active[i])))
+            goto done;
         st->compute_ns[r->rank] += (double)(fm_now_ns() - t_start);
     }
     for (int i = 0; i < nl; i++) {

@@ -37,8 +37,9 @@ fm_status fm_comm_alloc(const fm_comm_ops *ops, int size, int first, int n_local
 /* --------------------------------------------------------------- engine */
 
 /* What the sharding code needs from an engine: the normal forward of a
- * (view) layer, routing alone, and a way to prepare (upload) a view once.
- * The CPU and CUDA engines provide it (exec.c); tests plug their own. */
+ * (view) layer, its pre-routed experts, routing alone, and a way to
+ * prepare (upload) a view once. The CPU and CUDA engines provide it
+ * (exec.c); tests plug their own. */
 typedef struct fm_dist_exec {
     const char *name;
     void *ctx;
@@ -49,6 +50,13 @@ typedef struct fm_dist_exec {
                          const void *x, fm_dtype xdt, int T, const int32_t *token_ids, fm_moe_out *o);
     fm_status (*route)(void *ctx, int local, const fm_model_desc *d, const fm_moe_layer *l, const float *x, int T,
                        const int32_t *token_ids, int32_t *ids, float *weights);
+    /* The view's experts on routed tokens (fm_cpu_experts): x F32 [T, H],
+     * ids / weights [T, view->topk] with ids local to the view (in [0,
+     * view->n_experts), -1: none), the view's shared expert on every token
+     * when include_shared; writes out F32 [T, H]. T >= 1. */
+    fm_status (*experts)(void *ctx, int local, void *handle, const fm_model_desc *d, const fm_moe_layer *view,
+                         const float *x, int T, const int32_t *ids, const float *weights, int include_shared,
+                         float *out);
     void (*destroy)(void *ctx);
     /* Optional: device time of one prepared view at batch T (median over
      * reps, e.g. CUDA-graph replay), for bench. view is the layer handle was
@@ -60,15 +68,18 @@ typedef struct fm_dist_exec {
 /* A rank's views and their prepared engine handles. */
 typedef struct {
     int rank;
-    /* TP */
+    /* TP: the slice (forward when tokens are replicated, experts when the
+     * token owners route) */
     fm_model_desc dtp;
     fm_moe_layer ltp;
     fm_qmatrix *arrays;
     void *htp;
-    /* EP */
+    /* EP: the rank's experts as one layer (experts), the shared expert as
+     * a one-expert view (forward on the rank's own tokens) */
     int e0, ne;
-    fm_moe_layer *lexp; /* [ne] one-expert views */
-    void **hexp;        /* [ne]                  */
+    fm_model_desc dep;
+    fm_moe_layer lep;
+    void *hep;
     fm_moe_layer lsh;
     void *hsh;
 } rank_state;
@@ -82,7 +93,7 @@ struct fm_dist {
     int R, nloc;
     rank_state *rs;
     float *zero_router;
-    fm_model_desc dexp, dsh; /* descs of the one-expert views */
+    fm_model_desc dsh; /* desc of the shared expert's view */
     void *hfull;
     int hfull_ready;
     char desc[320];
@@ -106,6 +117,13 @@ fm_status fm_dist_exec_cuda(const fm_comm *c, fm_dist_exec *out);
  * since the partial outputs are summed. */
 fm_status fm_dist_tp_view(const fm_model_desc *d, const fm_moe_layer *l, int r, int R, fm_model_desc *dv,
                           fm_moe_layer *lv, fm_qmatrix **arrays);
+/* Experts [e0, e0+ne) of a layer as a layer of ne experts (zero-copy: the
+ * matrices are the layer's), top-k min(k, ne) so that it is a valid layer
+ * for every engine; no shared expert. It is meant for the experts call:
+ * zero_router (ne*H zero floats, outliving the view) only satisfies
+ * engines that want a router at upload. */
+void fm_dist_ep_view(const fm_model_desc *d, const fm_moe_layer *l, int e0, int ne, const float *zero_router,
+                     fm_model_desc *dv, fm_moe_layer *lv);
 /* A one-expert layer of expert e (or the shared expert when e < 0): routing
  * sends every token to it with weight exactly 1 (softmax over one expert),
  * so the engine's normal forward computes exactly that expert. zero_router

@@ -154,3 +154,31 @@ void fm_dist_expert_view(const fm_model_desc *d, const fm_moe_layer *l, int e, c
     lv->fmt = lv->gate->fmt;
     lv->router_w = zero_router;
 }
+
+void fm_dist_ep_view(const fm_model_desc *d, const fm_moe_layer *l, int e0, int ne, const float *zero_router,
+                     fm_model_desc *dv, fm_moe_layer *lv) {
+    const int k = l->topk < ne ? l->topk : ne;
+    *dv = *d;
+    dv->n_experts = ne;
+    dv->topk = k;
+    dv->n_shared = 0;
+    dv->shared_inter = 0;
+    dv->n_group = 1;
+    dv->topk_group = 1;
+    dv->norm_topk_prob = 1;
+    dv->routed_scaling_factor = 1.0f;
+    dv->route = FM_ROUTE_SOFTMAX;
+    dv->n_hash_layers = 0;
+
+    memset(lv, 0, sizeof *lv);
+    lv->layer = l->layer;
+    lv->hidden = l->hidden;
+    lv->inter = l->inter;
+    lv->n_experts = ne;
+    lv->topk = k;
+    lv->fmt = l->fmt;
+    lv->gate = l->gate + e0;
+    lv->up = l->up + e0;
+    lv->down = l->down + e0;
+    lv->router_w = zero_router;
+}
