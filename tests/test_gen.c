@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fm_test.h"
 #include "io/io_internal.h"
 #include "util/util.h"
 
@@ -26,20 +27,6 @@ static int count_entries(const char *dir) {
         if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
     closedir(d);
     return n;
-}
-
-static void rm_rf(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[4200];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
 }
 
 /* The formulas of model_random.c, written again from the comment. */
@@ -102,8 +89,8 @@ static void test_formulas_by_hand(void **st) {
 
 static void test_shards_and_index(void **st) {
     (void)st;
-    char parent[] = "/tmp/fm_test_gen_XXXXXX";
-    assert_non_null(mkdtemp(parent));
+    char parent[64];
+    fm_test_tmpdir(parent, sizeof parent, "test_gen");
     char out[128], out2[128], path[256];
     snprintf(out, sizeof out, "%s/a", parent);
     snprintf(out2, sizeof out2, "%s/b", parent);
@@ -154,7 +141,7 @@ static void test_shards_and_index(void **st) {
     /* deterministic: the same seed writes the same bytes */
     o.shard_bytes = 0;
     o.n_moe_layers = 1;
-    rm_rf(out);
+    fm_test_rm_tree(out);
     assert_int_equal(fm_gen_checkpoint(&d, &o, out), FM_OK);
     assert_int_equal(fm_gen_checkpoint(&d, &o, out2), FM_OK);
     char *a, *b;
@@ -167,7 +154,7 @@ static void test_shards_and_index(void **st) {
     assert_memory_equal(a, b, na);
     free(a);
     free(b);
-    rm_rf(out2);
+    fm_test_rm_tree(out2);
 
     /* refuses to overwrite; the existing checkpoint is untouched */
     fm_status s = fm_gen_checkpoint(&d, &o, out);
@@ -183,7 +170,7 @@ static void test_shards_and_index(void **st) {
     o.n_moe_layers = 1;
     s = fm_gen_checkpoint(&d, &o, "/nonexistent-dir/x/ckpt");
     assert_int_equal(s, FM_E_IO);
-    rm_rf(out);
+    fm_test_rm_tree(out);
     assert_int_equal(count_entries(parent), 0);
     rmdir(parent);
 }
@@ -191,8 +178,8 @@ static void test_shards_and_index(void **st) {
 /* inspect on a good and a damaged checkpoint. */
 static void test_inspect(void **st) {
     (void)st;
-    char parent[] = "/tmp/fm_test_gen_XXXXXX";
-    assert_non_null(mkdtemp(parent));
+    char parent[64];
+    fm_test_tmpdir(parent, sizeof parent, "test_gen");
     char out[128], path[256];
     snprintf(out, sizeof out, "%s/a", parent);
     fm_model_desc d;
@@ -233,7 +220,7 @@ static void test_inspect(void **st) {
     assert_true(n >= 1);
     assert_non_null(strstr(buf, "hidden_size"));
     free(buf);
-    rm_rf(out);
+    fm_test_rm_tree(out);
     rmdir(parent);
 }
 

@@ -8,7 +8,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -18,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fm_test.h"
 #include "tune/tune_internal.h"
 #include "util/util.h"
 
@@ -26,16 +26,10 @@ typedef struct {
     char a[300], b_home[300], b[340], c[300]; /* env dir, XDG home, its configs, shipped */
 } dirs;
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    return remove(p);
-}
-
 static int setup(void **state) {
     dirs *d = calloc(1, sizeof *d);
     if (!d) return -1;
-    snprintf(d->root, sizeof d->root, "/tmp/fm_tune_choose_XXXXXX");
-    if (!mkdtemp(d->root)) return -1;
+    if (fm_test_mkdtemp(d->root, sizeof d->root, "tune_choose")) return -1;
     snprintf(d->a, sizeof d->a, "%s/env", d->root);
     snprintf(d->b_home, sizeof d->b_home, "%s/xdg", d->root);
     snprintf(d->b, sizeof d->b, "%s/fp4moe/configs", d->b_home);
@@ -51,7 +45,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     dirs *d = *state;
-    nftw(d->root, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    fm_test_rm_tree(d->root);
     free(d);
     fm_tune_cache_clear();
     return 0;

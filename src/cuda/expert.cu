@@ -75,7 +75,7 @@ static __device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes
 /* FM_L2_256B=1 (a build-time knob for A/B builds): the weight loads and
  * copies also ask L2 to fetch whole 256-byte pieces (.L2::256B), as before
  * v39. 0 (the default from v39) leaves the fetch size to L2: the hint made a
- * pure streaming read 5 - 8 % slower on the H200 (tests/tools/cuda_bwprobe)
+ * pure streaming read 5 - 8 % slower on the H200 (dev/tools/cuda_bwprobe)
  * and the expert kernels no faster (docs/perf.md, v39). */
 #ifndef FM_L2_256B
 #define FM_L2_256B 0
@@ -1611,7 +1611,7 @@ extern "C" int fm_cuda_wgmma_built(void) {
 
 /* ------------------------------------------------ bandwidth measurement */
 
-/* The probe's kernels (stream_read.cuh, shared with tests/tools/cuda_bwprobe):
+/* The probe's kernels (stream_read.cuh, shared with dev/tools/cuda_bwprobe):
  * the grid-stride loads without an L2 fetch-size hint (the hint measured
  * 5 - 8 % slower on an H200) and, on sm_90, TMA bulk copies through a ring
  * of four 32 KB stages, which read 0.7 - 1.0 % faster there; the probe takes
