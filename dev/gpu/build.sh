@@ -6,7 +6,11 @@
 # machine lacks (and libfp4moe.so where the build makes it) to .devbuild/lib.
 # Then copy .devbuild/bin and .devbuild/lib to the GPU machine, into the
 # same places of a checkout of the same tree, and run dev/gpu/run.sh there.
-#   bash dev/gpu/build.sh          (FM_GPU_BUILD_DIR overrides the build dir)
+#   bash dev/gpu/build.sh
+# FM_GPU_BUILD_DIR overrides the build directory, FM_GPU_OUT the folder of
+# bin/ and lib/ (.devbuild): a second build to A/B against, made in a
+# worktree of the base commit, goes beside the first with
+#   FM_GPU_OUT=/path/to/this/checkout/.devbuild/base bash dev/gpu/build.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${FM_GPU_BUILD_DIR:-.devbuild/build}
@@ -25,15 +29,16 @@ cmake --build "$B" -j"$(nproc)" --target $targets
 if grep -qsw fp4moe_shared "$B/Makefile" "$B/build.ninja"; then
     cmake --build "$B" -j"$(nproc)" --target fp4moe_shared
 fi
-rm -rf .devbuild/bin .devbuild/lib
-mkdir -p .devbuild/bin .devbuild/lib
-for p in $PROGRAMS; do cp "$B/${p#*:}" .devbuild/bin/; done
+D=${FM_GPU_OUT:-.devbuild}
+rm -rf "$D/bin" "$D/lib"
+mkdir -p "$D/bin" "$D/lib"
+for p in $PROGRAMS; do cp "$B/${p#*:}" "$D/bin/"; done
 # libfp4moe.so (and its versioned names) only where the build made it
-find "$B" -name 'libfp4moe.so*' -not -path '*/CMakeFiles/*' -exec cp -L {} .devbuild/lib/ \;
-for f in .devbuild/bin/* .devbuild/lib/libfp4moe.so*; do
+find "$B" -name 'libfp4moe.so*' -not -path '*/CMakeFiles/*' -exec cp -L {} "$D/lib/" \;
+for f in "$D"/bin/* "$D"/lib/libfp4moe.so*; do
     [ -e "$f" ] || continue
     ldd "$f" | awk '/=> \// {print $3}' | grep -E 'libjansson|libyajl|libcmocka|libcupti' || true
-done | sort -u | while read -r lib; do cp -L "$lib" .devbuild/lib/; done
-strip --strip-unneeded .devbuild/bin/* 2>/dev/null || true
-ls .devbuild/bin .devbuild/lib
-du -sh .devbuild/bin .devbuild/lib
+done | sort -u | while read -r lib; do cp -L "$lib" "$D/lib/"; done
+strip --strip-unneeded "$D"/bin/* 2>/dev/null || true
+ls "$D/bin" "$D/lib"
+du -sh "$D/bin" "$D/lib"
