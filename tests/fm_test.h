@@ -11,10 +11,12 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <dirent.h>
 #include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "fp4moe.h"
@@ -49,6 +51,24 @@ static inline float *fm_test_normal_new(size_t n, uint64_t seed, uint64_t stream
 /* T seeded token ids below vocab (all 0 when vocab is not positive). */
 static inline void fm_test_token_ids(int32_t *tok, int T, uint64_t seed, uint64_t stream, int64_t vocab) {
     for (int t = 0; t < T; t++) tok[t] = (int32_t)(fm_rng_u64(seed, stream, (uint64_t)t) % (uint64_t)(vocab > 0 ? vocab : 1));
+}
+
+/* The tuned-config key of an H200 (132 SMs, CUDA 13.0, driver 13.1) for
+ * DeepSeek-V4-Flash's NVFP4 expert shape (E 256, H 4096, I 2048, k 6): the
+ * key of the tune tests' files. */
+static inline fm_tune_key fm_test_key_h200(void) {
+    fm_tune_key k;
+    memset(&k, 0, sizeof k);
+    snprintf(k.gpu_name, sizeof k.gpu_name, "NVIDIA H200");
+    k.sm_count = 132;
+    k.cuda_version = 13000;
+    k.driver_version = 13010;
+    k.fmt = FM_QF_NVFP4;
+    k.E = 256;
+    k.H = 4096;
+    k.I = 2048;
+    k.k = 6;
+    return k;
 }
 
 /* tests/data: $FM_TEST_DATA, or tests/data relative to the working
@@ -86,6 +106,19 @@ static inline int fm_test_mkdtemp(char *buf, size_t cap, const char *tag) {
 static inline const char *fm_test_tmpdir(char *buf, size_t cap, const char *tag) {
     if (fm_test_mkdtemp(buf, cap, tag)) fail_msg("cannot make a temporary directory for %s", tag);
     return buf;
+}
+
+/* The number of entries in dir, "." and ".." not counted; -1 when dir
+ * cannot be opened. */
+static inline int fm_test_count_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+    closedir(d);
+    return n;
 }
 
 static inline int fm_test_rm_cb_(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {

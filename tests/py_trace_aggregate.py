@@ -27,7 +27,7 @@ import sys
 from decimal import Decimal, ROUND_HALF_UP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fmtest import env_path, skip  # noqa: E402
+from fmtest import Checks, env_path, skip  # noqa: E402
 
 try:
     import numpy as np
@@ -110,16 +110,7 @@ def run(args):
     return p.stdout
 
 
-failures = 0
-
-
-def check(cond, msg):
-    global failures
-    if not cond:
-        failures += 1
-        print("FAIL: " + msg)
-
-
+check = Checks()
 real = sorted(glob.glob(os.path.join(REAL, "*.json.gz")))
 for path in real + sorted(glob.glob(os.path.join(TRACES, "*.json"))):
     name = os.path.relpath(path, TRACES)
@@ -155,15 +146,11 @@ for path in real + sorted(glob.glob(os.path.join(TRACES, "*.json"))):
         check(all(b >= 0 for b in per_step), name + ": negative busy time")
     print("%s: %d kernel names, %d steps checked" % (name, len(per), unit["steps"]["count"]))
 
-if failures:
-    print("%d failures" % failures)
-    sys.exit(1)
-if not real:
-    why = "no real traces in tests/data/traces/real (make them with dev/make_test_traces.py)"
-    # A skip only until the first real traces are committed; then the two
-    # lines below go, and an empty folder fails.
+why = "no real traces in tests/data/traces/real (make them with dev/make_test_traces.py)"
+if not real and not check.failures:
+    # A skip only until the first real traces are committed; then this
+    # branch goes, and an empty folder fails just below.
     print("SKIPPED: " + why)
     sys.exit(77)
-    print("FAIL: " + why)
-    sys.exit(1)
-print("all traces agree (%d real)" % len(real))
+check(real, why)
+check.finish("all traces agree (%d real)" % len(real))

@@ -5,7 +5,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <dirent.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -17,17 +16,6 @@
 #include "fm_test.h"
 #include "io/io_internal.h"
 #include "util/util.h"
-
-static int count_entries(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
-    closedir(d);
-    return n;
-}
 
 /* The formulas of model_random.c, written again from the comment. */
 static void test_formulas_by_hand(void **st) {
@@ -108,7 +96,7 @@ static void test_shards_and_index(void **st) {
     const char *name;
     json_t *v;
     int64_t sum = 0, max_shard = 0;
-    int n_shards = count_entries(out) - 3; /* config, hf_quant_config, index */
+    int n_shards = fm_test_count_entries(out) - 3; /* config, hf_quant_config, index */
     assert_true(n_shards >= 7);
     char want_last[64];
     snprintf(want_last, sizeof want_last, "model-%05d-of-%05d.safetensors", n_shards, n_shards);
@@ -160,7 +148,7 @@ static void test_shards_and_index(void **st) {
     fm_status s = fm_gen_checkpoint(&d, &o, out);
     assert_int_equal(s, FM_E_IO);
     assert_non_null(strstr(fm_last_error(), "already exists"));
-    assert_int_equal(count_entries(out), 4);
+    assert_int_equal(fm_test_count_entries(out), 4);
     /* too many layers: error, and nothing left in the parent */
     o.n_moe_layers = 4;
     s = fm_gen_checkpoint(&d, &o, out2);
@@ -171,7 +159,7 @@ static void test_shards_and_index(void **st) {
     s = fm_gen_checkpoint(&d, &o, "/nonexistent-dir/x/ckpt");
     assert_int_equal(s, FM_E_IO);
     fm_test_rm_tree(out);
-    assert_int_equal(count_entries(parent), 0);
+    assert_int_equal(fm_test_count_entries(parent), 0);
     rmdir(parent);
 }
 

@@ -10,7 +10,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,16 +220,6 @@ static int make_dir(void **st) {
     return fm_test_mkdtemp(g_dir, sizeof g_dir, "st_test");
 }
 
-static int dir_entries(void) {
-    DIR *d = opendir(g_dir);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
-    closedir(d);
-    return n;
-}
-
 static int remove_dir(void **st) {
     (void)st;
     fm_test_clear_dir(g_dir);
@@ -269,9 +258,9 @@ static void test_writer_roundtrip(void **st) {
         assert_int_equal(fm_st_writer_write(w, blob + off, n), FM_OK);
         off += n;
     }
-    assert_int_equal(dir_entries(), 1); /* only the temp file so far */
+    assert_int_equal(fm_test_count_entries(g_dir), 1); /* only the temp file so far */
     assert_int_equal(fm_st_writer_finish(w), FM_OK);
-    assert_int_equal(dir_entries(), 1);
+    assert_int_equal(fm_test_count_entries(g_dir), 1);
 
     fm_st_file *f;
     assert_int_equal(fm_st_open(path, &f), FM_OK);
@@ -315,7 +304,7 @@ static void expect_old(const char *path) {
     assert_int_equal(len, 3);
     assert_memory_equal(b, "old", 3);
     free(b);
-    assert_int_equal(dir_entries(), 1); /* no temp file left */
+    assert_int_equal(fm_test_count_entries(g_dir), 1); /* no temp file left */
 }
 
 static void test_writer_errors(void **st) {

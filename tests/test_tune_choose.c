@@ -51,21 +51,6 @@ static int teardown(void **state) {
     return 0;
 }
 
-static fm_tune_key key_h200(void) {
-    fm_tune_key k;
-    memset(&k, 0, sizeof k);
-    snprintf(k.gpu_name, sizeof k.gpu_name, "NVIDIA H200");
-    k.sm_count = 132;
-    k.cuda_version = 13000;
-    k.driver_version = 13010;
-    k.fmt = FM_QF_NVFP4;
-    k.E = 256; /* the deepseek-v4-flash shape */
-    k.H = 4096;
-    k.I = 2048;
-    k.k = 6;
-    return k;
-}
-
 /* Writes a config file for key into dir with the given buckets; each bucket
  * gets rows_per_block = marker so tests can tell files apart. */
 static void write_cfg(const char *dir, const fm_tune_key *k, const int *batches, int n, int marker, int sm_in_file) {
@@ -106,7 +91,7 @@ static void rm_cfg(const char *dir, const fm_tune_key *k) {
 static void test_default_when_nothing(void **state) {
     dirs *d = *state;
     (void)d;
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     fm_tune_choice c;
     assert_int_equal(fm_tune_choose(&k, 16, &c), FM_OK);
     assert_int_equal(c.tuned, 0);
@@ -134,7 +119,7 @@ static void test_default_when_nothing(void **state) {
 
 static void test_lookup_order(void **state) {
     dirs *d = *state;
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     const int bs[] = {1, 4, 16, 64};
     fm_tune_choice c;
     write_cfg(d->c, &k, bs, 4, 3, k.sm_count); /* shipped */
@@ -215,7 +200,7 @@ static void test_lookup_order(void **state) {
 
 static void test_unset_dirs(void **state) {
     dirs *d = *state;
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     const int bs[] = {8};
     write_cfg(d->c, &k, bs, 1, 5, k.sm_count);
     unsetenv("FP4MOE_CONFIG_DIR");
@@ -245,7 +230,7 @@ static void test_unset_dirs(void **state) {
 
 static void test_other_sm_file_named(void **state) {
     dirs *d = *state;
-    fm_tune_key k = key_h200(), k114 = k;
+    fm_tune_key k = fm_test_key_h200(), k114 = k;
     k114.sm_count = 114;
     const int bs[] = {1};
     write_cfg(d->a, &k114, bs, 1, 7, 114); /* a valid file, for a 114-SM part */
@@ -262,7 +247,7 @@ static void test_other_sm_file_named(void **state) {
 
 static void test_cache_sees_edits(void **state) {
     dirs *d = *state;
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     const int bs[] = {4};
     fm_tune_choice c;
     for (int m = 1; m <= 5; m++) {
@@ -279,7 +264,7 @@ static void test_cache_sees_edits(void **state) {
 
 static void test_json(void **state) {
     dirs *d = *state;
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     fm_tune_choice c;
     assert_int_equal(fm_tune_choose(&k, 2, &c), FM_OK);
     char *s = fm_tune_choice_to_json(&k, 2, &c);
@@ -333,7 +318,7 @@ static void cfg_path(const char *dir, const fm_tune_key *k, char *path, size_t c
  * recomputed when a file is replaced, removed or added next to them. */
 static void test_memo(void **state) {
     dirs *d = *state;
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     const int bs[] = {4};
     char pb[700], pa[700];
     cfg_path(d->b, &k, pb, sizeof pb);
@@ -409,7 +394,7 @@ static void *chooser(void *p) {
 
 static void test_threads(void **state) {
     dirs *d = *state;
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     const int bs[] = {1, 8, 64};
     write_cfg(d->a, &k, bs, 3, 1, k.sm_count);
     pthread_t th[4];
@@ -460,7 +445,7 @@ static void test_explain(void **state) {
     assert_null(strstr(text, "chosen           tuned"));
     free(text);
 
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     const int fb[] = {1, 64};
     write_cfg(d->b, &k, fb, 2, 6, k.sm_count);
     assert_int_equal(fm_explain(&o, &text), FM_OK);
