@@ -14,14 +14,16 @@ def skip(why):
 
 
 def env_path(var, name=None):
-    """$var (a directory, or with name a file in it); skips when unset or
-    when the path does not exist."""
+    """$var (a directory, or with name a file in it); skips when unset (the
+    test was not started by ctest) and fails when the path does not exist
+    (ctest sets it to what the build makes)."""
     d = os.environ.get(var)
     if not d:
         skip(f"{var} not set (run through ctest)")
     p = os.path.join(d, name) if name else d
     if not os.path.exists(p):
-        skip(f"{p} ({var}) does not exist")
+        print(f"FAIL: {p} ({var}) does not exist: build everything first")
+        sys.exit(1)
     return p
 
 

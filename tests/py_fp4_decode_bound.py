@@ -1,5 +1,5 @@
-"""scripts/fp4_decode_bound.py: its search finds no cover shorter than the
-kernels' 8 integer instructions per word for the BF16 bit positions the
+"""dev/analysis/fp4_decode_bound.py: its search finds no cover shorter than
+the kernels' 8 integer instructions per word for the BF16 bit positions the
 decode needs, and, so that "no cover" means something, it does find covers
 where they exist (contiguous or evenly spaced masks that shifts tile), and
 its cover of the kernels' own layout is exact: the kernels' three shifted
@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 src = os.environ.get("FM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), ".."))
-script = os.path.join(src, "scripts", "fp4_decode_bound.py")
-sys.path.insert(0, os.path.join(src, "scripts"))
+script = os.path.join(src, "dev", "analysis", "fp4_decode_bound.py")
+sys.path.insert(0, os.path.join(src, "dev", "analysis"))
 import fp4_decode_bound as fb  # noqa: E402
 
 r = subprocess.run([sys.executable, script], capture_output=True, text=True)

@@ -1,5 +1,5 @@
-"""scripts/power_plateaus.py (the plateaus of a scripts/gpu_power.sh run) on a
-synthetic run whose powers are known: the settled part of each phase (from
+"""dev/analysis/power_plateaus.py (the plateaus of a dev/gpu/power.sh run) on
+a synthetic run whose powers are known: the settled part of each phase (from
 one second after its start), the line fitted to the unthrottled pure reads,
 a layer's watts beyond a pure read at its rate; and on broken input, which
 must give exit 2 and a message, not a traceback."""
@@ -11,7 +11,7 @@ import sys
 import tempfile
 
 src = os.environ.get("FM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), ".."))
-script = os.path.join(src, "scripts", "power_plateaus.py")
+script = os.path.join(src, "dev", "analysis", "power_plateaus.py")
 T0 = datetime.datetime(2026, 11, 30, 8, 0, 0)
 
 

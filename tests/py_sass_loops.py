@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/sass_loops.py on a SASS dump written here: the loops that hold
+"""dev/analysis/sass_loops.py on a SASS dump written here: the loops that hold
 MMAs, their instruction, MMA and spill counts (counted independently below
 from the same lines), nesting, a function missing from the dump, and the
 errors for bad input (exit 2, a message naming the problem)."""
@@ -9,7 +9,7 @@ import sys
 import tempfile
 
 SRC = os.environ.get("FM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), ".."))
-TOOL = os.path.join(SRC, "scripts", "sass_loops.py")
+TOOL = os.path.join(SRC, "dev", "analysis", "sass_loops.py")
 
 
 def ins(addr, text):

@@ -1,6 +1,6 @@
-"""scripts/trace_layers.py (the per-layer timeline of `fp4moe profile --device
-cuda --trace`) on a synthetic trace whose medians are known, on the kernel
-names both as CUPTI writes them and demangled, and on broken input, which
+"""dev/analysis/trace_layers.py (the per-layer timeline of `fp4moe profile
+--device cuda --trace`) on a synthetic trace whose medians are known, on the
+kernel names both as CUPTI writes them and demangled, and on broken input, which
 must give exit 2 and a message, not a traceback."""
 import io
 import json
@@ -11,8 +11,8 @@ import tempfile
 from contextlib import redirect_stdout
 
 src = os.environ.get("FM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), ".."))
-script = os.path.join(src, "scripts", "trace_layers.py")
-sys.path.insert(0, os.path.join(src, "scripts"))
+script = os.path.join(src, "dev", "analysis", "trace_layers.py")
+sys.path.insert(0, os.path.join(src, "dev", "analysis"))
 import trace_layers as tl  # noqa: E402
 
 LG = "_Z21fm_logits_gemv_kernel15fm_route_params"

@@ -2,8 +2,8 @@
 # cpu_ab's arguments: each bad one is refused with exit 2 and a message
 # naming it, before any layer is built, and nothing goes to stdout.
 set -u
-BIN="${FM_TOOLS_DIR:-}/cpu_ab"
-if [ ! -x "$BIN" ]; then echo "SKIPPED: cpu_ab not built"; exit 77; fi
+BIN="${FM_DEV_TOOLS_DIR:-}/cpu_ab"
+if [ ! -x "$BIN" ]; then echo "FAIL: $BIN not built (run through ctest after a full build)"; exit 1; fi
 . "$(dirname "$0")/tool_args.inc.sh"
 
 bad "unknown or incomplete argument '--foo'" --foo 1

@@ -9,7 +9,7 @@ set -u
 CLI=${FM_CLI:-}
 TOOL=${FM_TOOLS_DIR:-}/cpu_fwdtool
 if [ -z "$CLI" ] || [ ! -x "$CLI" ]; then echo "SKIPPED: FM_CLI not set"; exit 77; fi
-if [ ! -x "$TOOL" ]; then echo "SKIPPED: $TOOL not built"; exit 77; fi
+if [ ! -x "$TOOL" ]; then echo "FAIL: $TOOL not built"; exit 1; fi
 T=$(mktemp -d /tmp/fm_sh_forward.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 fails=0

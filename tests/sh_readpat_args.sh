@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # cuda_readpat's arguments: each bad one is refused with exit 2 and a message
 # naming it, before any GPU is touched (so this runs on machines without one),
-# and --json is not left behind. Skipped where the CUDA tools are not built.
+# and --json is not left behind. Skipped where the CUDA backend is not built
+# (FM_CUDA off or no nvcc).
 set -u
-BIN="${FM_TOOLS_DIR:-}/cuda_readpat"
-if [ ! -x "$BIN" ]; then echo "SKIPPED: cuda_readpat not built (no CUDA toolkit)"; exit 77; fi
+BIN="${FM_DEV_TOOLS_DIR:-}/cuda_readpat"
+if [ "${FM_HAVE_CUDA:-}" = 0 ]; then echo "SKIPPED: cuda_readpat: the CUDA backend is not built (FM_CUDA off or no nvcc)"; exit 77; fi
+if [ ! -x "$BIN" ]; then echo "FAIL: $BIN not built (run through ctest after a full build)"; exit 1; fi
 . "$(dirname "$0")/tool_args.inc.sh"
 LEFT="$T/out.json"
 ARGS_PRE="--json $LEFT"

@@ -8,7 +8,7 @@ set -u
 CLI="${FM_CLI:-}"
 DATA="${FM_TEST_DATA:-}/tune"
 if [ -z "$CLI" ] || [ ! -x "$CLI" ]; then echo "SKIPPED: FM_CLI not set or not executable"; exit 77; fi
-if [ ! -f "$DATA/NVIDIA_H200-132sm-nvfp4-E256-H4096-I2048-k6.json" ]; then echo "SKIPPED: test data missing"; exit 77; fi
+if [ ! -f "$DATA/NVIDIA_H200-132sm-nvfp4-E256-H4096-I2048-k6.json" ]; then echo "FAIL: test data missing in $DATA"; exit 1; fi
 
 T=$(mktemp -d /tmp/fm_sh_tune.XXXXXX)
 trap 'rm -rf "$T"' EXIT

@@ -9,17 +9,8 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "fm_test.h"
 #include "fp4moe.h"
-
-static double rel_err(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - b[i];
-        num += d * d;
-        den += (double)b[i] * b[i];
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
 
 static void run(const fm_model_desc *d, const fm_moe_layer *l, const float *x, int T, float *out_fast, float *out_ref) {
     fm_cpu_engine *e = NULL;
@@ -47,13 +38,13 @@ static void test_dsv4_clamp(void **st) {
     /* Large activations push gate/up well past the limit. */
     for (int i = 0; i < T * H; i++) x[i] = 60.0f * (float)((i * 7919 % 1000) / 500.0 - 1.0);
     run(&d, l, x, T, a, b);
-    assert_true(rel_err(a, b, (size_t)T * H) < 1e-5);
+    assert_true(fm_test_rel_err(a, b, (size_t)T * H) < 1e-5);
     fm_model_desc u = d;
     u.swiglu_limit = 0.0f; /* unclamped */
     run(&u, l, x, T, c, r2);
-    assert_true(rel_err(c, r2, (size_t)T * H) < 1e-5);
+    assert_true(fm_test_rel_err(c, r2, (size_t)T * H) < 1e-5);
     /* The clamp is active: clamped and unclamped results differ clearly. */
-    assert_true(rel_err(b, r2, (size_t)T * H) > 1e-2);
+    assert_true(fm_test_rel_err(b, r2, (size_t)T * H) > 1e-2);
     free(x); free(a); free(b); free(c); free(r2);
     fm_moe_layer_free(l);
 }

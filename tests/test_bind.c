@@ -5,34 +5,19 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "fm_test.h"
 #include "io/io_internal.h"
 #include "util/util.h"
 
-static void rm_rf(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[4200];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
-/* A fresh path (not created) under a fresh temp dir. */
+/* A fresh path (not created) under a fresh temp dir (parent: 64 bytes). */
 static void tmp_out(char *parent, char *out, size_t cap) {
-    strcpy(parent, "/tmp/fm_test_bind_XXXXXX");
-    assert_non_null(mkdtemp(parent));
+    fm_test_tmpdir(parent, 64, "test_bind");
     snprintf(out, cap, "%s/ckpt", parent);
 }
 
@@ -121,7 +106,7 @@ static void round_trip(const char *preset, fm_qformat f) {
         fm_moe_layer_free(b);
     }
     fm_ckpt_close(c);
-    rm_rf(out);
+    fm_test_rm_tree(out);
     rmdir(parent);
 }
 
@@ -207,7 +192,7 @@ static void test_quantize_on_load(void **st) {
         fm_moe_layer_free(ref);
     }
     fm_ckpt_close(c);
-    rm_rf(out);
+    fm_test_rm_tree(out);
     rmdir(parent);
 }
 
@@ -275,7 +260,7 @@ static void expect_bind_error(const char *preset, fm_qformat f, int layer, const
                  fm_status_name(want), name, needle);
     assert_null(l);
     fm_ckpt_close(c);
-    rm_rf(out);
+    fm_test_rm_tree(out);
     rmdir(parent);
 }
 

@@ -9,36 +9,23 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "fm_test.h"
 #include "util/util.h"
 
 static char g_dir[64];
 
-static void clear_dir(void) {
-    DIR *d = opendir(g_dir);
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", g_dir, e->d_name);
-            unlink(p);
-        }
-    closedir(d);
-}
-
 static int setup(void **st) {
     (void)st;
-    strcpy(g_dir, "/tmp/fm_ckpt_test_XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
+    return fm_test_mkdtemp(g_dir, sizeof g_dir, "ckpt_test");
 }
 static int teardown(void **st) {
     (void)st;
-    clear_dir();
+    fm_test_clear_dir(g_dir);
     return rmdir(g_dir);
 }
 
@@ -77,7 +64,7 @@ static const char *const k_s2[] = {"layers.1.w"};
 static const char *const k_s3[] = {"layers.2.w"};
 
 static void write_sharded(void) {
-    clear_dir();
+    fm_test_clear_dir(g_dir);
     shard("model-00001-of-00003.safetensors", k_s1, 2, 100);
     shard("model-00002-of-00003.safetensors", k_s2, 1, 200);
     shard("model-00003-of-00003.safetensors", k_s3, 1, 300);
@@ -192,7 +179,7 @@ static void test_absent_from_shard(void **st) {
 
 static void test_single_file(void **st) {
     (void)st;
-    clear_dir();
+    fm_test_clear_dir(g_dir);
     shard("model.safetensors", k_s1, 2, 5);
     fm_ckpt *c;
     assert_int_equal(fm_ckpt_open(g_dir, &c), FM_OK);
@@ -204,7 +191,7 @@ static void test_single_file(void **st) {
     fm_ckpt_close(NULL);
 
     /* Neither file, and not a directory. */
-    clear_dir();
+    fm_test_clear_dir(g_dir);
     assert_int_equal(fm_ckpt_open(g_dir, &c), FM_E_NOTFOUND);
     assert_non_null(strstr(fm_last_error(), "model.safetensors.index.json"));
     assert_int_equal(fm_ckpt_open("/nonexistent/ckpt", &c), FM_E_NOTFOUND);

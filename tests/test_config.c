@@ -11,17 +11,15 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fm_test.h"
 #include "io/io_internal.h"
 #include "util/util.h"
 
+/* A file of tests/data/configs. */
 static char *slurp(const char *name) {
-    char path[4096];
-    const char *td = getenv("FM_TEST_DATA");
-    snprintf(path, sizeof path, "%s/configs/%s", td ? td : "tests/data", name);
-    char *buf = NULL;
-    size_t n;
-    if (fm_read_file(path, 1 << 20, &buf, &n) != FM_OK) fail_msg("cannot read %s: %s", path, fm_last_error());
-    return buf;
+    char rel[512], path[4096];
+    snprintf(rel, sizeof rel, "configs/%s", name);
+    return fm_test_read(fm_test_data_path(path, sizeof path, rel), NULL);
 }
 
 static void parse_sample(const char *cfg, const char *quant, fm_model_desc *d) {
@@ -282,8 +280,8 @@ static void test_layer_patterns(void **st) {
 
 static void test_load_dir(void **st) {
     (void)st;
-    char dir[] = "/tmp/fm_test_config_XXXXXX";
-    assert_non_null(mkdtemp(dir));
+    char dir[64];
+    fm_test_tmpdir(dir, sizeof dir, "test_config");
     fm_model_desc d;
     fm_status s = fm_model_desc_load(dir, &d);
     expect(s, FM_E_IO, "config.json");

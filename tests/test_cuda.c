@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 #endif
 #include "io/io_internal.h"
+#include "fm_test.h"
 #include "util/util.h"
 
 static fm_cuda_engine *g_eng;
@@ -160,7 +161,7 @@ static void test_vs_reference(void **state) {
                     int32_t *tok = malloc(sizeof(int32_t) * (size_t)T);
                     assert_non_null(xb); assert_non_null(xf); assert_non_null(tok);
                     make_x(seed * 31 + T, T, H, xb, xf);
-                    for (int t = 0; t < T; t++) tok[t] = (int32_t)(fm_rng_u64(seed, 5, (uint64_t)t) % (uint64_t)(d.vocab_size > 0 ? d.vocab_size : 1));
+                    fm_test_token_ids(tok, T, seed, 5, d.vocab_size);
                     cmp_result r;
                     run_compare(&d, hl, cl, T, xb, tok, &r);
                     check_ref(&r, 1, "%-16s %s layer %d T=%3d", k_tiny[pi], fm_qformat_name(fmts[fi]), L, T);
@@ -362,8 +363,7 @@ static void compare_batches(const fm_model_desc *d, const char *name, int L, uin
         int32_t *tok = malloc(sizeof(int32_t) * (size_t)T);
         assert_non_null(xb); assert_non_null(xf); assert_non_null(tok);
         make_x(x_seed + T, T, H, xb, xf);
-        for (int t = 0; t < T; t++)
-            tok[t] = (int32_t)(fm_rng_u64(tok_seed, 5, (uint64_t)t) % (uint64_t)(d->vocab_size > 0 ? d->vocab_size : 1));
+        fm_test_token_ids(tok, T, tok_seed, 5, d->vocab_size);
         cmp_result r;
         run_compare(d, hl, cl, T, xb, tok, &r);
         check_ref(&r, 1, "%-16s E=%d k=%d layer %d T=%d (%d pairs)", name, d->n_experts, d->topk, L, T, T * d->topk);

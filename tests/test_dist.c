@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fm_test.h"
 #include "parallel/parallel_internal.h"
 #include "util/util.h"
 
@@ -213,22 +214,6 @@ static fm_dist_exec dbl_exec(void) {
 
 /* ------------------------------------------------------------- helpers */
 
-static double rel_err(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - b[i];
-        num += d * d;
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static float *rand_x(int T, int H, uint64_t seed) {
-    float *x = malloc(sizeof(float) * (size_t)T * H);
-    for (size_t i = 0; i < (size_t)T * H; i++) x[i] = fm_rng_normal(seed, 99, i);
-    return x;
-}
-
 typedef struct {
     fm_model_desc d;
     fm_moe_layer *l;
@@ -284,7 +269,7 @@ static int run_case(const model *m, fm_dist_mode mode, int R, fm_dist_layout lay
     s = fm_dist_forward(ds, x, FM_DT_F32, T, NULL, &mo, &st);
     if (s) print_message("%s\n", fm_last_error());
     assert_int_equal(s, FM_OK);
-    double e = rel_err(out, ref, (size_t)T * H);
+    double e = fm_test_rel_err(out, ref, (size_t)T * H);
     if (getenv("FM_DIST_VERBOSE") || !(e <= tol))
         print_message("%s %s%d %s %s T=%d: rel err %.3g (bound %.3g)\n", m->d.family, fm_dist_mode_name(mode), R,
                       fm_dist_layout_name(lay), fm_compress_name(cz), T, e, tol);
@@ -335,7 +320,7 @@ static void test_sharded_equals_unsharded(void **state) {
             const int Ts[2] = {fi == 0 ? 1 : 5, 13}, nT = fi == 0 ? 2 : 1;
             for (int ti = 0; ti < nT; ti++) {
                 const int T = Ts[ti];
-                float *x = rand_x(T, H, 7 + T), *ref = malloc(sizeof(float) * (size_t)T * H);
+                float *x = fm_test_normal_new((size_t)T * H, 7 + T, 99), *ref = malloc(sizeof(float) * (size_t)T * H);
                 int32_t *rid = malloc(sizeof(int32_t) * (size_t)T * k);
                 float *rw = malloc(sizeof(float) * (size_t)T * k);
                 unsharded(&m, x, T, ref, rid, rw);
@@ -442,7 +427,7 @@ static void test_bad_forward_inputs(void **state) {
     assert_int_equal(fm_comm_sim_new(2, &c), FM_OK);
     assert_int_equal(fm_dist_new_exec(&m.d, m.l, &o, c, dbl_exec(), &ds), FM_OK);
     const int T = 3, H = m.l->hidden;
-    float *x = rand_x(T, H, 1), *out = malloc(sizeof(float) * (size_t)T * H);
+    float *x = fm_test_normal_new((size_t)T * H, 1, 99), *out = malloc(sizeof(float) * (size_t)T * H);
     fm_moe_out mo = {.out = out};
     assert_int_equal(fm_dist_forward(ds, x, FM_DT_F32, 0, NULL, &mo, NULL), FM_E_RANGE);
     assert_int_equal(fm_dist_forward(ds, x, FM_DT_I32, T, NULL, &mo, NULL), FM_E_ARG);
@@ -465,7 +450,7 @@ static void test_compression_cost(void **state) {
         model m;
         if (load(k_presets[pi], FM_QF_NVFP4, &m)) fail();
         const int H = m.l->hidden, k = m.l->topk;
-        float *x = rand_x(T, H, 77), *ref = malloc(sizeof(float) * (size_t)T * H);
+        float *x = fm_test_normal_new((size_t)T * H, 77, 99), *ref = malloc(sizeof(float) * (size_t)T * H);
         int32_t *rid = malloc(sizeof(int32_t) * (size_t)T * k);
         float *rw = malloc(sizeof(float) * (size_t)T * k);
         unsharded(&m, x, T, ref, rid, rw);
@@ -643,7 +628,7 @@ static void count_calls(const char *preset, fm_dist_mode mode, int lay, int R, i
     model m;
     if (load(preset, FM_QF_NVFP4, &m)) fail();
     const int H = m.l->hidden, k = m.l->topk;
-    float *x = rand_x(T, H, 3), *out = malloc(sizeof(float) * (size_t)T * H);
+    float *x = fm_test_normal_new((size_t)T * H, 3, 99), *out = malloc(sizeof(float) * (size_t)T * H);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * k);
     fm_moe_out mo = {.out = out, .topk_ids = ids};
     fm_dist_opts o = {.mode = mode, .ranks = R, .layout = (fm_dist_layout)lay};

@@ -15,20 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fm_test.h"
 #include "parallel/parallel_internal.h"
 #include "util/util.h"
 
 static fm_cpu_engine *g_eng;
-
-static double rel_err(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - b[i];
-        num += d * d;
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 
 typedef struct {
     const char *preset;
@@ -67,8 +58,7 @@ static void setup_case(const layer_case *c, int T, setup *s) {
     assert_int_equal(st, FM_OK);
     const int H = s->l->hidden, k = s->l->topk;
     s->T = T;
-    s->x = malloc(sizeof(float) * (size_t)T * H);
-    for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] = fm_rng_normal(11, 12, i);
+    s->x = fm_test_normal_new((size_t)T * H, 11, 12);
     if (s->l->tid2eid) {
         s->tid = malloc(sizeof(int32_t) * (size_t)T);
         for (int t = 0; t < T; t++) s->tid[t] = (int32_t)((t * 37 + 5) % s->l->tid2eid_rows);
@@ -124,7 +114,7 @@ static double run(const setup *s, fm_dist_mode mode, int R, fm_dist_layout lay, 
     /* routing is replicated and exact: same ids and weights as unsharded */
     assert_memory_equal(ids, s->rid, sizeof(int32_t) * (size_t)T * k);
     assert_memory_equal(w, s->rw, sizeof(float) * (size_t)T * k);
-    double e = rel_err(out, s->ref, (size_t)T * H);
+    double e = fm_test_rel_err(out, s->ref, (size_t)T * H);
     free(out);
     free(ids);
     free(w);
@@ -235,7 +225,7 @@ static void test_engine_bf16_input(void **state) {
         float *out = malloc(sizeof(float) * (size_t)T * H);
         fm_moe_out mo = {.out = out};
         assert_int_equal(fm_dist_forward(ds, xb, FM_DT_BF16, T, NULL, &mo, NULL), FM_OK);
-        assert_true(rel_err(out, s.ref, (size_t)T * H) <= 1e-5);
+        assert_true(fm_test_rel_err(out, s.ref, (size_t)T * H) <= 1e-5);
         free(out);
         fm_dist_free(ds);
         fm_comm_free(c);
@@ -277,7 +267,7 @@ static void test_engine_run_entry(void **state) {
     fm_dist_opts o = {.mode = FM_DIST_EP, .ranks = 8, .layout = FM_DIST_TOKEN_SHARDED};
     fm_dist_stats st;
     assert_int_equal(fm_dist_run(&o, FM_DEV_CPU, 0, g_eng, &s.d, s.l, s.x, FM_DT_F32, T, NULL, &mo, &st), FM_OK);
-    assert_true(rel_err(out, s.ref, (size_t)T * H) <= 1e-5);
+    assert_true(fm_test_rel_err(out, s.ref, (size_t)T * H) <= 1e-5);
     assert_int_equal(st.ranks, 8);
     /* MPI ranks are GPU processes; the simulation has none */
     assert_int_equal(fm_dist_run(&o, FM_DEV_CPU, 1, g_eng, &s.d, s.l, s.x, FM_DT_F32, T, NULL, &mo, NULL), FM_E_ARG);

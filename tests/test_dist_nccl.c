@@ -14,21 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fm_test.h"
 #include "parallel/parallel_internal.h"
 #include "util/util.h"
 #ifdef FM_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
-
-static double rel_err(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - b[i];
-        num += d * d;
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 
 /* Python environments (torch) carry NCCL in the nvidia-nccl package; point
  * FM_NCCL_LIB at it when the loader path has none. */
@@ -149,7 +140,7 @@ static void check_layer(fm_comm *c, const char *preset, fm_qformat fmt) {
     const int H = l->hidden;
     float *x = malloc(sizeof(float) * (size_t)T * H), *ref = malloc(sizeof(float) * (size_t)T * H),
           *out = malloc(sizeof(float) * (size_t)T * H);
-    for (size_t i = 0; i < (size_t)T * H; i++) x[i] = fm_rng_normal(3, 4, i);
+    fm_test_normal(x, (size_t)T * H, 3, 4);
     fm_moe_out ro = {.out = ref};
     assert_int_equal(fm_moe_forward_ref(&d, l, x, FM_DT_F32, T, NULL, &ro), FM_OK);
     for (int mode = FM_DIST_TP; mode <= FM_DIST_EP; mode++)
@@ -166,7 +157,7 @@ static void check_layer(fm_comm *c, const char *preset, fm_qformat fmt) {
             s = fm_dist_forward(ds, x, FM_DT_F32, T, NULL, &mo, &st);
             if (s) print_message("%s\n", fm_last_error());
             assert_int_equal(s, FM_OK);
-            double e = rel_err(out, ref, (size_t)T * H);
+            double e = fm_test_rel_err(out, ref, (size_t)T * H);
             print_message("%s %s %s%d %s: rel err vs float64 reference %.2e, comm %.1f us\n", preset,
                           fm_qformat_name(fmt), fm_dist_mode_name(o.mode), R, fm_dist_layout_name(o.layout), e,
                           st.comm_ns / 1e3);

@@ -5,7 +5,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <dirent.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,33 +13,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fm_test.h"
 #include "io/io_internal.h"
 #include "util/util.h"
-
-static int count_entries(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
-    closedir(d);
-    return n;
-}
-
-static void rm_rf(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[4200];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
 /* The formulas of model_random.c, written again from the comment. */
 static void test_formulas_by_hand(void **st) {
@@ -102,8 +77,8 @@ static void test_formulas_by_hand(void **st) {
 
 static void test_shards_and_index(void **st) {
     (void)st;
-    char parent[] = "/tmp/fm_test_gen_XXXXXX";
-    assert_non_null(mkdtemp(parent));
+    char parent[64];
+    fm_test_tmpdir(parent, sizeof parent, "test_gen");
     char out[128], out2[128], path[256];
     snprintf(out, sizeof out, "%s/a", parent);
     snprintf(out2, sizeof out2, "%s/b", parent);
@@ -121,7 +96,7 @@ static void test_shards_and_index(void **st) {
     const char *name;
     json_t *v;
     int64_t sum = 0, max_shard = 0;
-    int n_shards = count_entries(out) - 3; /* config, hf_quant_config, index */
+    int n_shards = fm_test_count_entries(out) - 3; /* config, hf_quant_config, index */
     assert_true(n_shards >= 7);
     char want_last[64];
     snprintf(want_last, sizeof want_last, "model-%05d-of-%05d.safetensors", n_shards, n_shards);
@@ -154,7 +129,7 @@ static void test_shards_and_index(void **st) {
     /* deterministic: the same seed writes the same bytes */
     o.shard_bytes = 0;
     o.n_moe_layers = 1;
-    rm_rf(out);
+    fm_test_rm_tree(out);
     assert_int_equal(fm_gen_checkpoint(&d, &o, out), FM_OK);
     assert_int_equal(fm_gen_checkpoint(&d, &o, out2), FM_OK);
     char *a, *b;
@@ -167,13 +142,13 @@ static void test_shards_and_index(void **st) {
     assert_memory_equal(a, b, na);
     free(a);
     free(b);
-    rm_rf(out2);
+    fm_test_rm_tree(out2);
 
     /* refuses to overwrite; the existing checkpoint is untouched */
     fm_status s = fm_gen_checkpoint(&d, &o, out);
     assert_int_equal(s, FM_E_IO);
     assert_non_null(strstr(fm_last_error(), "already exists"));
-    assert_int_equal(count_entries(out), 4);
+    assert_int_equal(fm_test_count_entries(out), 4);
     /* too many layers: error, and nothing left in the parent */
     o.n_moe_layers = 4;
     s = fm_gen_checkpoint(&d, &o, out2);
@@ -183,16 +158,16 @@ static void test_shards_and_index(void **st) {
     o.n_moe_layers = 1;
     s = fm_gen_checkpoint(&d, &o, "/nonexistent-dir/x/ckpt");
     assert_int_equal(s, FM_E_IO);
-    rm_rf(out);
-    assert_int_equal(count_entries(parent), 0);
+    fm_test_rm_tree(out);
+    assert_int_equal(fm_test_count_entries(parent), 0);
     rmdir(parent);
 }
 
 /* inspect on a good and a damaged checkpoint. */
 static void test_inspect(void **st) {
     (void)st;
-    char parent[] = "/tmp/fm_test_gen_XXXXXX";
-    assert_non_null(mkdtemp(parent));
+    char parent[64];
+    fm_test_tmpdir(parent, sizeof parent, "test_gen");
     char out[128], path[256];
     snprintf(out, sizeof out, "%s/a", parent);
     fm_model_desc d;
@@ -233,7 +208,7 @@ static void test_inspect(void **st) {
     assert_true(n >= 1);
     assert_non_null(strstr(buf, "hidden_size"));
     free(buf);
-    rm_rf(out);
+    fm_test_rm_tree(out);
     rmdir(parent);
 }
 

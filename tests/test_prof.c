@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fm_test.h"
 #include "fp4moe.h"
 #include "prof/prof_internal.h" /* fm_prof_fmt_read */
 
@@ -654,8 +655,8 @@ static void test_html(void **st) {
 static void test_write_atomic(void **st) {
     (void)st;
     fm_profile *p = rendered();
-    char dir[] = "/tmp/fm_prof_XXXXXX";
-    assert_non_null(mkdtemp(dir));
+    char dir[64];
+    fm_test_tmpdir(dir, sizeof dir, "prof");
     char good[256], bad[256];
     snprintf(good, sizeof good, "%s/p.json", dir);
     snprintf(bad, sizeof bad, "%s/missing/t.json", dir);

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fm_test.h"
 #include "util/util.h"
 
 typedef struct {
@@ -253,11 +254,9 @@ static void test_properties_random(void **s) {
             int32_t tok[T], tokp[T], ids[T * 8], idp[T * 8], id1[8];
             float w[T * 8], wp[T * 8], w1[8];
             int perm[T];
-            for (int i = 0; i < T * H; i++) x[i] = fm_rng_normal(7, (uint64_t)p, (uint64_t)i);
-            for (int t = 0; t < T; t++) {
-                tok[t] = (int32_t)(fm_rng_u64(9, 1, (uint64_t)t) % (uint64_t)d.vocab_size);
-                perm[t] = (t * 7 + 3) % T; /* a permutation since gcd(7, 11) = 1 */
-            }
+            fm_test_normal(x, (size_t)T * H, 7, (uint64_t)p);
+            fm_test_token_ids(tok, T, 9, 1, d.vocab_size);
+            for (int t = 0; t < T; t++) perm[t] = (t * 7 + 3) % T; /* a permutation since gcd(7, 11) = 1 */
             for (int t = 0; t < T; t++) {
                 memcpy(xp + t * H, x + perm[t] * H, sizeof(float) * H);
                 tokp[t] = tok[perm[t]];

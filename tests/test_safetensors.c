@@ -10,24 +10,14 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "fm_test.h"
 #include "util/util.h"
 
-static const char *data_dir(void) {
-    const char *d = getenv("FM_TEST_DATA");
-    return d ? d : "tests/data";
-}
-
-static char *read_all(const char *path, size_t *len) {
-    char *buf;
-    assert_int_equal(fm_read_file(path, 1 << 20, &buf, len), FM_OK);
-    return buf;
-}
 
 /* ---------------------------------------------------------------- bad files */
 
@@ -80,7 +70,7 @@ static void test_bad_files(void **st) {
     (void)st;
     for (size_t i = 0; i < sizeof k_bad / sizeof k_bad[0]; i++) {
         char path[4096];
-        snprintf(path, sizeof path, "%s/bad/%s.safetensors", data_dir(), k_bad[i].file);
+        snprintf(path, sizeof path, "%s/bad/%s.safetensors", fm_test_data_dir(), k_bad[i].file);
         fm_st_file *f = (fm_st_file *)1;
         fm_status s = fm_st_open(path, &f);
         if (s != k_bad[i].st)
@@ -99,7 +89,7 @@ static void test_bad_files(void **st) {
         expect_msg(k_bad[i].file, k_bad[i].msg);
 
         size_t len;
-        char *buf = read_all(path, &len);
+        char *buf = fm_test_read(path, &len);
         s = fm_st_parse((const uint8_t *)buf, len, len, &f);
         if (s != k_bad[i].st)
             fail_msg("%s: fm_st_parse gave %s (%s)", k_bad[i].file, fm_status_name(s),
@@ -115,7 +105,7 @@ static void test_missing_file(void **st) {
     assert_int_equal(fm_st_open("/nonexistent/x.safetensors", &f), FM_E_IO);
     assert_non_null(strstr(fm_last_error(), "/nonexistent/x.safetensors"));
     assert_int_equal(fm_st_open_header("/nonexistent/x.safetensors", &f), FM_E_IO);
-    assert_int_equal(fm_st_open(data_dir(), &f), FM_E_IO); /* a directory */
+    assert_int_equal(fm_st_open(fm_test_data_dir(), &f), FM_E_IO); /* a directory */
 }
 
 /* --------------------------------------------------------------- good files */
@@ -164,7 +154,7 @@ static void check_small(const fm_st_file *f, int with_data) {
 static void test_good_files(void **st) {
     (void)st;
     char path[4096];
-    snprintf(path, sizeof path, "%s/st/small.safetensors", data_dir());
+    snprintf(path, sizeof path, "%s/st/small.safetensors", fm_test_data_dir());
     fm_st_file *f;
     assert_int_equal(fm_st_open(path, &f), FM_OK);
     check_small(f, 1);
@@ -176,7 +166,7 @@ static void test_good_files(void **st) {
 
     /* From memory: the whole file gives data pointers, a prefix does not. */
     size_t len;
-    char *buf = read_all(path, &len);
+    char *buf = fm_test_read(path, &len);
     assert_int_equal(fm_st_parse((const uint8_t *)buf, len, len, &f), FM_OK);
     check_small(f, 1);
     assert_ptr_equal(fm_st_find(f, "q")->data, buf + len - 3);
@@ -191,7 +181,7 @@ static void test_good_files(void **st) {
     assert_int_equal(fm_st_parse((const uint8_t *)buf, len, len + 1, &f), FM_E_FORMAT);
     free(buf);
 
-    snprintf(path, sizeof path, "%s/st/empty.safetensors", data_dir());
+    snprintf(path, sizeof path, "%s/st/empty.safetensors", fm_test_data_dir());
     assert_int_equal(fm_st_open(path, &f), FM_OK);
     assert_int_equal(fm_st_count(f), 0);
     assert_int_equal(fm_st_metadata_count(f), 0);
@@ -227,41 +217,18 @@ static char g_dir[64];
 
 static int make_dir(void **st) {
     (void)st;
-    strcpy(g_dir, "/tmp/fm_st_test_XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int dir_entries(void) {
-    DIR *d = opendir(g_dir);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
-    closedir(d);
-    return n;
-}
-
-static void clear_dir(void) {
-    DIR *d = opendir(g_dir);
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", g_dir, e->d_name);
-            unlink(p);
-        }
-    closedir(d);
+    return fm_test_mkdtemp(g_dir, sizeof g_dir, "st_test");
 }
 
 static int remove_dir(void **st) {
     (void)st;
-    clear_dir();
+    fm_test_clear_dir(g_dir);
     return rmdir(g_dir);
 }
 
 static void test_writer_roundtrip(void **st) {
     (void)st;
-    clear_dir();
+    fm_test_clear_dir(g_dir);
     char path[256];
     snprintf(path, sizeof path, "%s/rt.safetensors", g_dir);
     uint8_t blob[1000];
@@ -291,9 +258,9 @@ static void test_writer_roundtrip(void **st) {
         assert_int_equal(fm_st_writer_write(w, blob + off, n), FM_OK);
         off += n;
     }
-    assert_int_equal(dir_entries(), 1); /* only the temp file so far */
+    assert_int_equal(fm_test_count_entries(g_dir), 1); /* only the temp file so far */
     assert_int_equal(fm_st_writer_finish(w), FM_OK);
-    assert_int_equal(dir_entries(), 1);
+    assert_int_equal(fm_test_count_entries(g_dir), 1);
 
     fm_st_file *f;
     assert_int_equal(fm_st_open(path, &f), FM_OK);
@@ -313,7 +280,7 @@ static void test_writer_roundtrip(void **st) {
     fm_st_close(f);
     /* The header is space-padded so the data starts 8-byte aligned. */
     size_t len;
-    char *buf = read_all(path, &len);
+    char *buf = fm_test_read(path, &len);
     uint64_t n;
     memcpy(&n, buf, 8);
     assert_int_equal(n % 8, 0);
@@ -333,16 +300,16 @@ static void write_old(const char *path) {
 }
 static void expect_old(const char *path) {
     size_t len;
-    char *b = read_all(path, &len);
+    char *b = fm_test_read(path, &len);
     assert_int_equal(len, 3);
     assert_memory_equal(b, "old", 3);
     free(b);
-    assert_int_equal(dir_entries(), 1); /* no temp file left */
+    assert_int_equal(fm_test_count_entries(g_dir), 1); /* no temp file left */
 }
 
 static void test_writer_errors(void **st) {
     (void)st;
-    clear_dir();
+    fm_test_clear_dir(g_dir);
     char path[256];
     snprintf(path, sizeof path, "%s/e.safetensors", g_dir);
     write_old(path);

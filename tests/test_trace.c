@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "fm_test.h"
 #include "fp4moe.h"
 #include "trace/trace_internal.h"
 
@@ -457,11 +458,9 @@ static void test_malformed(void **state) {
 
 static void test_files_ranks_and_outputs(void **state) {
     (void)state;
-    char dir[256];
-    snprintf(dir, sizeof dir, "/tmp/fm_test_trace_%d", (int)getpid());
+    char dir[64];
+    fm_test_tmpdir(dir, sizeof dir, "test_trace");
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
-    assert_int_equal(system(cmd), 0);
     char p0[400], p1[400], p0e[400];
     snprintf(p0, sizeof p0, "%s/1700-TP-0-DECODE.trace.json", dir);
     snprintf(p1, sizeof p1, "%s/1700-TP-1-DECODE.trace.json", dir);
@@ -547,8 +546,7 @@ static void test_files_ranks_and_outputs(void **state) {
     const char *gzp[1] = {gz};
     assert_int_not_equal(fm_trace_open(gzp, 1, NULL, &t), FM_OK);
     assert_non_null(strstr(fm_last_error(), "t.json.gz"));
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
+    fm_test_rm_tree(dir);
 }
 
 int main(void) {

@@ -8,7 +8,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -18,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fm_test.h"
 #include "tune/tune_internal.h"
 #include "util/util.h"
 
@@ -26,16 +26,10 @@ typedef struct {
     char a[300], b_home[300], b[340], c[300]; /* env dir, XDG home, its configs, shipped */
 } dirs;
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    return remove(p);
-}
-
 static int setup(void **state) {
     dirs *d = calloc(1, sizeof *d);
     if (!d) return -1;
-    snprintf(d->root, sizeof d->root, "/tmp/fm_tune_choose_XXXXXX");
-    if (!mkdtemp(d->root)) return -1;
+    if (fm_test_mkdtemp(d->root, sizeof d->root, "tune_choose")) return -1;
     snprintf(d->a, sizeof d->a, "%s/env", d->root);
     snprintf(d->b_home, sizeof d->b_home, "%s/xdg", d->root);
     snprintf(d->b, sizeof d->b, "%s/fp4moe/configs", d->b_home);
@@ -51,25 +45,10 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     dirs *d = *state;
-    nftw(d->root, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    fm_test_rm_tree(d->root);
     free(d);
     fm_tune_cache_clear();
     return 0;
-}
-
-static fm_tune_key key_h200(void) {
-    fm_tune_key k;
-    memset(&k, 0, sizeof k);
-    snprintf(k.gpu_name, sizeof k.gpu_name, "NVIDIA H200");
-    k.sm_count = 132;
-    k.cuda_version = 13000;
-    k.driver_version = 13010;
-    k.fmt = FM_QF_NVFP4;
-    k.E = 256; /* the deepseek-v4-flash shape */
-    k.H = 4096;
-    k.I = 2048;
-    k.k = 6;
-    return k;
 }
 
 /* Writes a config file for key into dir with the given buckets; each bucket
@@ -112,7 +91,7 @@ static void rm_cfg(const char *dir, const fm_tune_key *k) {
 static void test_default_when_nothing(void **state) {
     dirs *d = *state;
     (void)d;
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     fm_tune_choice c;
     assert_int_equal(fm_tune_choose(&k, 16, &c), FM_OK);
     assert_int_equal(c.tuned, 0);
@@ -140,7 +119,7 @@ static void test_default_when_nothing(void **state) {
 
 static void test_lookup_order(void **state) {
     dirs *d = *state;
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     const int bs[] = {1, 4, 16, 64};
     fm_tune_choice c;
     write_cfg(d->c, &k, bs, 4, 3, k.sm_count); /* shipped */
@@ -221,7 +200,7 @@ static void test_lookup_order(void **state) {
 
 static void test_unset_dirs(void **state) {
     dirs *d = *state;
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     const int bs[] = {8};
     write_cfg(d->c, &k, bs, 1, 5, k.sm_count);
     unsetenv("FP4MOE_CONFIG_DIR");
@@ -251,7 +230,7 @@ static void test_unset_dirs(void **state) {
 
 static void test_other_sm_file_named(void **state) {
     dirs *d = *state;
-    fm_tune_key k = key_h200(), k114 = k;
+    fm_tune_key k = fm_test_key_h200(), k114 = k;
     k114.sm_count = 114;
     const int bs[] = {1};
     write_cfg(d->a, &k114, bs, 1, 7, 114); /* a valid file, for a 114-SM part */
@@ -268,7 +247,7 @@ static void test_other_sm_file_named(void **state) {
 
 static void test_cache_sees_edits(void **state) {
     dirs *d = *state;
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     const int bs[] = {4};
     fm_tune_choice c;
     for (int m = 1; m <= 5; m++) {
@@ -285,7 +264,7 @@ static void test_cache_sees_edits(void **state) {
 
 static void test_json(void **state) {
     dirs *d = *state;
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     fm_tune_choice c;
     assert_int_equal(fm_tune_choose(&k, 2, &c), FM_OK);
     char *s = fm_tune_choice_to_json(&k, 2, &c);
@@ -339,7 +318,7 @@ static void cfg_path(const char *dir, const fm_tune_key *k, char *path, size_t c
  * recomputed when a file is replaced, removed or added next to them. */
 static void test_memo(void **state) {
     dirs *d = *state;
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     const int bs[] = {4};
     char pb[700], pa[700];
     cfg_path(d->b, &k, pb, sizeof pb);
@@ -415,7 +394,7 @@ static void *chooser(void *p) {
 
 static void test_threads(void **state) {
     dirs *d = *state;
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     const int bs[] = {1, 8, 64};
     write_cfg(d->a, &k, bs, 3, 1, k.sm_count);
     pthread_t th[4];
@@ -466,7 +445,7 @@ static void test_explain(void **state) {
     assert_null(strstr(text, "chosen           tuned"));
     free(text);
 
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     const int fb[] = {1, 64};
     write_cfg(d->b, &k, fb, 2, 6, k.sm_count);
     assert_int_equal(fm_explain(&o, &text), FM_OK);

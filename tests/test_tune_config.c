@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fm_test.h"
 #include "tune/tune_internal.h"
 #include "util/util.h"
 
@@ -197,24 +198,9 @@ static void test_roundtrip(void **st) {
     free(s);
 }
 
-static fm_tune_key key_h200(void) {
-    fm_tune_key k;
-    memset(&k, 0, sizeof k);
-    snprintf(k.gpu_name, sizeof k.gpu_name, "NVIDIA H200");
-    k.sm_count = 132;
-    k.cuda_version = 13000;
-    k.driver_version = 13010;
-    k.fmt = FM_QF_NVFP4;
-    k.E = 256;
-    k.H = 4096;
-    k.I = 2048;
-    k.k = 6;
-    return k;
-}
-
 static void test_key_match(void **st) {
     (void)st;
-    fm_tune_key a = key_h200(), b;
+    fm_tune_key a = fm_test_key_h200(), b;
     char note[256];
     assert_int_equal(fm_tune_key_match(&a, &a, note, sizeof note), FM_TUNE_MATCH);
     assert_string_equal(note, "");
@@ -248,7 +234,7 @@ static void test_key_match(void **st) {
 
 static void test_filename(void **st) {
     (void)st;
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     char buf[256];
     assert_int_equal(fm_tune_key_filename(&k, buf, sizeof buf), FM_OK);
     assert_string_equal(buf, "NVIDIA_H200-132sm-nvfp4-E256-H4096-I2048-k6.json");
@@ -299,7 +285,7 @@ static void test_expected_active(void **st) {
 
 static void test_candidates(void **st) {
     (void)st;
-    fm_tune_key keys[2] = {key_h200(), key_h200()};
+    fm_tune_key keys[2] = {fm_test_key_h200(), fm_test_key_h200()};
     keys[1].I = 2880; /* gpt-oss-120b: 128-row wgmma blocks would stream rows they do not use */
     keys[1].H = 2880;
     const int Ts[] = {1, 4, 16, 64, 512};
@@ -345,7 +331,7 @@ static void test_candidates(void **st) {
 
 static void test_config_ranges(void **st) {
     (void)st;
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     fm_kernel_config c = fm_kernel_config_default(&k, 1);
     char why[128];
     assert_int_equal(fm_tune_config_invalid(&c, why, sizeof why), 0);

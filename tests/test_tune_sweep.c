@@ -8,7 +8,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fm_test.h"
 #include "tune/tune_internal.h"
 #include "util/util.h"
 
@@ -79,16 +79,10 @@ typedef struct {
     fm_tune_opts o;
 } ctx_t;
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    return remove(p);
-}
-
 static int setup(void **state) {
     ctx_t *c = calloc(1, sizeof *c);
     if (!c) return -1;
-    snprintf(c->root, sizeof c->root, "/tmp/fm_tune_sweep_XXXXXX");
-    if (!mkdtemp(c->root)) return -1;
+    if (fm_test_mkdtemp(c->root, sizeof c->root, "tune_sweep")) return -1;
     fm_tune_key *k = &c->f.key;
     snprintf(k->gpu_name, sizeof k->gpu_name, "Fake GPU");
     k->sm_count = 10;
@@ -114,7 +108,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     ctx_t *c = *state;
-    nftw(c->root, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    fm_test_rm_tree(c->root);
     free(c);
     fm_tune_cache_clear();
     return 0;

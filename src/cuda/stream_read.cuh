@@ -1,7 +1,7 @@
 /*
  * Streaming reads of a device buffer: the kernels of the engine's bandwidth
  * probe (fm_cuda_stream_read in bwprobe.cu) and of the tool that compares it
- * with other read patterns (dev/, cuda_bwprobe), so that the tool
+ * with other read patterns (dev/tools/cuda_bwprobe.cu), so that the tool
  * times exactly the code the probe runs. Every kernel XORs all the 32-bit
  * words it read into *acc_out (atomicXor), which a caller can check against
  * the buffer's XOR: a kernel that skipped bytes cannot pass unnoticed.

@@ -3,7 +3,7 @@
 instructions per word? An exhaustive search over the bit layouts the upload
 may choose.
 
-    python3 scripts/fp4_decode_bound.py
+    python3 dev/analysis/fp4_decode_bound.py
 
 The expert kernels turn one 32-bit word of 8 E2M1 codes into 4 registers of
 two BF16 each (decode8 in src/cuda/expert.cu). A BF16 holds an E2M1 value,

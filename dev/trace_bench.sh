@@ -8,7 +8,7 @@
 # the plain file for comparison. Files go to $TMPDIR (default /tmp) and are
 # removed at the end.
 #
-# usage: bench/trace_bench.sh [BUILD_DIR] [SIZE_MB]     (defaults: build 1000)
+# usage: dev/trace_bench.sh [BUILD_DIR] [SIZE_MB]     (defaults: build 1000)
 set -euo pipefail
 BUILD=${1:-build}
 SIZE_MB=${2:-1000}

@@ -4,7 +4,7 @@ for each layer (one router-logits kernel to the next) the medians, in µs, of th
 logits kernel, the selection's end after the logits' end, the routed gate/up and
 down kernels and the shared expert's kernels (phase "shared" in the trace, or
 on another stream than the logits'), all relative to the logits kernel's end.
-    python3 scripts/trace_layers.py TRACE.json [...]"""
+    python3 dev/analysis/trace_layers.py TRACE.json [...]"""
 import json, re, statistics as st, sys
 
 # the expert kernels' template arguments, mangled (CUPTI) or demangled:

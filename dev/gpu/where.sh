@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Where the time of the large batches goes, in one call on the GPU machine
-# (after scripts/gpu_build.sh): CUPTI traces of the DeepSeek-V4-Flash layer
+# (after dev/gpu/build.sh): CUPTI traces of the DeepSeek-V4-Flash layer
 # (`fp4moe profile --trace`) cut into per-layer timelines by
-# scripts/trace_layers.py, and Nsight Compute sections of the routed gate/up
-# and down kernels at two batch sizes.
-#   WHERE_BATCH=64,128,256,512 WHERE_NCU_BATCH="64 512" bash scripts/gpu_where.sh
+# dev/analysis/trace_layers.py, and Nsight Compute sections of the routed
+# gate/up and down kernels at two batch sizes.
+#   WHERE_BATCH=64,128,256,512 WHERE_NCU_BATCH="64 512" bash dev/gpu/where.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.devbuild/lib FP4MOE_SHIPPED_CONFIGS=$PWD/configs
@@ -20,7 +20,7 @@ for b in ${WHERE_BATCH//,/ }; do
     echo "profile B=$b exit $?" >> "$S"
 done
 if [[ -n ${WHERE_BATCH:-} ]]; then
-    python3 scripts/trace_layers.py "$OUT"/tr_*.json >> "$S" 2>&1
+    python3 dev/analysis/trace_layers.py "$OUT"/tr_*.json >> "$S" 2>&1
     gzip -f "$OUT"/tr_*.json
 fi
 # WHERE_NCU_BATCH: Nsight Compute on the kernels matching WHERE_NCU_KERNELS

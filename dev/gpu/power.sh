@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the GPU draws when it only streams memory, and when it runs the layer,
-# in one call on the GPU machine (after scripts/gpu_build.sh): the device's
+# in one call on the GPU machine (after dev/gpu/build.sh): the device's
 # power, SM clock and throttle reasons sampled by nvidia-smi every 50 ms
 # while
 #   1. the clocks idle for 2 s;
@@ -10,12 +10,12 @@
 #   3. cuda_bwprobe streams at the full bandwidth (its kernels one after the
 #      other, ~1 s each: the first three read at the full rate);
 #   4. `fp4moe bench --sustain-ms` runs the layer at each of POWER_BATCH.
-# scripts/power_plateaus.py then averages each phase over its settled part
-# (nvidia-smi's power.draw is a one-second average) and fits the pure reads'
-# power against their bandwidth. docs/perf.md (fourteenth session) has a run.
-#   POWER_BATCH=1,8,16,64,256,512 POWER_SUSTAIN_MS=4000 bash scripts/gpu_power.sh
+# dev/analysis/power_plateaus.py then averages each phase over its settled
+# part (nvidia-smi's power.draw is a one-second average) and fits the pure
+# reads' power against their bandwidth.
+#   POWER_BATCH=1,8,16,64,256,512 POWER_SUSTAIN_MS=4000 bash dev/gpu/power.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.devbuild/lib:${LD_LIBRARY_PATH:-}
@@ -62,4 +62,4 @@ for b in ${BATCH//,/ }; do
 done
 sleep 1
 kill $SMI 2> /dev/null
-python3 scripts/power_plateaus.py "$OUT"
+python3 dev/analysis/power_plateaus.py "$OUT"

@@ -1,19 +1,13 @@
 #!/usr/bin/env bash
 # The GPU checks of the modules around the CUDA engine: profiling (CUPTI,
 # NVML), the single-rank NCCL path, the CPU ISAs of the GPU host, `fp4moe
-# profile --device cuda`, `fp4moe tune` and the CLI benchmark of the issue.
-#   here:  bash scripts/gpu_integration.sh build   (after scripts/gpu_build.sh)
-#   there: bash scripts/gpu_run.sh integration     (calls "run" below)
+# profile --device cuda`, `fp4moe tune` and the CLI's reference benchmark
+# (`fp4moe bench --device cuda --preset deepseek-v4-flash`). On the GPU
+# machine, after dev/gpu/build.sh here (which builds its programs too):
+#   bash dev/gpu/integration.sh       (dev/gpu/run.sh runs it in mode "all")
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 case "${1:-run}" in
-build)
-    B=${FM_GPU_BUILD_DIR:-.devbuild/build}
-    cmake --build "$B" -j"$(nproc)" --target test_prof_cuda test_dist_nccl cpu_isa_check fp4moe_cli
-    cp "$B/tests/test_prof_cuda" "$B/tests/test_dist_nccl" "$B/tests/tools/cpu_isa_check" "$B/fp4moe" .devbuild/bin/
-    strip --strip-unneeded .devbuild/bin/* 2>/dev/null || true
-    du -sh .devbuild/bin .devbuild/lib
-    ;;
 run)
     OUT=${OUT:-$PWD/gpu_out}
     mkdir -p "$OUT"
@@ -84,16 +78,16 @@ PY
         t "cli_bench_$p" 60 env FP4MOE_CONFIG_DIR="$OUT/configs" "$BIN/fp4moe" bench --device cuda --preset "$p" --batch 1,16,64,256 --layers 4
     done
     t cli_bench_dsv4_mxfp4 60 env FP4MOE_CONFIG_DIR="$OUT/configs" "$BIN/fp4moe" bench --device cuda --preset deepseek-v4-flash --format mxfp4 --batch 1,16,64,256 --layers 8
-    { echo "-- fp4moe bench (the issue's command)"; sed -n '/^ batch/,$p' "$OUT/cli_bench_dsv4.log" | head -30
-      echo "-- the issue's command after 1000 ms of sustained load per batch size"
+    { echo "-- fp4moe bench --device cuda --preset deepseek-v4-flash"; sed -n '/^ batch/,$p' "$OUT/cli_bench_dsv4.log" | head -30
+      echo "-- fp4moe bench after 1000 ms of sustained load per batch size"
       grep -E "^memory bandwidth|^timing" "$OUT/cli_bench_dsv4_sustained.log"
       sed -n '/^ batch/,$p' "$OUT/cli_bench_dsv4_sustained.log" | grep -E "^ +[0-9]+ " | head -12
       echo "-- profile (head)"; head -60 "$OUT/profile_dsv4.log"
       echo "-- tune summary"; cat "$OUT/tune_summary.log"
-      echo "-- the issue's command with the configs tuned in this call"; sed -n '/^ batch/,$p' "$OUT/cli_bench_dsv4_tuned.log" | head -24
+      echo "-- fp4moe bench with the configs tuned in this call"; sed -n '/^ batch/,$p' "$OUT/cli_bench_dsv4_tuned.log" | head -24
       for p in glm-5 kimi-k2 qwen3-30b-a3b dsv4_mxfp4; do echo "-- $p"; grep -E "bandwidth|^ +[0-9]+ " "$OUT/cli_bench_${p#dsv4_}.log" "$OUT/cli_bench_$p.log" 2>/dev/null | head -8; done
       echo "-- forward"; tail -3 "$OUT/forward_cuda.log"; echo "-- nccl"; tail -5 "$OUT/test_dist_nccl.log"; echo "-- prof_cuda"; tail -5 "$OUT/test_prof_cuda.log"
       echo "-- isa"; tail -5 "$OUT/cpu_isa_check.log"; } >> "$SUMMARY"
     ;;
-*) echo "usage: $0 build|run" >&2; exit 2 ;;
+*) echo "usage: $0 [run]" >&2; exit 2 ;;
 esac

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Power plateaus of a scripts/gpu_power.sh run.
+"""Power plateaus of a dev/gpu/power.sh run.
 
-    python3 scripts/power_plateaus.py OUT_DIR
+    python3 dev/analysis/power_plateaus.py OUT_DIR
 
 Reads OUT_DIR/power_smi.csv (nvidia-smi every 50 ms: timestamp, power.draw,
 power.limit, clocks.sm, clocks.mem, throttle reasons), power_marks.txt (the

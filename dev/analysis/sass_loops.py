@@ -3,11 +3,11 @@
 
 The wgmma kernels spend their time in one loop per pass width (one 128-wide K
 segment per iteration), so the number of SASS instructions in that loop is
-the figure to compare between builds (docs/perf.md, v23 / v40 / v53: where
-the decode is issue-bound, fewer instructions per segment are time).
+the figure to compare between builds (where the decode is issue-bound, fewer
+instructions per segment are time).
 
-    scripts/sass_loops.py FILE [FUNCTION ...] [--ops] [--arch sm_90a]
-    scripts/sass_loops.py --sass DUMP.txt [FUNCTION ...] [--ops]
+    dev/analysis/sass_loops.py FILE [FUNCTION ...] [--ops] [--arch sm_90a]
+    dev/analysis/sass_loops.py --sass DUMP.txt [FUNCTION ...] [--ops]
 
 FILE is anything `cuobjdump -sass` reads (an executable, a library, an
 object file or a cubin); cuobjdump needs nvdisasm for sm_90a (both come with

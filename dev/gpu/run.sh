@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (after scripts/gpu_build.sh here): GPU tests,
-# compute-sanitizer memcheck + racecheck on a small case, the benchmark of
-# the issue (DeepSeek-V4-Flash NVFP4, B = 1..512, 8 layers in one CUDA graph)
-# with the torch peers measured in the same call, other shapes and MXFP4.
-# Logs and JSON go to $OUT (or ./gpu_out); the summary table prints last.
-#   bash scripts/gpu_run.sh [all|test|bench|variants|peers|cli|quick|readpat]...
+# The GPU run, on the GPU machine after dev/gpu/build.sh here (with
+# .devbuild/bin and .devbuild/lib copied over): GPU tests, compute-sanitizer
+# memcheck + racecheck on a small case, the reference benchmark
+# (DeepSeek-V4-Flash NVFP4, B = 1..512, 8 layers in one CUDA graph) with the
+# torch peers measured in the same call, other shapes and MXFP4, the
+# read-pattern ceiling, the CLI and the modules around the engine. Logs and
+# JSON go to $OUT (or ./gpu_out); the summary table prints last.
+#   bash dev/gpu/run.sh [all|test|bench|peers|cli|readpat|integration|quick]...
 # FM_GPU_QUICK=1 (or the mode "quick") runs only the GPU tests and one
 # benchmark of the routed DeepSeek-V4-Flash layer with the built-in config
 # and the per-kernel split at B = 1,4,16,64,256,512 (QUICK_BATCH overrides):
 # about a minute of GPU time. In quick mode the sanitizers run after the
-# benchmark, then the same benchmark with QUICK_AB_ENV set (default
-# FP4MOE_CUDA_FP4_DECODE=v5, the v5 FP4 decode; batches QUICK_AB_BATCH),
-# each only within QUICK_DEADLINE seconds
-# (default 160) of the start, so the call fits a short device limit.
+# benchmark, then, when QUICK_AB_BIN (another build's .devbuild/bin) or
+# QUICK_AB_ENV (one of the engine's debugging switches, e.g.
+# FP4MOE_CUDA_PDL=0) is set, the same benchmark with that build or switch
+# (batches QUICK_AB_BATCH), each only within QUICK_DEADLINE seconds
+# (default 160) of the start, so the call fits a short time limit.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.devbuild/lib:${LD_LIBRARY_PATH:-}
@@ -66,14 +69,16 @@ if [[ " $MODES " == *" quickbench "* ]]; then
     else
         echo "sanitizers skipped: $(left) s left of QUICK_DEADLINE" | tee -a "$SUMMARY"
     fi
-    if (( $(left) > 15 )); then
-        # the A/B run: QUICK_AB_ENV (default: the v5 FP4 decode), QUICK_AB_BATCH
-        ab_env=${QUICK_AB_ENV:-FP4MOE_CUDA_FP4_DECODE=v5}
-        env "$ab_env" timeout $(( $(left) - 5 )) "$BIN/cuda_bench" --preset deepseek-v4-flash \
+    if [[ -z "${QUICK_AB_BIN:-}${QUICK_AB_ENV:-}" ]]; then
+        echo "A/B benchmark not asked for (QUICK_AB_BIN, QUICK_AB_ENV)" | tee -a "$SUMMARY"
+    elif (( $(left) > 15 )); then
+        # the A/B run: another build's binaries and/or a debugging switch
+        ab_bin=${QUICK_AB_BIN:-$BIN}
+        env ${QUICK_AB_ENV:-} timeout $(( $(left) - 5 )) "$ab_bin/cuda_bench" --preset deepseek-v4-flash \
             --batch "${QUICK_AB_BATCH:-${QUICK_BATCH:-1,4,16,64,256,512}}" --layers 8 --no-shared --reps 20 \
             > "$OUT/bench_quick_ab.txt" 2>&1
         echo "rc=$?" >> "$OUT/bench_quick_ab.txt"
-        { echo "-- same, $ab_env"; cat "$OUT/bench_quick_ab.txt"; } >> "$SUMMARY"
+        { echo "-- same, ${QUICK_AB_BIN:+binaries of $QUICK_AB_BIN }${QUICK_AB_ENV:-}"; cat "$OUT/bench_quick_ab.txt"; } >> "$SUMMARY"
     else
         echo "A/B benchmark skipped: $(left) s left" | tee -a "$SUMMARY"
     fi
@@ -94,7 +99,7 @@ fi
 
 if has peers; then
     echo "== torch peers"
-    PYTHONUNBUFFERED=1 timeout 300 python3 scripts/torch_peer.py --E 256 --H 4096 --I 2048 --k 6 --batch $BATCH \
+    PYTHONUNBUFFERED=1 timeout 300 python3 dev/gpu/torch_peer.py --E 256 --H 4096 --I 2048 --k 6 --batch $BATCH \
         --layers 8 --json "$OUT/peers.jsonl" > "$OUT/peers.txt" 2>&1
     echo "rc=$?" >> "$OUT/peers.txt"
     { echo "-- torch peers (DeepSeek-V4-Flash shape, routed experts, same routing distribution)"; cat "$OUT/peers.txt"; } >> "$SUMMARY"
@@ -113,7 +118,7 @@ fi
 
 # What a kernel that only reads the active experts' bytes achieves at the
 # sizes of DeepSeek-V4-Flash's B = 1 and B = 4 layers (tiles, grid and
-# loads of the expert kernels, no decode; tests/tools/cuda_readpat.cu):
+# loads of the expert kernels, no decode; dev/tools/cuda_readpat.cu):
 # the ceiling the expert kernels are compared with in docs/perf.md. The
 # "--nrg 192" rows read a layer's routed gate/up and down bytes in one
 # launch (6, 12 and 24 experts: B = 1, 2 and 4): the fastest any design
@@ -140,14 +145,14 @@ if has cli; then
 fi
 
 # The modules around the engine: profile (CUPTI, NVML), NCCL single rank,
-# the GPU host's CPU ISAs, tune, the CLI benchmark (scripts/gpu_integration.sh).
+# the GPU host's CPU ISAs, tune, the CLI benchmark (dev/gpu/integration.sh).
 if [[ " $MODES " == *" integration "* || " $MODES " == *" all "* ]]; then
     echo "== integration"
-    bash scripts/gpu_integration.sh run
+    bash dev/gpu/integration.sh
 fi
 
 echo "================ summary"
 cat "$SUMMARY"
-# at most 8 files come back from the device machine: pack the logs
+# the logs in one archive beside the summary: two files to copy back
 (cd "$OUT" && tar czf all_logs.tgz --exclude=all_logs.tgz --exclude=summary.txt ./* 2>/dev/null &&
     find . -type f ! -name all_logs.tgz ! -name summary.txt -delete)

@@ -1,10 +1,10 @@
 /*
- * GPU benchmark table of the CUDA backend (used by scripts/gpu_run.sh):
+ * GPU benchmark table of the CUDA backend (used by dev/gpu/run.sh):
  * measures the device's streaming-read bandwidth in the same run, then for
  * each batch size times `layers` distinct random layers back to back in one
  * CUDA graph and prints µs per layer, GB/s, % of the measured bandwidth and
- * the ratio to the floor (routed active experts' bytes / bandwidth, the
- * definition of the issue). One JSON object per line goes to --json.
+ * the ratio to the floor (the time to read the routed active experts'
+ * bytes at that bandwidth). One JSON object per line goes to --json.
  *
  *   cuda_bench --preset deepseek-v4-flash [--format nvfp4|mxfp4]
  *              [--batch 1,2,4] [--layers 8] [--reps 30] [--no-shared]

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# A/B of engine variants selected by environment variables, in one call on
-# the GPU machine, interleaved so that drift between calls does not decide:
-#   AB_VARIANTS="base: st6:FP4MOE_CUDA_STAGES=6 pf:FP4MOE_CUDA_SH_PREFETCH=1"
-#   AB_BATCH=1,2,4,8,16 AB_ROUNDS=2 bash scripts/gpu_ab.sh
-# A variant "old:FM_AB_BIN=DIR" runs the binaries of DIR instead.
-# Each variant runs `fp4moe bench --device cuda` (DeepSeek-V4-Flash, full
-# layer, the shipped configs) AB_ROUNDS times; the table printed last holds
-# the best µs per layer of each (variant, batch) and its ratio to the first
-# variant. AB_TEST=1 also runs test_cuda under each variant first;
-# AB_SUSTAIN=MS times each batch after MS ms of sustained load (--sustain-ms).
+# A/B of two or more builds (or of the engine's debugging switches), in one
+# call on the GPU machine, interleaved so that drift between calls does not
+# decide: each round runs every variant once, and the table printed last
+# holds the best of AB_ROUNDS rounds of each (variant, batch) and its ratio
+# to the first variant. A variant is NAME:VARS, VARS a comma-separated list
+# of environment settings; FM_AB_BIN=DIR among them runs DIR's binaries
+# instead of .devbuild/bin (DIR relative to the checkout or absolute):
+#   AB_VARIANTS="new: base:FM_AB_BIN=.devbuild/base/bin" AB_ROUNDS=3 bash dev/gpu/ab.sh
+#   AB_VARIANTS="pdl: nopdl:FP4MOE_CUDA_PDL=0" AB_BATCH=1,2,4,8,16 bash dev/gpu/ab.sh
+# Each variant runs `fp4moe bench --device cuda` (AB_PRESET, by default
+# DeepSeek-V4-Flash, full layer, the shipped configs). AB_TEST=1 also runs
+# test_cuda under each variant first; AB_SUSTAIN=MS times each batch after
+# MS ms of sustained load (--sustain-ms). docs/dev.md has the whole method.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.devbuild/lib:${LD_LIBRARY_PATH:-}
@@ -21,9 +24,23 @@ BATCH=${AB_BATCH:-1,2,4,8,16,32,64}
 ROUNDS=${AB_ROUNDS:-2}
 PRESET=${AB_PRESET:-deepseek-v4-flash}
 vars_of() { local v=${1#*:}; echo "${v//,/ }"; }
-# a variant may name another build: "old:FM_AB_BIN=/path/to/bin" runs that
-# directory's binaries (carried as a second pack)
-bin_of() { local v; for v in $(vars_of "$1"); do [[ $v == FM_AB_BIN=* ]] && { echo "${v#FM_AB_BIN=}"; return; }; done; echo "$BIN"; }
+# a variant may name another build: "base:FM_AB_BIN=DIR" runs DIR's
+# binaries (copied to the GPU machine beside .devbuild/bin)
+bin_of() {
+    local v d
+    for v in $(vars_of "$1"); do
+        if [[ $v == FM_AB_BIN=* ]]; then
+            d=${v#FM_AB_BIN=}
+            [[ $d == /* ]] || d=$PWD/$d
+            echo "$d"
+            return
+        fi
+    done
+    echo "$BIN"
+}
+for spec in $VARIANTS; do
+    [[ -x "$(bin_of "$spec")/fp4moe" ]] || { echo "ab: no $(bin_of "$spec")/fp4moe for variant '${spec%%:*}'" >&2; exit 2; }
+done
 if [[ "${AB_TEST:-0}" == 1 ]]; then
     for spec in $VARIANTS; do
         name=${spec%%:*}
@@ -69,5 +86,5 @@ for b in bs:
         row += f"{'-':>16}" if v is None else f"{v:9.1f} ({v / base:4.2f})" if base else f"{v:16.1f}"
     print(row)
 PY
-# only a few files come back from the GPU machine: pack the logs
+# the logs in one archive: fewer files to copy back
 (cd "$OUT" && shopt -s nullglob && f=(ab_*.txt ab_*.log) && ((${#f[@]})) && tar czf ab_logs.tgz "${f[@]}" && rm -f "${f[@]}")

@@ -30,10 +30,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* the loads: fm_ld_nc, as the expert kernels' weights and the engine's
- * probe read from v39 on (until then both carried the .L2::256B hint, and
- * so did this tool: docs/perf.md's readpat figures before the ninth
- * session's end are with it) */
+/* the loads: fm_ld_nc, the same as the expert kernels' weight reads and the
+ * engine's bandwidth probe, so that the ceiling is of the same loads */
 #include "stream_read.cuh"
 
 #define TOOL "cuda_readpat"
