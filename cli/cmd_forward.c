@@ -16,7 +16,6 @@ static void forward_usage(FILE *f) {
             "topk_weights F32 [T, k] in the same order. Nothing is written on error.\n");
 }
 
-int fm_cli_parse_isa(const char *cmd, const char *s, fm_cpu_isa *out);
 int fm_cli_parse_isa(const char *cmd, const char *s, fm_cpu_isa *out) {
     static const fm_cpu_isa all[] = {FM_CPU_AUTO, FM_CPU_SCALAR, FM_CPU_AVX2, FM_CPU_AVX512};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)

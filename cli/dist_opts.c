@@ -1,5 +1,5 @@
-/* Flags and printing for `forward --tp/--ep` and `bench --tp/--ep`; the work
- * is in src/parallel. */
+/* Flags of `forward --tp/--ep` and `bench --tp/--ep`; the work is in
+ * src/parallel. */
 #include "dist_opts.h"
 #include "cli.h"
 
@@ -85,59 +85,4 @@ fm_dist_opts fm_cli_dist_lib_opts(const fm_cli_dist *o) {
                           .ranks = o->tp ? o->tp : o->ep,
                           .layout = o->layout,
                           .compress = o->compress};
-}
-
-fm_status fm_cli_dist_forward(const fm_cli_dist *o, fm_device dev, fm_cpu_engine *cpu, const fm_model_desc *d,
-                              const fm_moe_layer *l, const void *x, fm_dtype xdt, int T, const int32_t *token_ids,
-                              fm_moe_out *out, FILE *info) {
-    fm_comm *c;
-    fm_dist *ds;
-    const fm_dist_opts op = fm_cli_dist_lib_opts(o);
-    fm_status s = fm_dist_open(&op, dev, o->mpi, cpu, d, l, &c, &ds);
-    if (s) return s;
-    fm_dist_stats st;
-    s = fm_dist_forward(ds, x, xdt, T, token_ids, out, &st);
-    if (!s && info) {
-        fprintf(info, "dist: %s\n", fm_dist_describe(ds));
-        fprintf(info, "dist: load imbalance %.3f (max/mean (token, expert) pairs per rank); pairs per rank:",
-                st.load_imbalance);
-        for (int p = 0; p < st.ranks; p++) fprintf(info, " %lld", (long long)st.pairs[p]);
-        fprintf(info, "\ndist: communication %.1f us, %lld bytes per rank (%lld of them activations)\n",
-                st.comm_ns / 1e3, (long long)st.comm_bytes, (long long)st.act_bytes);
-    }
-    fm_dist_free(ds);
-    fm_comm_free(c);
-    return s;
-}
-
-fm_status fm_cli_dist_bench(const fm_cli_dist *o, fm_device dev, fm_cpu_engine *cpu, const fm_model_desc *d,
-                            const fm_moe_layer *l, const int *batches, int n_batches, int reps, uint64_t seed,
-                            FILE *out) {
-    fm_comm *c;
-    fm_dist *ds;
-    const fm_dist_opts op = fm_cli_dist_lib_opts(o);
-    fm_status s = fm_dist_open(&op, dev, o->mpi, cpu, d, l, &c, &ds);
-    if (s) return s;
-    fprintf(out, "dist: %s\n", fm_dist_describe(ds));
-    if (dev == FM_DEV_CPU)
-        fprintf(out, "dist: simulated ranks run one after another; total = slowest rank + collectives "
-                     "(no overlap); communication here is memory copies, not a network\n");
-    for (int b = 0; b < n_batches && !s; b++) {
-        fm_dist_bench_result r;
-        s = fm_dist_bench(ds, batches[b], seed, reps, &r);
-        if (s) break;
-        if (b == 0)
-            fprintf(out, "dist: times: %s\n%6s %12s %12s %12s %12s %8s %6s %9s  %s\n", r.method, "batch", "total_us",
-                    "slowest_us", "comm_us", "single_us", "speedup", "eff", "imbalance", "per-rank compute us");
-        double slow = 0;
-        for (int p = 0; p < r.ranks; p++)
-            if (r.us_rank[p] > slow) slow = r.us_rank[p];
-        fprintf(out, "%6d %12.1f %12.1f %12.1f %12.1f %8.2f %5.0f%% %9.3f ", r.T, r.us_total, slow, r.us_comm,
-                r.us_single, r.speedup, 100 * r.efficiency, r.load_imbalance);
-        for (int p = 0; p < r.ranks; p++) fprintf(out, " %.1f", r.us_rank[p]);
-        fprintf(out, "\n");
-    }
-    fm_dist_free(ds);
-    fm_comm_free(c);
-    return s;
 }

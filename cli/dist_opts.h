@@ -24,19 +24,6 @@ int fm_cli_dist_parse(const char *cmd, int argc, char **argv, int *i, fm_cli_dis
 int fm_cli_dist_active(const fm_cli_dist *o);
 int fm_cli_dist_validate(const char *cmd, const fm_cli_dist *o, fm_device dev);
 
-/* The library's options for the parsed flags (for fm_dist_run). */
+/* The library's options for the parsed flags (fm_forward_file, fm_bench_run). */
 fm_dist_opts fm_cli_dist_lib_opts(const fm_cli_dist *o);
-
-/* One MoE block over the sharded layer (forward). cpu: the engine of
- * --device cpu (ignored for cuda). One line of load/communication figures
- * goes to info (may be NULL). */
-fm_status fm_cli_dist_forward(const fm_cli_dist *o, fm_device dev, fm_cpu_engine *cpu, const fm_model_desc *d,
-                              const fm_moe_layer *l, const void *x, fm_dtype xdt, int T, const int32_t *token_ids,
-                              fm_moe_out *out, FILE *info);
-/* bench: per batch size, per-rank and total time, communication time and
- * scaling efficiency against the unsharded layer, printed as a table on
- * out; optional JSON lines array in json (may be NULL). */
-fm_status fm_cli_dist_bench(const fm_cli_dist *o, fm_device dev, fm_cpu_engine *cpu, const fm_model_desc *d,
-                            const fm_moe_layer *l, const int *batches, int n_batches, int reps, uint64_t seed,
-                            FILE *out);
 #endif

@@ -2,9 +2,10 @@
  * safetensors file, so users can compare fp4moe with their own framework.
  * Every input is checked before any work; the output file is written only
  * after the computation succeeded, through the atomic writer. */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "cpu/cpu_internal.h"
 #include "route/route.h"
 #include "util/util.h"
 
@@ -29,6 +30,53 @@ static fm_status write_output(const char *path, int T, int64_t H, int k, const f
     return fm_st_writer_finish(wr);
 }
 
+/* One device's part: the engine, the MoE block, the engine's description
+ * for the summary line (and, on a GPU, the config's provenance). */
+static fm_status forward_cpu(const fm_forward_file_opts *o, const fm_model_desc *d, const fm_moe_layer *l,
+                             const void *x, fm_dtype xdt, int T, const int32_t *tok, fm_moe_out *mo, char *engine,
+                             size_t cap) {
+    fm_cpu_engine *ce = NULL;
+    fm_status st = fm_cpu_engine_new(o->isa, o->n_threads, &ce);
+    if (!st) st = fm_cpu_forward(ce, d, l, x, xdt, T, tok, mo);
+    if (!st) snprintf(engine, cap, "%s", fm_cpu_engine_describe(ce));
+    fm_cpu_engine_free(ce);
+    return st;
+}
+
+static fm_status forward_cuda(const fm_model_desc *d, const fm_moe_layer *l, const void *x, fm_dtype xdt, int T,
+                              const int32_t *tok, fm_moe_out *mo, char *engine, size_t cap, char *prov,
+                              size_t prov_cap) {
+    fm_cuda_engine *ge = NULL;
+    fm_cuda_layer *gl = NULL;
+    fm_status st = fm_cuda_engine_new(0, &ge);
+    if (!st) {
+        /* Provenance: the kernel config this batch will run with, and
+         * from which tuned file (or the WARNING that none matched). */
+        fm_tune_key key;
+        fm_tune_choice ch;
+        st = fm_cuda_engine_key(ge, d, l->fmt, &key);
+        if (!st) st = fm_tune_choose(&key, T, &ch);
+        if (!st) fm_tune_provenance_line(&key, T, &ch, prov, prov_cap);
+    }
+    if (!st) st = fm_cuda_layer_upload(ge, d, l, &gl);
+    if (!st) st = fm_cuda_forward(ge, d, gl, x, xdt, T, tok, mo);
+    if (!st) snprintf(engine, cap, "%s", fm_cuda_engine_describe(ge));
+    if (gl) fm_cuda_layer_free(gl);
+    if (ge) fm_cuda_engine_free(ge);
+    return st;
+}
+
+static fm_status forward_sharded(const fm_forward_file_opts *o, const fm_model_desc *d, const fm_moe_layer *l,
+                                 const void *x, fm_dtype xdt, int T, const int32_t *tok, fm_moe_out *mo, char *engine,
+                                 size_t cap) {
+    fm_cpu_engine *ce = NULL;
+    fm_status st = o->device == FM_DEV_CPU ? fm_cpu_engine_new(o->isa, o->n_threads, &ce) : FM_OK;
+    if (!st) st = fm_dist_run(o->dist, o->device, o->dist_mpi, ce, d, l, x, xdt, T, tok, mo, NULL);
+    if (!st) snprintf(engine, cap, "sharded (src/parallel)");
+    fm_cpu_engine_free(ce);
+    return st;
+}
+
 fm_status fm_forward_file(const fm_forward_file_opts *o, char *info, size_t cap) {
     if (!o || !o->model_dir || !o->input || !o->output)
         return fm_error(FM_E_ARG, "forward: model directory, input and output are required");
@@ -45,9 +93,6 @@ fm_status fm_forward_file(const fm_forward_file_opts *o, char *info, size_t cap)
     fm_st_file *in = NULL;
     fm_ckpt *ck = NULL;
     fm_moe_layer *l = NULL;
-    fm_cpu_engine *ce = NULL;
-    fm_cuda_engine *ge = NULL;
-    fm_cuda_layer *gl = NULL;
     float *out = NULL, *w = NULL;
     int32_t *ids = NULL, *tok = NULL;
     st = fm_st_open(o->input, &in);
@@ -99,40 +144,19 @@ fm_status fm_forward_file(const fm_forward_file_opts *o, char *info, size_t cap)
     w = fm_malloc(sizeof(float) * (size_t)T * (size_t)k);
     if (!out || !ids || !w) { st = FM_E_NOMEM; goto done; }
     fm_moe_out mo = {out, ids, w};
-    const char *engine = "";
-    char prov[1536] = "";
-    if (o->dist) {
-        if (o->device == FM_DEV_CPU) st = fm_cpu_engine_new(o->isa, o->n_threads, &ce);
-        if (!st) st = fm_dist_run(o->dist, o->device, o->dist_mpi, ce, &d, l, hs->data, hs->dtype, T, tok, &mo, NULL);
-        if (!st) engine = "sharded (src/parallel)";
-    } else if (o->device == FM_DEV_CUDA) {
-        st = fm_cuda_engine_new(0, &ge);
-        if (!st) {
-            /* Provenance: the kernel config this batch will run with, and
-             * from which tuned file (or the WARNING that none matched). */
-            fm_tune_key key;
-            fm_tune_choice ch;
-            st = fm_cuda_engine_key(ge, &d, l->fmt, &key);
-            if (!st) st = fm_tune_choose(&key, T, &ch);
-            if (!st) fm_tune_provenance_line(&key, T, &ch, prov, sizeof prov);
-        }
-        if (!st) st = fm_cuda_layer_upload(ge, &d, l, &gl);
-        if (!st) st = fm_cuda_forward(ge, &d, gl, hs->data, hs->dtype, T, tok, &mo);
-        if (!st) engine = fm_cuda_engine_describe(ge);
-    } else {
-        st = fm_cpu_engine_new(o->isa, o->n_threads, &ce);
-        if (!st) st = fm_cpu_forward(ce, &d, l, hs->data, hs->dtype, T, tok, &mo);
-        if (!st) engine = fm_cpu_engine_describe(ce);
-    }
+    char engine[640] = "", prov[1536] = "";
+    if (o->dist)
+        st = forward_sharded(o, &d, l, hs->data, hs->dtype, T, tok, &mo, engine, sizeof engine);
+    else if (o->device == FM_DEV_CUDA)
+        st = forward_cuda(&d, l, hs->data, hs->dtype, T, tok, &mo, engine, sizeof engine, prov, sizeof prov);
+    else
+        st = forward_cpu(o, &d, l, hs->data, hs->dtype, T, tok, &mo, engine, sizeof engine);
     if (st) goto done;
     st = write_output(o->output, T, H, k, out, ids, w);
     if (!st && info)
         snprintf(info, cap, "%s%swrote %s: hidden_states [%d, %lld] F32, topk_ids/topk_weights [%d, %d]; layer %d of %s (%s, %s); %s",
                  prov, prov[0] ? "\n" : "", o->output, T, (long long)H, T, k, o->layer, o->model_dir, d.family, fm_qformat_name(l->fmt), engine);
 done:
-    if (gl) fm_cuda_layer_free(gl);
-    if (ge) fm_cuda_engine_free(ge);
-    fm_cpu_engine_free(ce);
     fm_moe_layer_free(l);
     fm_ckpt_close(ck);
     fm_st_close(in);

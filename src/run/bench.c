@@ -1,0 +1,301 @@
+/* `fp4moe bench` as one library call: the engines, the bandwidth probe, the
+ * layers and the loop over batch sizes; the command only parses and prints. */
+#include <stdio.h>
+#include <string.h>
+
+#include "util/util.h"
+
+/* Timed steps of a sharded layer per batch size. */
+#define DIST_REPS 5
+
+typedef struct {
+    const fm_bench_opts *o;
+    fm_bench_report *r;
+    fm_cpu_engine *ce;
+    fm_cuda_engine *ge;
+    fm_ckpt *ck;
+    fm_moe_layer *hl[FM_BENCH_MAX_LAYERS];
+    fm_cuda_layer *gl[FM_BENCH_MAX_LAYERS];
+} bench_run;
+
+static void progress(const fm_bench_opts *o, const char *what, double frac) {
+    if (o->progress) o->progress(o->progress_ctx, what, frac);
+}
+
+static void emit(const fm_bench_opts *o, const fm_bench_report *r, int row) {
+    if (o->on_row) o->on_row(o->row_ctx, r, row);
+}
+
+/* fm_cpu_bench's progress with the batch size in front of it. */
+typedef struct {
+    const fm_bench_opts *o;
+    int T;
+} batch_progress;
+
+static void cpu_progress(void *ctx, const char *what, double frac) {
+    const batch_progress *bp = ctx;
+    char w[96];
+    snprintf(w, sizeof w, "batch %d: %s", bp->T, what);
+    progress(bp->o, w, frac);
+}
+
+/* The i-th MoE layer of the model (wrapping), for presets. */
+static int nth_moe_layer(const fm_model_desc *d, int i) {
+    int n_moe = 0;
+    for (int l = 0; l < d->n_layers; l++) n_moe += fm_model_is_moe_layer(d, l);
+    if (n_moe == 0) return -1;
+    int want = i % n_moe;
+    for (int l = 0; l < d->n_layers; l++)
+        if (fm_model_is_moe_layer(d, l) && want-- == 0) return l;
+    return -1;
+}
+
+static fm_status check_opts(const fm_bench_opts *o) {
+    if (!!o->model_dir == !!o->preset) return fm_error(FM_E_ARG, "bench: give exactly one of a model directory or a preset");
+    if (o->model_dir && o->fmt != FM_QF_NONE)
+        return fm_error(FM_E_ARG, "bench: the experts' format applies to presets only (a checkpoint's is its own)");
+    if (o->fmt != FM_QF_NONE && o->fmt != FM_QF_NVFP4 && o->fmt != FM_QF_MXFP4 && o->fmt != FM_QF_BF16)
+        return fm_error(FM_E_ARG, "bench: unknown experts' format %d", (int)o->fmt);
+    if (o->device != FM_DEV_CPU && o->device != FM_DEV_CUDA) return fm_error(FM_E_ARG, "bench: unknown device %d", (int)o->device);
+    if (!o->batches || o->n_batches < 1 || o->n_batches > FM_BENCH_MAX_BATCH)
+        return fm_error(FM_E_RANGE, "bench: %d batch sizes (1 to %d)", o->n_batches, FM_BENCH_MAX_BATCH);
+    for (int i = 0; i < o->n_batches; i++)
+        if (o->batches[i] < 1 || o->batches[i] > 1000000)
+            return fm_error(FM_E_RANGE, "bench: batch %d outside [1, 1000000]", o->batches[i]);
+    if (o->layers < 0 || o->layers > FM_BENCH_MAX_LAYERS)
+        return fm_error(FM_E_RANGE, "bench: %d layers (0 for the default, at most %d)", o->layers, FM_BENCH_MAX_LAYERS);
+    if (!(o->min_seconds >= 0 && o->min_seconds <= 3600))
+        return fm_error(FM_E_RANGE, "bench: a minimum timing of %g s (0 to 3600)", o->min_seconds);
+    if (!(o->sustain_ms >= 0 && o->sustain_ms <= 600000))
+        return fm_error(FM_E_RANGE, "bench: sustained replays of %g ms (0 to 600000)", o->sustain_ms);
+    if (o->sustain_ms > 0 && (o->device != FM_DEV_CUDA || o->dist))
+        return fm_error(FM_E_ARG, "bench: sustained replays time one GPU's graph (not the CPU, not a sharded layer)");
+    return FM_OK;
+}
+
+/* ------------------------------------------------------ one device */
+
+/* Bandwidth first, while memory is not yet filled with layers. */
+static fm_status measure_bandwidth(bench_run *b) {
+    const fm_bench_opts *o = b->o;
+    fm_bench_report *r = b->r;
+    const int cuda = o->device == FM_DEV_CUDA;
+    size_t bytes = o->bw_probe_bytes ? o->bw_probe_bytes : (size_t)(cuda ? 4096 : 1024) << 20;
+    const char *what = "measuring memory bandwidth";
+    progress(o, what, 0.0);
+    if (cuda) {
+        r->bandwidth_Bps = fm_cuda_measure_bandwidth(b->ge, bytes);
+        snprintf(r->bandwidth_probe, sizeof r->bandwidth_probe, "streaming read of %zu MiB of device memory", bytes >> 20);
+    } else {
+        r->bandwidth_Bps = fm_cpu_measure_bandwidth(bytes, o->threads);
+        if (o->threads > 0)
+            snprintf(r->bandwidth_probe, sizeof r->bandwidth_probe, "streaming read of %zu MiB, %d threads", bytes >> 20,
+                     o->threads);
+        else
+            snprintf(r->bandwidth_probe, sizeof r->bandwidth_probe, "streaming read of %zu MiB, all CPU threads", bytes >> 20);
+    }
+    progress(o, what, 1.0);
+    if (r->bandwidth_Bps <= 0) return fm_error(FM_E_RANGE, "bandwidth probe failed: %s", fm_last_error());
+    return FM_OK;
+}
+
+/* Layers: seeded random (preset) or the MoE layers present (model). */
+static fm_status build_layers(bench_run *b) {
+    const fm_bench_opts *o = b->o;
+    fm_bench_report *r = b->r;
+    const fm_model_desc *d = &r->desc;
+    const int cuda = o->device == FM_DEV_CUDA, want = r->layers_wanted;
+    fm_status st = o->model_dir ? fm_ckpt_open(o->model_dir, &b->ck) : FM_OK;
+    int have = 0;
+    for (int li = 0, layer = 0; !st && have < want; li++) {
+        char what[64];
+        snprintf(what, sizeof what, "building layer %d/%d", have + 1, want);
+        progress(o, what, (double)have / want);
+        if (o->model_dir) {
+            while (layer < d->n_layers && !fm_model_is_moe_layer(d, layer)) layer++;
+            if (layer >= d->n_layers) break;
+            st = fm_moe_layer_bind(b->ck, d, layer, FM_QF_NONE, &b->hl[have]);
+            if (st == FM_E_NOTFOUND && have > 0) { st = FM_OK; layer++; continue; } /* layer not in this checkpoint */
+            if (!st && cuda) st = fm_cuda_layer_upload(b->ge, d, b->hl[have], &b->gl[have]);
+            layer++;
+        } else {
+            int layer_i = nth_moe_layer(d, li);
+            st = cuda ? fm_cuda_layer_random(b->ge, d, r->fmt, o->seed, layer_i, &b->gl[have])
+                      : fm_moe_layer_random(d, r->fmt, o->seed, layer_i, &b->hl[have]);
+        }
+        if (!st) have++;
+    }
+    progress(o, "building layers", 1.0);
+    if (st) return st;
+    if (have == 0) return fm_error(FM_E_NOTFOUND, "%s holds no MoE layer", o->model_dir);
+    r->layers = have;
+    return FM_OK;
+}
+
+/* Provenance first: which kernel and config each batch will use, and from
+ * which tuned file -- or a loud WARNING when none matches. */
+static fm_status decide(bench_run *b) {
+    fm_bench_report *r = b->r;
+    fm_tune_key key;
+    if (b->ge) {
+        fm_status st = fm_cuda_engine_key(b->ge, &r->desc, r->fmt, &key);
+        if (st) return st;
+    }
+    for (int i = 0; i < b->o->n_batches; i++) {
+        fm_bench_row *row = &r->rows[i];
+        row->T = b->o->batches[i];
+        if (b->ge) {
+            fm_tune_choice ch;
+            fm_status st = fm_tune_choose(&key, row->T, &ch);
+            if (st) return st;
+            fm_tune_provenance_line(&key, row->T, &ch, row->decision, sizeof row->decision);
+        } else {
+            snprintf(row->decision, sizeof row->decision,
+                     "provenance: backend=cpu batch=%d kernel=%s (ISA chosen at run time; the CPU path has no tuned configs)",
+                     row->T, r->device_desc);
+        }
+    }
+    return FM_OK;
+}
+
+static fm_status measure_row(bench_run *b, fm_bench_row *row) {
+    const fm_bench_opts *o = b->o;
+    const fm_model_desc *d = &b->r->desc;
+    const int T = row->T;
+    char what[64];
+    snprintf(what, sizeof what, "batch %d: timing", T);
+    progress(o, what, 0.0);
+    fm_status st;
+    if (b->ge) {
+        fm_cuda_bench_result cr;
+        st = fm_cuda_bench(b->ge, d, b->gl, b->r->layers, T, o->seed, 50, &cr);
+        if (!st) {
+            row->us_per_layer = cr.us_per_layer;
+            row->us_min = cr.us_min;
+            row->us_max = cr.us_max;
+            row->tokens_per_s = T / (cr.us_per_layer * 1e-6);
+            row->active_experts = cr.active_experts;
+            row->gbps = (double)cr.bytes_per_layer / (cr.us_per_layer * 1e-6) * 1e-9;
+            row->bytes_per_layer = cr.bytes_per_layer;
+            snprintf(row->kernel, sizeof row->kernel, "%s", cr.kernel);
+            snprintf(row->provenance, sizeof row->provenance,
+                     "kernel %s, path %s, rows_per_block %d, k_split %d, warps %d, stages %d, tile_n %d, "
+                     "switch_tpe %.2f; config from %s",
+                     cr.kernel, fm_kernel_path_name(cr.cfg.path), cr.cfg.rows_per_block, cr.cfg.k_split, cr.cfg.warps,
+                     cr.cfg.stages, cr.cfg.tile_n, (double)cr.cfg.switch_tpe, cr.config_source);
+        }
+    } else {
+        fm_cpu_bench_result cr;
+        batch_progress bp = {o, T};
+        st = fm_cpu_bench(b->ce, d, b->hl, b->r->layers, T, o->seed, o->min_seconds, cpu_progress, &bp, &cr);
+        if (!st) {
+            row->us_per_layer = cr.us_per_layer;
+            row->us_min = cr.us_min;
+            row->us_max = cr.us_max;
+            row->tokens_per_s = cr.tokens_per_s;
+            row->active_experts = cr.active_experts;
+            row->gbps = cr.gbps;
+            row->bytes_per_layer = cr.bytes_per_layer;
+            snprintf(row->kernel, sizeof row->kernel, "%s", cr.kernel);
+        }
+    }
+    progress(o, what, 1.0);
+    if (!st) row->pct_bandwidth = 100.0 * row->gbps * 1e9 / b->r->bandwidth_Bps;
+    return st;
+}
+
+static fm_status bench_device(bench_run *b) {
+    const fm_bench_opts *o = b->o;
+    fm_bench_report *r = b->r;
+    fm_status st;
+    if (o->device == FM_DEV_CUDA) {
+        st = fm_cuda_engine_new(0, &b->ge);
+        if (st) return st;
+        fm_cuda_engine_set_sustain(b->ge, o->sustain_ms);
+        snprintf(r->device_desc, sizeof r->device_desc, "%s", fm_cuda_engine_describe(b->ge));
+    } else {
+        st = fm_cpu_engine_new(o->isa, o->threads, &b->ce);
+        if (st) return st;
+        snprintf(r->device_desc, sizeof r->device_desc, "%s", fm_cpu_engine_describe(b->ce));
+    }
+    if ((st = measure_bandwidth(b)) || (st = build_layers(b)) || (st = decide(b))) return st;
+    emit(o, r, -1);
+    for (int i = 0; i < o->n_batches; i++) {
+        if ((st = measure_row(b, &r->rows[i]))) return st;
+        r->n_rows = i + 1;
+        emit(o, r, i);
+    }
+    return FM_OK;
+}
+
+/* ------------------------------------------------------ sharded */
+
+static fm_status bench_sharded(const fm_bench_opts *o, fm_bench_report *r) {
+    const fm_model_desc *d = &r->desc;
+    fm_moe_layer *l = NULL;
+    fm_cpu_engine *ce = NULL;
+    fm_ckpt *ck = NULL;
+    fm_comm *c = NULL;
+    fm_dist *ds = NULL;
+    int first = nth_moe_layer(d, 0);
+    fm_status st;
+    if (o->model_dir) {
+        st = fm_ckpt_open(o->model_dir, &ck);
+        if (!st) st = fm_moe_layer_bind(ck, d, first, FM_QF_NONE, &l);
+    } else {
+        st = fm_moe_layer_random(d, r->fmt, o->seed, first, &l);
+    }
+    if (!st && o->device == FM_DEV_CPU) {
+        st = fm_cpu_engine_new(o->isa, o->threads, &ce);
+        if (!st) snprintf(r->device_desc, sizeof r->device_desc, "%s", fm_cpu_engine_describe(ce));
+    }
+    if (!st) st = fm_dist_open(o->dist, o->device, o->dist_mpi, ce, d, l, &c, &ds);
+    if (!st) {
+        snprintf(r->dist_desc, sizeof r->dist_desc, "%s", fm_dist_describe(ds));
+        emit(o, r, -1);
+    }
+    for (int i = 0; !st && i < o->n_batches; i++) {
+        st = fm_dist_bench(ds, o->batches[i], o->seed, DIST_REPS, &r->dist_rows[i]);
+        if (st) break;
+        r->rows[i].T = o->batches[i];
+        r->n_rows = i + 1;
+        emit(o, r, i);
+    }
+    fm_dist_free(ds);
+    fm_comm_free(c);
+    fm_cpu_engine_free(ce);
+    fm_moe_layer_free(l);
+    fm_ckpt_close(ck);
+    return st;
+}
+
+fm_status fm_bench_run(const fm_bench_opts *o, fm_bench_report *r) {
+    if (!o || !r) return fm_error(FM_E_ARG, "fm_bench_run: NULL argument");
+    memset(r, 0, sizeof *r);
+    fm_status st = check_opts(o);
+    if (st) return st;
+    st = o->model_dir ? fm_model_desc_load(o->model_dir, &r->desc) : fm_preset_desc(o->preset, o->fmt, &r->desc);
+    if (st) return st;
+    r->fmt = o->fmt != FM_QF_NONE ? o->fmt : r->desc.expert_format;
+    snprintf(r->source, sizeof r->source, "%s %s", o->model_dir ? "model" : "preset", o->model_dir ? o->model_dir : o->preset);
+    r->device = o->device;
+    r->n_batches = o->n_batches;
+    r->sustain_ms = o->sustain_ms;
+    r->layers_wanted = o->layers ? o->layers : fm_cpu_bench_default_layers(&r->desc, r->fmt);
+    if (r->layers_wanted > FM_BENCH_MAX_LAYERS) r->layers_wanted = FM_BENCH_MAX_LAYERS;
+    if (o->dist) return bench_sharded(o, r);
+
+    bench_run b;
+    memset(&b, 0, sizeof b);
+    b.o = o;
+    b.r = r;
+    st = bench_device(&b);
+    for (int i = 0; i < FM_BENCH_MAX_LAYERS; i++) {
+        if (b.gl[i]) fm_cuda_layer_free(b.gl[i]);
+        fm_moe_layer_free(b.hl[i]);
+    }
+    fm_ckpt_close(b.ck);
+    fm_cpu_engine_free(b.ce);
+    if (b.ge) fm_cuda_engine_free(b.ge);
+    return st;
+}
