@@ -2,7 +2,6 @@
 #include "cli.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define MAX_BATCHES 64
@@ -68,21 +67,20 @@ int fm_cmd_explain(int argc, char **argv) {
 
     char label[1200];
     snprintf(label, sizeof label, "%s %s", preset ? "--preset" : "--model", preset ? preset : model);
-    char warnings[4096] = "";
-    fm_explain_opts o = {.desc = &d, .model_label = label, .fmt = fmt, .batches = batches, .n_batches = nb,
-                         .gpu = gpu, .json = json, .warnings = warnings, .warnings_cap = sizeof warnings};
-    char *text = NULL;
-    s = fm_explain(&o, &text);
+    fm_explain_opts o = {.desc = &d, .model_label = label, .fmt = fmt, .batches = batches, .n_batches = nb, .gpu = gpu};
+    fm_explanation *x = NULL;
+    s = fm_explain_decide(&o, &x);
     if (s) return fm_cli_fail("explain", s);
     /* Ignored config files are a warning on stderr too, where scripts and
      * logs notice them, not only inside the explanation. */
-    for (const char *p = warnings; *p;) {
+    for (const char *p = x->warnings; *p;) {
         const char *e = strchr(p, '\n');
         int n = e ? (int)(e - p) : (int)strlen(p);
         fprintf(stderr, "fp4moe explain: warning: %.*s\n", n, p);
         p += n + (e ? 1 : 0);
     }
-    fputs(text, stdout);
-    free(text);
+    s = json ? fm_explain_render_json(x, stdout) : fm_explain_render_text(x, stdout);
+    fm_explanation_free(x);
+    if (s) return fm_cli_fail("explain", s);
     return fflush(stdout) == 0 ? 0 : 1;
 }

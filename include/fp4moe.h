@@ -764,8 +764,69 @@ typedef struct {
     char *warnings;           /* optional: receives the ignored-file lines     */
     size_t warnings_cap;
 } fm_explain_opts;
-/* Writes the explanation into *out (malloc'd, NUL-terminated). Never runs a
- * kernel. Unknown --gpu names fail with FM_E_NOTFOUND listing known ones. */
+
+/* One directory of the config lookup, as fm_tune_choose saw it. */
+typedef struct {
+    const char *label;   /* "$FP4MOE_CONFIG_DIR", "user cache", "shipped"      */
+    char dir[1024];      /* "" when not set                                   */
+    char status[640];    /* "not set", "no such file", "found", "ignored: ..." */
+} fm_tune_lookup;
+
+/* The decision for one batch size. */
+typedef struct {
+    int batch;
+    double active_experts;         /* expected: E*(1-(1-k/E)^B)               */
+    double tokens_per_expert;      /* B*k / active_experts                     */
+    double shared_bytes;           /* the shared expert's, read every step     */
+    double bytes;                  /* weights to stream per layer              */
+    double floor_us;               /* bytes at the datasheet bandwidth; 0: none */
+    /* GPU targets only: */
+    double mean_tokens_per_expert; /* B*k/E, what the paths switch on          */
+    fm_kernel_config default_cfg;  /* the built-in default                     */
+    fm_tune_choice choice;         /* what would run, from where, and why      */
+    fm_tune_lookup lookup[FM_TUNE_NDIRS];
+    char provenance[1024];         /* fm_tune_provenance_line                  */
+    int logits_gemv;               /* the router logits: a GEMV, else tiled    */
+    long logits_tiled_blocks;      /* blocks of the tiled grid ...             */
+    int logits_sms;                /* ... on this many SMs                     */
+    const char *logits_why;
+    /* the layer's schedule (has_schedule): */
+    int shared_fork;               /* the shared expert on a second stream     */
+    int shared_tokens;             /* tokens per pass of the shared expert     */
+    int down_per_expert;           /* down starts per expert as its gate/up ends */
+    int selection_spread;          /* one token's selection over the block     */
+    const char *shared_how;        /* "none", "own stream", "in the routed launches" */
+    const char *expert_launch;     /* where the expert kernels are launched    */
+} fm_explain_batch;
+
+typedef struct {
+    fm_model_desc desc;
+    char model[1280];              /* model_label, or the family               */
+    fm_qformat fmt;
+    int64_t expert_bytes;          /* one routed expert, scales included       */
+    int gpu;                       /* 1: a GPU target; 0: the CPU path         */
+    const fm_gpu_info *gpu_info;   /* datasheet figures (NULL: unknown GPU)    */
+    fm_tune_key key;               /* the target's key (GPU fields: GPUs only) */
+    char origin[64];               /* GPU: "present" or from --gpu             */
+    char describe[512];            /* the target in words                      */
+    char no_gpu_why[256];          /* CPU: why no GPU is used                  */
+    char config_file[512];         /* the key's config file name               */
+    int has_schedule;              /* the compute capability is known          */
+    char warnings[4096];           /* ignored config files, one a line, each once */
+    int n_batches;
+    fm_explain_batch *batches;
+} fm_explanation;
+
+/* The decision, without rendering (the json field is not read). Never runs
+ * a kernel. Unknown --gpu names fail with FM_E_NOTFOUND listing known
+ * ones. Free with fm_explanation_free. */
+fm_status fm_explain_decide(const fm_explain_opts *o, fm_explanation **out);
+void fm_explanation_free(fm_explanation *x);
+/* The explanation as text, or as one JSON document (a trailing newline). */
+fm_status fm_explain_render_text(const fm_explanation *x, FILE *out);
+fm_status fm_explain_render_json(const fm_explanation *x, FILE *out);
+/* fm_explain_decide + render (text, or JSON with o->json) into *out
+ * (malloc'd, NUL-terminated); o->warnings receives the warnings. */
 fm_status fm_explain(const fm_explain_opts *o, char **out);
 
 /* `fp4moe tune`: a sweep over candidate configs per batch bucket. The

@@ -9,6 +9,7 @@
 #include <cmocka.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -487,6 +488,116 @@ static void test_explain(void **state) {
     free(text);
 }
 
+/* Renders through a memory stream (text or JSON). */
+static char *render(const fm_explanation *x, int json) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    assert_non_null(m);
+    assert_int_equal(json ? fm_explain_render_json(x, m) : fm_explain_render_text(x, m), FM_OK);
+    assert_int_equal(fclose(m), 0);
+    return buf;
+}
+
+/* The decision as a structure, and fm_explain as its rendering. */
+static void test_explain_decide(void **state) {
+    dirs *d = *state;
+    fm_model_desc md;
+    assert_int_equal(fm_preset_desc("deepseek-v4-flash", FM_QF_NVFP4, &md), FM_OK);
+    fm_tune_key k = key_h200();
+    const int fb[] = {1, 64};
+    write_cfg(d->b, &k, fb, 2, 6, k.sm_count); /* tuned: the user cache */
+    char name[256], bad[600];
+    assert_int_equal(fm_tune_key_filename(&k, name, sizeof name), FM_OK);
+    snprintf(bad, sizeof bad, "%s/%s", d->a, name);
+    FILE *f = fopen(bad, "w"); /* ignored: $FP4MOE_CONFIG_DIR holds a malformed one */
+    assert_non_null(f);
+    fputs("{not json", f);
+    fclose(f);
+
+    const int bs[] = {1, 3, 64};
+    fm_explain_opts o = {.desc = &md, .model_label = "--preset deepseek-v4-flash", .fmt = FM_QF_NVFP4,
+                         .batches = bs, .n_batches = 3, .gpu = "H200"};
+    fm_explanation *x = NULL;
+    assert_int_equal(fm_explain_decide(&o, &x), FM_OK);
+    assert_true(x->gpu);
+    assert_non_null(x->gpu_info);
+    assert_string_equal(x->key.gpu_name, "NVIDIA H200");
+    assert_string_equal(x->config_file, name);
+    assert_string_equal(x->model, "--preset deepseek-v4-flash");
+    /* NVFP4: three I x H matrices, each I*H/2 bytes of codes + I*H/16 of scales */
+    const double eb = 3.0 * (2048.0 * 4096 / 2 + 2048.0 * 4096 / 16);
+    assert_true(x->expert_bytes == (int64_t)eb);
+    assert_int_equal(x->n_batches, 3);
+    for (int i = 0; i < 3; i++) {
+        const fm_explain_batch *e = &x->batches[i];
+        const int T = bs[i];
+        assert_int_equal(e->batch, T);
+        const double act = 256.0 * (1.0 - pow(1.0 - 6.0 / 256.0, T));
+        assert_true(fabs(e->active_experts - act) <= 1e-9 * act);
+        assert_true(fabs(e->tokens_per_expert - T * 6.0 / act) <= 1e-9 * e->tokens_per_expert);
+        assert_true(fabs(e->shared_bytes - eb * md.shared_inter / md.moe_inter) <= 1e-6);
+        assert_true(fabs(e->bytes - (act * eb + e->shared_bytes)) <= 1e-6 * e->bytes);
+        assert_true(fabs(e->floor_us - e->bytes / (x->gpu_info->bandwidth_gbs * 1e9) * 1e6) <= 1e-9 * e->floor_us);
+        fm_kernel_config def = fm_kernel_config_default(&x->key, T);
+        assert_memory_equal(&e->default_cfg, &def, sizeof def);
+        /* buckets 1 and 64; B = 3 is nearer to 1 on a log scale */
+        assert_true(e->choice.tuned);
+        assert_int_equal(e->choice.bucket, T == 64 ? 64 : 1);
+        assert_int_equal(e->choice.cfg.rows_per_block, 6);
+        assert_non_null(strstr(e->choice.source, d->b));
+        assert_non_null(strstr(e->lookup[0].status, "ignored"));
+        assert_string_equal(e->lookup[1].status, "found");
+        assert_non_null(strstr(e->provenance, "provenance: backend=cuda"));
+        assert_non_null(e->logits_why);
+        assert_non_null(e->expert_launch);
+    }
+    assert_int_equal(x->batches[0].logits_gemv, 1);
+    assert_int_equal(x->batches[2].logits_gemv, 0);
+    /* the ignored file is named once for the three batches */
+    const char *w = strstr(x->warnings, bad);
+    assert_non_null(w);
+    assert_null(strstr(w + 1, bad));
+
+    /* fm_explain = decide + render, warnings included */
+    char warnings[4096];
+    o.warnings = warnings;
+    o.warnings_cap = sizeof warnings;
+    for (int json = 0; json < 2; json++) {
+        o.json = json;
+        char *direct = NULL, *mine = render(x, json);
+        assert_int_equal(fm_explain(&o, &direct), FM_OK);
+        assert_string_equal(direct, mine);
+        assert_string_equal(warnings, x->warnings);
+        free(direct);
+        free(mine);
+    }
+    fm_explanation_free(x);
+
+    /* the CPU path: no GPU fields, the engine named in each batch */
+    o.gpu = NULL;
+    char why[256];
+    if (!fm_cuda_available(why, sizeof why)) {
+        assert_int_equal(fm_explain_decide(&o, &x), FM_OK);
+        assert_false(x->gpu);
+        assert_true(x->no_gpu_why[0] != 0);
+        assert_true(x->batches[0].floor_us == 0);
+        assert_false(x->batches[0].choice.tuned);
+        char *t = render(x, 0);
+        assert_non_null(strstr(t, "No kernel parameters to tune"));
+        free(t);
+        fm_explanation_free(x);
+    }
+    const int zero[] = {0};
+    o.batches = zero;
+    o.n_batches = 1;
+    assert_int_equal(fm_explain_decide(&o, &x), FM_E_RANGE);
+    assert_null(x);
+    assert_int_equal(fm_explain_decide(NULL, &x), FM_E_ARG);
+    remove(bad);
+    rm_cfg(d->b, &k);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_default_when_nothing, setup, teardown),
@@ -498,6 +609,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_memo, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_explain, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_explain_decide, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

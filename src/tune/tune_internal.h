@@ -62,12 +62,8 @@ int fm_tune_path_from_token(const char *s);
  * malformed, msg says why. */
 int fm_tune_load_cached(const char *path, fm_tune_file *out, char *msg, size_t cap);
 
-/* One directory of the lookup, as fm_tune_choose saw it. */
-typedef struct {
-    const char *label;   /* "$FP4MOE_CONFIG_DIR", "user cache", "shipped" */
-    char dir[1024];      /* "" when not set                              */
-    char status[640];    /* "not set", "no such file", "found", "ignored: ..." */
-} fm_tune_trail;
+/* One directory of the lookup (the public fm_tune_lookup). */
+typedef fm_tune_lookup fm_tune_trail;
 /* fm_tune_choose, also reporting each directory's outcome (trail may be
  * NULL). */
 fm_status fm_tune_choose_trail(const fm_tune_key *key, int T, fm_tune_choice *out, fm_tune_trail trail[FM_TUNE_NDIRS]);
