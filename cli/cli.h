@@ -21,6 +21,9 @@ int fm_cli_fail(const char *cmd, fm_status s);
 int fm_cli_parse_int_list(const char *cmd, const char *s, int *vals, int max);
 /* Parses a decimal integer in [lo, hi]; -1 on error (message printed). */
 int fm_cli_parse_int(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out);
+/* Parses --format nvfp4|mxfp4|bf16 (s NULL: FM_QF_NONE); -1 on error
+ * (message printed). */
+int fm_cli_parse_format(const char *cmd, const char *s, fm_qformat *out);
 /* Parses --isa auto|scalar|avx2|avx512; -1 on error (message printed). */
 int fm_cli_parse_isa(const char *cmd, const char *s, fm_cpu_isa *out);
 

@@ -230,14 +230,8 @@ int fm_cmd_bench(int argc, char **argv) {
     if (model && preset) { fprintf(stderr, "fp4moe bench: error: give --model or --preset, not both\n"); return 2; }
     if (model && fmt_s) { fprintf(stderr, "fp4moe bench: error: --format applies to --preset only\n"); return 2; }
     if (!model && !preset) preset = "qwen3-30b-a3b";
-    fm_qformat fmt = FM_QF_NONE;
-    if (fmt_s) {
-        fmt = fm_qformat_from_name(fmt_s);
-        if (fmt != FM_QF_NVFP4 && fmt != FM_QF_MXFP4 && fmt != FM_QF_BF16) {
-            fprintf(stderr, "fp4moe bench: error: --format '%s' (expected nvfp4, mxfp4 or bf16)\n", fmt_s);
-            return 2;
-        }
-    }
+    fm_qformat fmt;
+    if (fm_cli_parse_format("bench", fmt_s, &fmt)) return 2;
 
     if (fm_cli_dist_validate("bench", &dist, cuda ? FM_DEV_CUDA : FM_DEV_CPU)) return 2;
     fm_dist_opts dop = fm_cli_dist_lib_opts(&dist);

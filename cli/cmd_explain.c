@@ -52,14 +52,8 @@ int fm_cmd_explain(int argc, char **argv) {
     int batches[MAX_BATCHES];
     int nb = fm_cli_parse_int_list("explain", batch_s, batches, MAX_BATCHES);
     if (nb < 0) return 2;
-    fm_qformat fmt = FM_QF_NONE;
-    if (fmt_s) {
-        fmt = fm_qformat_from_name(fmt_s);
-        if (fmt != FM_QF_NVFP4 && fmt != FM_QF_MXFP4 && fmt != FM_QF_BF16) {
-            fprintf(stderr, "fp4moe explain: error: --format '%s' (expected nvfp4, mxfp4 or bf16)\n", fmt_s);
-            return 2;
-        }
-    }
+    fm_qformat fmt;
+    if (fm_cli_parse_format("explain", fmt_s, &fmt)) return 2;
     fm_model_desc d;
     fm_status s = preset ? fm_preset_desc(preset, fmt, &d) : fm_model_desc_load(model, &d);
     if (s) return fm_cli_fail("explain", s);

@@ -67,14 +67,8 @@ int fm_cmd_gen(int argc, char **argv) {
         gen_usage(stderr);
         return 2;
     }
-    fm_qformat f = FM_QF_NONE;
-    if (fmt_s) {
-        f = fm_qformat_from_name(fmt_s);
-        if (f != FM_QF_NVFP4 && f != FM_QF_MXFP4 && f != FM_QF_BF16) {
-            fprintf(stderr, "fp4moe gen: error: --format '%s' (expected nvfp4, mxfp4 or bf16)\n", fmt_s);
-            return 2;
-        }
-    }
+    fm_qformat f;
+    if (fm_cli_parse_format("gen", fmt_s, &f)) return 2;
     fm_model_desc d;
     fm_status s = fm_preset_desc(preset, f, &d);
     if (s != FM_OK) return fm_cli_fail("gen", s);

@@ -57,6 +57,13 @@ int fm_cli_parse_int(const char *cmd, const char *opt, const char *s, long lo, l
     return 0;
 }
 
+int fm_cli_parse_format(const char *cmd, const char *s, fm_qformat *out) {
+    *out = s ? fm_qformat_from_name(s) : FM_QF_NONE;
+    if (!s || *out == FM_QF_NVFP4 || *out == FM_QF_MXFP4 || *out == FM_QF_BF16) return 0;
+    fprintf(stderr, "fp4moe %s: error: --format '%s' (expected nvfp4, mxfp4 or bf16)\n", cmd, s);
+    return -1;
+}
+
 int fm_cli_parse_int_list(const char *cmd, const char *s, int *vals, int max) {
     int n = 0;
     const char *p = s;

@@ -63,6 +63,22 @@ static fm_bench_opts cpu_opts(const int *batches, int n) {
     return o;
 }
 
+/* Runs o (which must succeed), logging the callbacks into g: the set-up
+ * first, then each row in order. */
+static fm_bench_report *run_ok(fm_bench_opts *o, row_log *g) {
+    memset(g, 0, sizeof *g);
+    o->on_row = log_row;
+    o->row_ctx = g;
+    fm_bench_report *r = calloc(1, sizeof *r);
+    assert_non_null(r);
+    if (fm_bench_run(o, r) != FM_OK) fail_msg("bench: %s", fm_last_error());
+    assert_int_equal(g->n, o->n_batches + 1);
+    for (int i = 0; i <= o->n_batches; i++) assert_int_equal(g->rows[i], i - 1);
+    assert_int_equal(g->n_rows_at_setup, 0);
+    assert_int_equal(r->n_rows, o->n_batches);
+    return r;
+}
+
 static char g_dir[256];
 
 static void rm_tree(const char *dir) {
@@ -100,23 +116,12 @@ static void test_bench_cpu_preset(void **state) {
     (void)state;
     const int batches[] = {1, 3};
     fm_bench_opts o = cpu_opts(batches, 2);
-    row_log g = {0};
+    row_log g;
     prog_log p = {0};
-    o.on_row = log_row;
-    o.row_ctx = &g;
     o.progress = log_progress;
     o.progress_ctx = &p;
-    fm_bench_report *r = calloc(1, sizeof *r);
-    assert_non_null(r);
-    assert_int_equal(fm_bench_run(&o, r), FM_OK);
-
-    /* the set-up first, then each row in order */
-    assert_int_equal(g.n, 3);
-    assert_int_equal(g.rows[0], -1);
-    assert_int_equal(g.rows[1], 0);
-    assert_int_equal(g.rows[2], 1);
+    fm_bench_report *r = run_ok(&o, &g);
     assert_int_equal(g.layers_at_setup, 2);
-    assert_int_equal(g.n_rows_at_setup, 0);
     /* every operation ended with frac 1 */
     assert_true(p.calls > 0);
     assert_int_equal(p.bad_frac, 0);
@@ -127,7 +132,6 @@ static void test_bench_cpu_preset(void **state) {
     assert_int_equal(r->fmt, FM_QF_NVFP4);
     assert_int_equal(r->layers, 2);
     assert_int_equal(r->n_batches, 2);
-    assert_int_equal(r->n_rows, 2);
     assert_true(r->bandwidth_Bps > 0);
     assert_non_null(strstr(r->bandwidth_probe, "8 MiB, 1 threads"));
     assert_int_equal(r->dist_desc[0], 0);
@@ -167,15 +171,13 @@ static void test_bench_model_fewer_layers(void **state) {
     o.preset = NULL;
     o.model_dir = dir;
     o.layers = 5;
-    fm_bench_report *r = calloc(1, sizeof *r);
-    assert_non_null(r);
-    assert_int_equal(fm_bench_run(&o, r), FM_OK);
+    row_log g;
+    fm_bench_report *r = run_ok(&o, &g);
     assert_int_equal(r->layers_wanted, 5);
     assert_int_equal(r->layers, 2); /* the checkpoint holds two MoE layers */
     char want[600];
     snprintf(want, sizeof want, "model %s", dir);
     assert_string_equal(r->source, want);
-    assert_int_equal(r->n_rows, 1);
     assert_true(r->rows[0].bytes_per_layer > 0);
     free(r);
 }
@@ -186,16 +188,9 @@ static void test_bench_sharded(void **state) {
     fm_bench_opts o = cpu_opts(batches, 2);
     fm_dist_opts dop = {.mode = FM_DIST_TP, .ranks = 2};
     o.dist = &dop;
-    row_log g = {0};
-    o.on_row = log_row;
-    o.row_ctx = &g;
-    fm_bench_report *r = calloc(1, sizeof *r);
-    assert_non_null(r);
-    assert_int_equal(fm_bench_run(&o, r), FM_OK);
-    assert_int_equal(g.n, 3);
-    assert_int_equal(g.rows[0], -1);
+    row_log g;
+    fm_bench_report *r = run_ok(&o, &g);
     assert_true(r->dist_desc[0] != 0);
-    assert_int_equal(r->n_rows, 2);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(r->rows[i].T, batches[i]);
         assert_int_equal(r->dist_rows[i].T, batches[i]);

@@ -254,165 +254,271 @@ static void fill_inputs(const run_ctx *c, int B, int step, float *x, int32_t *to
     for (int t = 0; t < B; t++) tok[t] = (int32_t)(fm_rng_u64(c->o->seed, key ^ 0x5a5a5a5au, (uint64_t)t) % (uint64_t)vocab);
 }
 
-/* ------------------------------------------------------------- CPU */
+/* One step's inputs and outputs for up to B tokens (host memory). */
+typedef struct {
+    float *x, *out, *w;
+    int32_t *ids, *tok;
+} step_io;
 
-static fm_status run_cpu(run_ctx *c) {
+static void io_free(step_io *s) {
+    free(s->x);
+    free(s->out);
+    free(s->w);
+    free(s->ids);
+    free(s->tok);
+    memset(s, 0, sizeof *s);
+}
+
+static fm_status io_alloc(step_io *s, const fm_model_desc *d, int B) {
+    const size_t H = (size_t)d->hidden, k = (size_t)d->topk;
+    s->x = fm_malloc((size_t)B * H * sizeof *s->x);
+    s->out = fm_malloc((size_t)B * H * sizeof *s->out);
+    s->w = fm_malloc((size_t)B * k * sizeof *s->w);
+    s->ids = fm_malloc((size_t)B * k * sizeof *s->ids);
+    s->tok = fm_malloc((size_t)B * sizeof *s->tok);
+    if (s->x && s->out && s->w && s->ids && s->tok) return FM_OK;
+    io_free(s);
+    return FM_E_NOMEM;
+}
+
+/* Distinct layers in memory: --layers, else up to two of the model's. */
+static int layers_wanted(const run_ctx *c) { return c->o->layers > 0 ? c->o->layers : (c->n_moe < 2 ? c->n_moe : 2); }
+
+/* ------------------------------------------------------ the devices */
+
+/* What differs between the devices; run_device is the path they share:
+ * engine and layers, bandwidth, compute peak, the time source, then the
+ * batches, each inside its window on the run's timeline. */
+typedef struct {
+    size_t probe_bytes;    /* the bandwidth probe's default buffer          */
+    const char *probe_what;/* how bandwidth_note names the probe             */
+    /* The engine and the layers: device_desc, layers_distinct, fmt. *dev is
+     * set even on failure (close frees what there is). */
+    fm_status (*open)(run_ctx *c, void **dev);
+    /* The streaming read of `bytes`, in bytes/s. */
+    fm_status (*bandwidth)(void *dev, const run_ctx *c, size_t bytes, double *Bps);
+    /* Compute peak (FLOP/s; 0: unknown) and where it comes from. */
+    double (*peak)(const run_ctx *c, char *note, size_t cap);
+    /* The time source, and what the batches need. */
+    fm_status (*prepare)(void *dev, run_ctx *c);
+    /* Measures batch bi into b (index p->n_batch): steps, step times, phase
+     * rows, active experts and their spans. win[0] is the window's start
+     * (the device may move it); the device sets win[1], its end. name: the
+     * batch's span ("batch B" unless the device says more). */
+    fm_status (*batch)(void *dev, run_ctx *c, int bi, fm_prof_batch *b, uint64_t win[2], char *name, size_t cap);
+    fm_status (*finish)(void *dev, run_ctx *c); /* after the batches */
+    void (*close)(void *dev);
+} dev_ops;
+
+static fm_status run_device(run_ctx *c, const dev_ops *ops) {
     const fm_prof_opts *o = c->o;
     fm_profile *p = c->p;
-    fm_cpu_engine *e = NULL;
-    fm_moe_layer **ls = NULL;
-    int nl = 0;
-    float *x = NULL, *out = NULL, *w = NULL;
-    int32_t *ids = NULL, *tok = NULL, *tpe = NULL;
-    uint8_t *seen = NULL;
-    fm_status st = fm_cpu_engine_new(FM_CPU_AUTO, o->threads, &e);
-    if (st != FM_OK) return st;
-    snprintf(p->device_desc, sizeof p->device_desc, "%s", fm_cpu_engine_describe(e));
-    int want = o->layers > 0 ? o->layers : (c->n_moe < 2 ? c->n_moe : 2);
-    progress(c, "building %s layers (%d)", c->ckpt ? "checkpoint" : "random", want);
-    st = host_layers(c, want, &ls, &nl);
-    if (st != FM_OK) goto done;
-    p->layers_distinct = nl;
-    p->fmt = ls[0]->fmt;
-
-    if (o->bandwidth_Bps > 0) {
+    void *dev = NULL;
+    fm_status st = ops->open(c, &dev);
+    if (st == FM_OK && o->bandwidth_Bps > 0) {
         p->bandwidth_Bps = o->bandwidth_Bps;
         snprintf(p->bandwidth_note, sizeof p->bandwidth_note, "given with --bandwidth");
-    } else {
-        size_t bytes = o->bw_probe_bytes ? o->bw_probe_bytes : DEFAULT_CPU_PROBE;
+    } else if (st == FM_OK) {
+        size_t bytes = o->bw_probe_bytes ? o->bw_probe_bytes : ops->probe_bytes;
         progress(c, "measuring memory bandwidth%s (%d MiB)", "", (int)(bytes >> 20));
-        p->bandwidth_Bps = fm_cpu_measure_bandwidth(bytes, o->threads);
-        snprintf(p->bandwidth_note, sizeof p->bandwidth_note, "measured now: streaming read of %zu MiB", bytes >> 20);
-        if (!(p->bandwidth_Bps > 0)) {
-            st = fm_error(FM_E_NUMERIC, "profile: the bandwidth probe returned %g B/s", p->bandwidth_Bps);
-            goto done;
-        }
+        st = ops->bandwidth(dev, c, bytes, &p->bandwidth_Bps);
+        snprintf(p->bandwidth_note, sizeof p->bandwidth_note, "measured now: %s of %zu MiB", ops->probe_what, bytes >> 20);
     }
-    if (o->peak_flops > 0) {
+    if (st == FM_OK && o->peak_flops > 0) {
         p->peak_flops = o->peak_flops;
         snprintf(p->peak_note, sizeof p->peak_note, "given with --peak-gflops");
-    } else {
-        p->peak_flops = fm_prof_cpu_peak_flops(o->threads, p->peak_note, sizeof p->peak_note);
+    } else if (st == FM_OK) {
+        p->peak_flops = ops->peak(c, p->peak_note, sizeof p->peak_note);
     }
-    p->tile_n = o->tile_n;
+    p->tile_n = o->tile_n; /* --tile-n models every batch with one tile size */
+    if (st == FM_OK) st = ops->prepare(dev, c);
+    for (int bi = 0; bi < o->n_batch && st == FM_OK; bi++) {
+        fm_prof_batch *b = &p->b[p->n_batch];
+        memset(b, 0, sizeof *b);
+        b->batch = o->batches[bi];
+        progress(c, "batch %s%d", "", b->batch);
+        char name[64];
+        snprintf(name, sizeof name, "batch %d", b->batch);
+        uint64_t win[2] = {fm_now_ns(), 0};
+        st = ops->batch(dev, c, bi, b, win, name, sizeof name);
+        if (st != FM_OK) break;
+        b->t_begin_s = (double)(win[0] - c->t0) * 1e-9;
+        b->t_end_s = (double)(win[1] - c->t0) * 1e-9;
+        add_span(p, c->t0, win[0], win[1], 1, 1, p->n_batch, 0, -1, name);
+        p->n_batch++;
+    }
+    if (st == FM_OK && ops->finish) st = ops->finish(dev, c);
+    ops->close(dev);
+    return st;
+}
+
+/* ------------------------------------------------------------- CPU */
+
+typedef struct {
+    fm_cpu_engine *e;
+    fm_moe_layer **ls;
+    int nl;
+    step_io io;       /* for the largest batch */
+    int32_t *tpe;     /* tokens per expert */
+    uint8_t *seen;
+    fm_phase_times pt;
+} cpu_dev;
+
+static fm_status cpu_open(run_ctx *c, void **out) {
+    fm_profile *p = c->p;
+    cpu_dev *v = fm_calloc(1, sizeof *v);
+    *out = v;
+    if (!v) return FM_E_NOMEM;
+    fm_status st = fm_cpu_engine_new(FM_CPU_AUTO, c->o->threads, &v->e);
+    if (st != FM_OK) return st;
+    snprintf(p->device_desc, sizeof p->device_desc, "%s", fm_cpu_engine_describe(v->e));
+    int want = layers_wanted(c);
+    progress(c, "building %s layers (%d)", c->ckpt ? "checkpoint" : "random", want);
+    st = host_layers(c, want, &v->ls, &v->nl);
+    if (st != FM_OK) return st;
+    p->layers_distinct = v->nl;
+    p->fmt = v->ls[0]->fmt;
+    return FM_OK;
+}
+
+static fm_status cpu_bandwidth(void *dev, const run_ctx *c, size_t bytes, double *Bps) {
+    (void)dev;
+    *Bps = fm_cpu_measure_bandwidth(bytes, c->o->threads);
+    return *Bps > 0 ? FM_OK : fm_error(FM_E_NUMERIC, "profile: the bandwidth probe returned %g B/s", *Bps);
+}
+
+static double cpu_peak(const run_ctx *c, char *note, size_t cap) {
+    return fm_prof_cpu_peak_flops(c->o->threads, note, cap);
+}
+
+static fm_status cpu_prepare(void *dev, run_ctx *c) {
+    cpu_dev *v = dev;
+    fm_profile *p = c->p;
     p->time_source = FM_TSRC_HOST;
     snprintf(p->time_note, sizeof p->time_note,
              "phase timers inside the CPU engine; trace phase spans are laid out in pipeline order inside each "
              "layer call with their measured durations");
-
     int maxB = 0;
-    for (int i = 0; i < o->n_batch; i++) maxB = o->batches[i] > maxB ? o->batches[i] : maxB;
-    int H = c->d.hidden, k = c->d.topk, E = c->d.n_experts;
-    x = fm_malloc((size_t)maxB * H * sizeof *x);
-    out = fm_malloc((size_t)maxB * H * sizeof *out);
-    w = fm_malloc((size_t)maxB * k * sizeof *w);
-    ids = fm_malloc((size_t)maxB * k * sizeof *ids);
-    tok = fm_malloc((size_t)maxB * sizeof *tok);
-    tpe = fm_malloc((size_t)E * sizeof *tpe);
-    seen = fm_malloc((size_t)E);
-    if (!x || !out || !w || !ids || !tok || !tpe || !seen) {
-        st = FM_E_NOMEM;
-        goto done;
-    }
-    fm_phase_times pt;
-    memset(&pt, 0, sizeof pt);
-    fm_cpu_engine_set_phase_times(e, &pt);
+    for (int i = 0; i < c->o->n_batch; i++) maxB = c->o->batches[i] > maxB ? c->o->batches[i] : maxB;
+    const int E = c->d.n_experts;
+    v->tpe = fm_malloc((size_t)E * sizeof *v->tpe);
+    v->seen = fm_malloc((size_t)E);
+    if (!v->tpe || !v->seen || io_alloc(&v->io, &c->d, maxB) != FM_OK) return FM_E_NOMEM;
+    memset(&v->pt, 0, sizeof v->pt);
+    fm_cpu_engine_set_phase_times(v->e, &v->pt);
+    return FM_OK;
+}
 
-    for (int bi = 0; bi < o->n_batch && st == FM_OK; bi++) {
-        int B = o->batches[bi];
-        fm_prof_batch *b = &p->b[p->n_batch];
-        memset(b, 0, sizeof *b);
-        b->batch = B;
-        progress(c, "batch %s%d", "", B);
-        double *step_ns = fm_calloc((size_t)o->steps, sizeof *step_ns);
-        if (!step_ns) { st = FM_E_NOMEM; break; }
-        double active_sum = 0, tile_tok = 0, tile_rows = 0;
-        long layer_calls = 0;
-        uint64_t tb = fm_now_ns();
-        b->t_begin_s = now_s(c->t0);
-        for (int s = 0; s < o->warmup + o->steps && st == FM_OK; s++) {
-            int measured = s >= o->warmup;
-            fill_inputs(c, B, s, x, tok);
-            uint64_t s0 = fm_now_ns();
-            for (int l = 0; l < p->layers_per_step; l++) {
-                const fm_moe_layer *L = ls[l % nl];
-                fm_phase_times before = pt;
-                fm_moe_out mo = {out, ids, w};
-                uint64_t l0 = fm_now_ns();
-                st = fm_cpu_forward(e, &c->d, L, x, FM_DT_F32, B, tok, &mo);
-                uint64_t l1 = fm_now_ns();
-                if (st != FM_OK) break;
-                char nm[64];
-                snprintf(nm, sizeof nm, "layer %d", L->layer);
-                add_span(p, c->t0, l0, l1, 1, 1, p->n_batch, 2, -1, nm);
-                uint64_t t = l0;
-                for (int ph = 0; ph < FM_PH_COUNT; ph++) {
-                    double d = pt.ns[ph] - before.ns[ph];
-                    if (d <= 0) continue;
-                    if (measured) b->row_ns[ph] += d;
-                    add_span(p, c->t0, t, t + (uint64_t)d, 1, 1, p->n_batch, 3, ph, fm_phase_name((fm_phase)ph));
-                    t += (uint64_t)d;
-                }
-                if (!measured) continue;
-                layer_calls++;
-                active_sum += count_distinct(ids, B * k, E, seen);
-                if (o->tile_n > 0) {
-                    memset(tpe, 0, (size_t)E * sizeof *tpe);
-                    for (int i = 0; i < B * k; i++)
-                        if (ids[i] >= 0 && ids[i] < E) tpe[ids[i]]++;
-                    for (int q = 0; q < E; q++)
-                        if (tpe[q] > 0) {
-                            tile_tok += tpe[q];
-                            tile_rows += (double)((tpe[q] + o->tile_n - 1) / o->tile_n) * o->tile_n;
-                        }
-                }
-            }
-            uint64_t s1 = fm_now_ns();
-            char nm[64];
-            snprintf(nm, sizeof nm, "%s B=%d", measured ? "step" : "warm-up step", B);
-            add_span(p, c->t0, s0, s1, 1, 1, p->n_batch, 1, -1, nm);
-            if (measured) step_ns[s - o->warmup] = (double)(s1 - s0);
-            if (o->progress && (s1 - s0) > 1000000000ull)
-                fprintf(o->progress, "profile: batch %d %s %d: %.0f ms\n", B, measured ? "step" : "warm-up step",
-                        measured ? s - o->warmup + 1 : s + 1, (double)(s1 - s0) * 1e-6);
-        }
-        uint64_t te = fm_now_ns();
-        if (st == FM_OK) {
-            char nm[64];
-            snprintf(nm, sizeof nm, "batch %d", B);
-            add_span(p, c->t0, tb, te, 1, 1, p->n_batch, 0, -1, nm);
-            b->t_end_s = now_s(c->t0);
-            b->steps = o->steps;
-            double sum = 0;
-            b->step_ns_min = INFINITY;
-            for (int s = 0; s < o->steps; s++) {
-                sum += step_ns[s];
-                b->step_ns_min = fmin(b->step_ns_min, step_ns[s]);
-                b->step_ns_max = fmax(b->step_ns_max, step_ns[s]);
-            }
-            b->step_ns = sum / o->steps;
-            for (int ph = 0; ph < FM_PH_COUNT; ph++) b->row_ns[ph] /= o->steps;
-            b->active_observed = layer_calls ? active_sum / layer_calls : 0;
-            b->tile_fill_observed = tile_rows > 0 ? tile_tok / tile_rows : -1;
-            p->n_batch++;
-        }
-        free(step_ns);
+/* One layer call of a step: its span, its phases laid out in pipeline
+ * order, and (measured steps) the phase rows, active experts and tiles. */
+static fm_status cpu_layer(cpu_dev *v, run_ctx *c, fm_prof_batch *b, const fm_moe_layer *L, int measured,
+                           double acc[3]) {
+    fm_profile *p = c->p;
+    const int B = b->batch, k = c->d.topk, E = c->d.n_experts, tile_n = c->o->tile_n;
+    fm_phase_times before = v->pt;
+    fm_moe_out mo = {v->io.out, v->io.ids, v->io.w};
+    uint64_t l0 = fm_now_ns();
+    fm_status st = fm_cpu_forward(v->e, &c->d, L, v->io.x, FM_DT_F32, B, v->io.tok, &mo);
+    uint64_t l1 = fm_now_ns();
+    if (st != FM_OK) return st;
+    char nm[64];
+    snprintf(nm, sizeof nm, "layer %d", L->layer);
+    add_span(p, c->t0, l0, l1, 1, 1, p->n_batch, 2, -1, nm);
+    uint64_t t = l0;
+    for (int ph = 0; ph < FM_PH_COUNT; ph++) {
+        double d = v->pt.ns[ph] - before.ns[ph];
+        if (d <= 0) continue;
+        if (measured) b->row_ns[ph] += d;
+        add_span(p, c->t0, t, t + (uint64_t)d, 1, 1, p->n_batch, 3, ph, fm_phase_name((fm_phase)ph));
+        t += (uint64_t)d;
     }
-    p->fused_mask = pt.fused_mask;
-    fm_cpu_engine_set_phase_times(e, NULL);
-done:
-    free(x);
-    free(out);
-    free(w);
-    free(ids);
-    free(tok);
-    free(tpe);
-    free(seen);
-    for (int i = 0; i < nl; i++) fm_moe_layer_free(ls[i]);
-    free(ls);
-    fm_cpu_engine_free(e);
+    if (!measured) return FM_OK;
+    const int32_t *ids = v->io.ids;
+    acc[0] += count_distinct(ids, B * k, E, v->seen);
+    if (tile_n > 0) {
+        memset(v->tpe, 0, (size_t)E * sizeof *v->tpe);
+        for (int i = 0; i < B * k; i++)
+            if (ids[i] >= 0 && ids[i] < E) v->tpe[ids[i]]++;
+        for (int q = 0; q < E; q++)
+            if (v->tpe[q] > 0) {
+                acc[1] += v->tpe[q];
+                acc[2] += (double)((v->tpe[q] + tile_n - 1) / tile_n) * tile_n;
+            }
+    }
+    return FM_OK;
+}
+
+static fm_status cpu_batch(void *dev, run_ctx *c, int bi, fm_prof_batch *b, uint64_t win[2], char *name, size_t cap) {
+    (void)bi;
+    (void)name;
+    (void)cap;
+    cpu_dev *v = dev;
+    const fm_prof_opts *o = c->o;
+    fm_profile *p = c->p;
+    const int B = b->batch;
+    double *step_ns = fm_calloc((size_t)o->steps, sizeof *step_ns);
+    if (!step_ns) return FM_E_NOMEM;
+    double acc[3] = {0, 0, 0}; /* active experts, tokens in tiles, tile rows */
+    long layer_calls = 0;
+    fm_status st = FM_OK;
+    for (int s = 0; s < o->warmup + o->steps && st == FM_OK; s++) {
+        int measured = s >= o->warmup;
+        fill_inputs(c, B, s, v->io.x, v->io.tok);
+        uint64_t s0 = fm_now_ns();
+        for (int l = 0; l < p->layers_per_step && st == FM_OK; l++) {
+            st = cpu_layer(v, c, b, v->ls[l % v->nl], measured, acc);
+            layer_calls += measured;
+        }
+        if (st != FM_OK) break;
+        uint64_t s1 = fm_now_ns();
+        char nm[64];
+        snprintf(nm, sizeof nm, "%s B=%d", measured ? "step" : "warm-up step", B);
+        add_span(p, c->t0, s0, s1, 1, 1, p->n_batch, 1, -1, nm);
+        if (measured) step_ns[s - o->warmup] = (double)(s1 - s0);
+        if (o->progress && (s1 - s0) > 1000000000ull)
+            fprintf(o->progress, "profile: batch %d %s %d: %.0f ms\n", B, measured ? "step" : "warm-up step",
+                    measured ? s - o->warmup + 1 : s + 1, (double)(s1 - s0) * 1e-6);
+    }
+    win[1] = fm_now_ns();
+    if (st == FM_OK) {
+        b->steps = o->steps;
+        double sum = 0;
+        b->step_ns_min = INFINITY;
+        for (int s = 0; s < o->steps; s++) {
+            sum += step_ns[s];
+            b->step_ns_min = fmin(b->step_ns_min, step_ns[s]);
+            b->step_ns_max = fmax(b->step_ns_max, step_ns[s]);
+        }
+        b->step_ns = sum / o->steps;
+        for (int ph = 0; ph < FM_PH_COUNT; ph++) b->row_ns[ph] /= o->steps;
+        b->active_observed = layer_calls ? acc[0] / layer_calls : 0;
+        b->tile_fill_observed = acc[2] > 0 ? acc[1] / acc[2] : -1;
+    }
+    free(step_ns);
     return st;
 }
+
+static fm_status cpu_finish(void *dev, run_ctx *c) {
+    cpu_dev *v = dev;
+    c->p->fused_mask = v->pt.fused_mask;
+    return FM_OK;
+}
+
+static void cpu_close(void *dev) {
+    cpu_dev *v = dev;
+    if (!v) return;
+    io_free(&v->io);
+    free(v->tpe);
+    free(v->seen);
+    for (int i = 0; i < v->nl; i++) fm_moe_layer_free(v->ls[i]);
+    free(v->ls);
+    fm_cpu_engine_free(v->e);
+    free(v);
+}
+
+static const dev_ops k_cpu = {.probe_bytes = DEFAULT_CPU_PROBE, .probe_what = "streaming read", .open = cpu_open,
+                              .bandwidth = cpu_bandwidth, .peak = cpu_peak, .prepare = cpu_prepare,
+                              .batch = cpu_batch, .finish = cpu_finish, .close = cpu_close};
 
 /* ------------------------------------------------------------- CUDA */
 
@@ -453,79 +559,28 @@ static int cupti_breakdown(run_ctx *c, fm_prof_batch *b, int bi, const fm_kernel
     return steps;
 }
 
-/* Without CUPTI: one step's layers through fm_cuda_forward (not in a
- * graph), with CUDA events between phases; returns the calls timed. */
-static fm_status events_step(run_ctx *c, fm_cuda_engine *e, fm_cuda_layer **step, int B, fm_phase_times *pt) {
-    const fm_profile *p = c->p;
-    int H = c->d.hidden, k = c->d.topk;
-    float *x = fm_malloc((size_t)B * H * sizeof *x), *out = fm_malloc((size_t)B * H * sizeof *out);
-    float *w = fm_malloc((size_t)B * k * sizeof *w);
-    int32_t *ids = fm_malloc((size_t)B * k * sizeof *ids), *tok = fm_malloc((size_t)B * sizeof *tok);
-    fm_status st = (x && out && w && ids && tok) ? FM_OK : FM_E_NOMEM;
-    if (st == FM_OK) fill_inputs(c, B, 0, x, tok);
-    memset(pt, 0, sizeof *pt);
-    fm_cuda_engine_set_phase_times(e, pt);
-    for (int l = 0; st == FM_OK && l < p->layers_per_step; l++) {
-        fm_moe_out mo = {out, ids, w};
-        st = fm_cuda_forward(e, &c->d, step[l], x, FM_DT_F32, B, tok, &mo);
-    }
-    fm_cuda_engine_set_phase_times(e, NULL);
-    free(x);
-    free(out);
-    free(w);
-    free(ids);
-    free(tok);
-    return st;
-}
-
-static fm_status run_cuda(run_ctx *c) {
-    const fm_prof_opts *o = c->o;
-    fm_profile *p = c->p;
-    char why[256] = "";
-    if (!fm_cuda_available(why, sizeof why))
-        return fm_error(FM_E_UNSUPPORTED, "profile --device cuda: no usable CUDA GPU: %s", why);
-    fm_cuda_engine *e = NULL;
-    fm_cuda_layer **cl = NULL;
-    fm_cuda_layer **step = NULL;
-    fm_cupti *cu = NULL;
-    int nl = 0;
-    fm_status st = fm_cuda_engine_new(o->cuda_device, &e);
-    if (st != FM_OK) return st;
-    snprintf(p->device_desc, sizeof p->device_desc, "%s", fm_cuda_engine_describe(e));
-    int want = o->layers > 0 ? o->layers : (c->n_moe < 2 ? c->n_moe : 2);
-    cl = fm_calloc((size_t)want, sizeof *cl);
-    step = fm_calloc((size_t)p->layers_per_step, sizeof *step);
-    if (!cl || !step) { st = FM_E_NOMEM; goto done; }
-    if (c->ckpt) {
-        fm_moe_layer **hl = NULL;
-        int hn = 0;
-        st = host_layers(c, want, &hl, &hn);
-        for (int i = 0; st == FM_OK && i < hn; i++) {
-            st = fm_cuda_layer_upload(e, &c->d, hl[i], &cl[i]);
-            if (st == FM_OK) nl++;
-        }
-        if (hn) p->fmt = hl[0]->fmt;
-        for (int i = 0; i < hn; i++) fm_moe_layer_free(hl[i]);
-        free(hl);
-    } else {
-        for (int i = 0; st == FM_OK && i < want && i < c->n_moe; i++) {
-            st = fm_cuda_layer_random(e, &c->d, p->fmt, o->seed, c->moe_idx[i], &cl[i]);
-            if (st == FM_OK) nl++;
-        }
-    }
-    if (st != FM_OK) goto done;
-    p->layers_distinct = nl;
-    for (int l = 0; l < p->layers_per_step; l++) step[l] = cl[l % nl];
-
-    fm_tune_key key;
-    memset(&key, 0, sizeof key);
-    st = fm_cuda_engine_key(e, &c->d, p->fmt, &key);
-    if (st != FM_OK) goto done;
-    size_t plen = 0;
+typedef struct {
+    fm_cuda_engine *e;
+    fm_cuda_layer **cl;   /* the distinct layers */
+    fm_cuda_layer **step; /* a step's layers, cycling cl */
+    int nl;
+    fm_cupti *cu;
     /* token rows an expert's count is padded to, per batch: tile_n on the
      * large path (every pass runs all its 8-token tiles), 8 on the wgmma
      * path (a pass's N is its count rounded up to 8) */
-    int tiles[FM_PROF_MAX_BATCH] = {0};
+    int tiles[FM_PROF_MAX_BATCH];
+} cuda_dev;
+
+/* The tuned config (or the default) of each batch: the provenance lines
+ * and the tile sizes the model pads to. */
+static fm_status cuda_configs(cuda_dev *v, run_ctx *c) {
+    const fm_prof_opts *o = c->o;
+    fm_profile *p = c->p;
+    fm_tune_key key;
+    memset(&key, 0, sizeof key);
+    fm_status st = fm_cuda_engine_key(v->e, &c->d, p->fmt, &key);
+    if (st != FM_OK) return st;
+    size_t plen = 0;
     for (int bi = 0; bi < o->n_batch; bi++) {
         fm_tune_choice ch;
         if (fm_tune_choose(&key, o->batches[bi], &ch) != FM_OK) continue;
@@ -533,33 +588,65 @@ static fm_status run_cuda(run_ctx *c) {
         fm_tune_provenance_line(&key, o->batches[bi], &ch, line, sizeof line);
         int wr = snprintf(p->provenance + plen, sizeof p->provenance - plen, "%s%s", plen ? "\n" : "", line);
         if (wr > 0 && (size_t)wr < sizeof p->provenance - plen) plen += (size_t)wr;
-        if (ch.cfg.path == FM_PATH_LARGE) tiles[bi] = ch.cfg.tile_n;
-        else if (ch.cfg.path == FM_PATH_WGMMA) tiles[bi] = 8;
+        if (ch.cfg.path == FM_PATH_LARGE) v->tiles[bi] = ch.cfg.tile_n;
+        else if (ch.cfg.path == FM_PATH_WGMMA) v->tiles[bi] = 8;
     }
-    p->tile_n = o->tile_n; /* --tile-n models every batch with one tile size */
     if (o->progress && p->provenance[0]) fprintf(o->progress, "%s\n", p->provenance);
+    return FM_OK;
+}
 
-    if (o->bandwidth_Bps > 0) {
-        p->bandwidth_Bps = o->bandwidth_Bps;
-        snprintf(p->bandwidth_note, sizeof p->bandwidth_note, "given with --bandwidth");
+static fm_status cuda_open(run_ctx *c, void **out) {
+    const fm_prof_opts *o = c->o;
+    fm_profile *p = c->p;
+    cuda_dev *v = fm_calloc(1, sizeof *v);
+    *out = v;
+    if (!v) return FM_E_NOMEM;
+    char why[256] = "";
+    if (!fm_cuda_available(why, sizeof why))
+        return fm_error(FM_E_UNSUPPORTED, "profile --device cuda: no usable CUDA GPU: %s", why);
+    fm_status st = fm_cuda_engine_new(o->cuda_device, &v->e);
+    if (st != FM_OK) return st;
+    snprintf(p->device_desc, sizeof p->device_desc, "%s", fm_cuda_engine_describe(v->e));
+    int want = layers_wanted(c);
+    v->cl = fm_calloc((size_t)want, sizeof *v->cl);
+    v->step = fm_calloc((size_t)p->layers_per_step, sizeof *v->step);
+    if (!v->cl || !v->step) return FM_E_NOMEM;
+    if (c->ckpt) {
+        fm_moe_layer **hl = NULL;
+        int hn = 0;
+        st = host_layers(c, want, &hl, &hn);
+        for (int i = 0; st == FM_OK && i < hn; i++) {
+            st = fm_cuda_layer_upload(v->e, &c->d, hl[i], &v->cl[i]);
+            if (st == FM_OK) v->nl++;
+        }
+        if (hn) p->fmt = hl[0]->fmt;
+        for (int i = 0; i < hn; i++) fm_moe_layer_free(hl[i]);
+        free(hl);
     } else {
-        size_t bytes = o->bw_probe_bytes ? o->bw_probe_bytes : DEFAULT_GPU_PROBE;
-        p->bandwidth_Bps = fm_cuda_measure_bandwidth(e, bytes);
-        snprintf(p->bandwidth_note, sizeof p->bandwidth_note, "measured now: device streaming read of %zu MiB",
-                 bytes >> 20);
-        if (!(p->bandwidth_Bps > 0)) {
-            st = fm_error(FM_E_CUDA, "profile: the GPU bandwidth probe failed: %s", fm_last_error());
-            goto done;
+        for (int i = 0; st == FM_OK && i < want && i < c->n_moe; i++) {
+            st = fm_cuda_layer_random(v->e, &c->d, p->fmt, o->seed, c->moe_idx[i], &v->cl[i]);
+            if (st == FM_OK) v->nl++;
         }
     }
-    if (o->peak_flops > 0) {
-        p->peak_flops = o->peak_flops;
-        snprintf(p->peak_note, sizeof p->peak_note, "given with --peak-gflops");
-    } else {
-        p->peak_flops = gpu_peak(p->device_desc, p->peak_note, sizeof p->peak_note);
-    }
+    if (st != FM_OK) return st;
+    p->layers_distinct = v->nl;
+    for (int l = 0; l < p->layers_per_step; l++) v->step[l] = v->cl[l % v->nl];
+    return cuda_configs(v, c);
+}
 
-    if (fm_cupti_start(&cu) == FM_OK) {
+static fm_status cuda_bandwidth(void *dev, const run_ctx *c, size_t bytes, double *Bps) {
+    (void)c;
+    cuda_dev *v = dev;
+    *Bps = fm_cuda_measure_bandwidth(v->e, bytes);
+    return *Bps > 0 ? FM_OK : fm_error(FM_E_CUDA, "profile: the GPU bandwidth probe failed: %s", fm_last_error());
+}
+
+static double cuda_peak(const run_ctx *c, char *note, size_t cap) { return gpu_peak(c->p->device_desc, note, cap); }
+
+static fm_status cuda_prepare(void *dev, run_ctx *c) {
+    cuda_dev *v = dev;
+    fm_profile *p = c->p;
+    if (fm_cupti_start(&v->cu) == FM_OK) {
         p->time_source = FM_TSRC_CUPTI;
         snprintf(p->time_note, sizeof p->time_note,
                  "CUPTI concurrent-kernel activity records: each kernel inside the CUDA graph, per stream; "
@@ -571,103 +658,126 @@ static fm_status run_cuda(run_ctx *c) {
                  "replays (CUPTI unavailable: %.100s)",
                  fm_last_error());
     }
+    return FM_OK;
+}
+
+/* Without CUPTI: one step's layers through fm_cuda_forward (not in a
+ * graph), with CUDA events between phases, scaled to one step. */
+static fm_status events_step(cuda_dev *v, run_ctx *c, fm_prof_batch *b) {
+    const fm_profile *p = c->p;
+    const int B = b->batch;
+    step_io io;
+    memset(&io, 0, sizeof io);
+    fm_status st = io_alloc(&io, &c->d, B);
+    if (st == FM_OK) fill_inputs(c, B, 0, io.x, io.tok);
     fm_phase_times pt;
-    for (int bi = 0; bi < o->n_batch; bi++) {
-        int B = o->batches[bi];
-        fm_prof_batch *b = &p->b[p->n_batch];
-        memset(b, 0, sizeof *b);
-        b->batch = B;
-        if (o->tile_n == 0) b->tile_n = tiles[bi];
-        progress(c, "batch %s%d", "", B);
-        if (cu) fm_cupti_clear(cu);
-        fm_cuda_bench_result r;
-        memset(&r, 0, sizeof r);
-        uint64_t ta = fm_now_ns();
-        b->t_begin_s = now_s(c->t0);
-        st = fm_cuda_bench(e, &c->d, step, p->layers_per_step, B, o->seed, o->steps, &r);
-        uint64_t tz = fm_now_ns();
-        int reps = o->steps;
-        /* NVML averages utilization and power over its own window (up to
-         * ~1 s): a batch measured for less than that reads the idle time
-         * around it. Repeat the replays until the batch lasts at least a
-         * second; where NVML reads the power, 2.2 s, so that the part from
-         * 1 s on (fm_profile_finish) holds none of the batch before. */
-        const double want_s = c->nvml ? 2.2 : 1.2;
-        if (st == FM_OK && (double)(tz - ta) < 1e9 * (want_s - 0.2)) {
-            double per = (double)(tz - ta) / reps;
-            long want = per > 0 ? (long)(want_s * 1e9 / per) + 1 : reps;
-            if (want > 2000) want = 2000;
-            if (want > reps) {
-                reps = (int)want;
-                if (cu) fm_cupti_clear(cu);
-                ta = fm_now_ns();
-                b->t_begin_s = now_s(c->t0);
-                st = fm_cuda_bench(e, &c->d, step, p->layers_per_step, B, o->seed, reps, &r);
-                tz = fm_now_ns();
-            }
-        }
-        b->t_end_s = now_s(c->t0);
-        if (st != FM_OK) break;
-        b->steps = reps;
-        b->step_ns = r.us_per_layer * 1e3 * p->layers_per_step;
-        b->step_ns_min = r.us_min * 1e3 * p->layers_per_step;
-        b->step_ns_max = r.us_max * 1e3 * p->layers_per_step;
-        b->active_observed = r.active_experts;
-        char nm[64];
-        snprintf(nm, sizeof nm, "batch %d (%.40s)", B, r.kernel);
-        add_span(p, c->t0, ta, tz, 1, 1, p->n_batch, 0, -1, nm);
-        if (cu) {
-            st = fm_cupti_flush(cu);
-            if (st != FM_OK) break;
-            const fm_kernel_rec *rec = NULL;
-            size_t n = fm_cupti_records(cu, &rec);
-            if (cupti_breakdown(c, b, p->n_batch, rec, n, ta, tz) == 0) {
-                /* the step total stays; its phases are unknown */
-                size_t l = strlen(p->time_note);
-                snprintf(p->time_note + l, sizeof p->time_note - l, "; no kernel records for batch %d", B);
-            }
-        } else {
-            st = events_step(c, e, step, B, &pt);
-            if (st != FM_OK) break;
-            /* calls counts layer executions: scale to one step */
-            for (int q = 0; q < FM_PH_COUNT && pt.calls > 0; q++)
-                b->row_ns[q] = pt.ns[q] / (double)pt.calls * p->layers_per_step;
-            p->fused_mask = pt.fused_mask;
-        }
-        p->n_batch++;
+    memset(&pt, 0, sizeof pt);
+    fm_cuda_engine_set_phase_times(v->e, &pt);
+    for (int l = 0; st == FM_OK && l < p->layers_per_step; l++) {
+        fm_moe_out mo = {io.out, io.ids, io.w};
+        st = fm_cuda_forward(v->e, &c->d, v->step[l], io.x, FM_DT_F32, B, io.tok, &mo);
     }
-    if (cu && fm_cupti_dropped(cu)) {
+    fm_cuda_engine_set_phase_times(v->e, NULL);
+    io_free(&io);
+    if (st != FM_OK) return st;
+    /* calls counts layer executions: scale to one step */
+    for (int q = 0; q < FM_PH_COUNT && pt.calls > 0; q++)
+        b->row_ns[q] = pt.ns[q] / (double)pt.calls * p->layers_per_step;
+    c->p->fused_mask = pt.fused_mask;
+    return FM_OK;
+}
+
+static fm_status cuda_batch(void *dev, run_ctx *c, int bi, fm_prof_batch *b, uint64_t win[2], char *name, size_t cap) {
+    cuda_dev *v = dev;
+    const fm_prof_opts *o = c->o;
+    fm_profile *p = c->p;
+    const int B = b->batch;
+    if (o->tile_n == 0) b->tile_n = v->tiles[bi];
+    if (v->cu) fm_cupti_clear(v->cu);
+    fm_cuda_bench_result r;
+    memset(&r, 0, sizeof r);
+    fm_status st = fm_cuda_bench(v->e, &c->d, v->step, p->layers_per_step, B, o->seed, o->steps, &r);
+    win[1] = fm_now_ns();
+    int reps = o->steps;
+    /* NVML averages utilization and power over its own window (up to
+     * ~1 s): a batch measured for less than that reads the idle time
+     * around it. Repeat the replays until the batch lasts at least a
+     * second; where NVML reads the power, 2.2 s, so that the part from
+     * 1 s on (fm_profile_finish) holds none of the batch before. */
+    const double want_s = c->nvml ? 2.2 : 1.2;
+    if (st == FM_OK && (double)(win[1] - win[0]) < 1e9 * (want_s - 0.2)) {
+        double per = (double)(win[1] - win[0]) / reps;
+        long want = per > 0 ? (long)(want_s * 1e9 / per) + 1 : reps;
+        if (want > 2000) want = 2000;
+        if (want > reps) {
+            reps = (int)want;
+            if (v->cu) fm_cupti_clear(v->cu);
+            win[0] = fm_now_ns();
+            st = fm_cuda_bench(v->e, &c->d, v->step, p->layers_per_step, B, o->seed, reps, &r);
+            win[1] = fm_now_ns();
+        }
+    }
+    if (st != FM_OK) return st;
+    b->steps = reps;
+    b->step_ns = r.us_per_layer * 1e3 * p->layers_per_step;
+    b->step_ns_min = r.us_min * 1e3 * p->layers_per_step;
+    b->step_ns_max = r.us_max * 1e3 * p->layers_per_step;
+    b->active_observed = r.active_experts;
+    snprintf(name, cap, "batch %d (%.40s)", B, r.kernel);
+    if (!v->cu) return events_step(v, c, b);
+    if ((st = fm_cupti_flush(v->cu)) != FM_OK) return st;
+    const fm_kernel_rec *rec = NULL;
+    size_t n = fm_cupti_records(v->cu, &rec);
+    if (cupti_breakdown(c, b, p->n_batch, rec, n, win[0], win[1]) == 0) {
+        /* the step total stays; its phases are unknown */
+        size_t l = strlen(p->time_note);
+        snprintf(p->time_note + l, sizeof p->time_note - l, "; no kernel records for batch %d", B);
+    }
+    return FM_OK;
+}
+
+static fm_status cuda_finish(void *dev, run_ctx *c) {
+    cuda_dev *v = dev;
+    const fm_prof_opts *o = c->o;
+    fm_profile *p = c->p;
+    if (v->cu && fm_cupti_dropped(v->cu)) {
         size_t l = strlen(p->time_note);
         snprintf(p->time_note + l, sizeof p->time_note - l, "; %llu records dropped",
-                 (unsigned long long)fm_cupti_dropped(cu));
+                 (unsigned long long)fm_cupti_dropped(v->cu));
     }
     /* the power baseline: the bandwidth probe's read kept up while NVML
      * samples, so that the verdict can set the layer's power against what
      * reading alone draws (fm_profile_finish). After the batches, so that
      * NVML's one-second power average carries none of it into a batch's
      * window (its own window is read from 1 s after its start). */
-    if (st == FM_OK && o->read_power_s > 0 && c->nvml) {
-        fm_cupti_stop(cu); /* its records are read; the probe's kernels need none */
-        cu = NULL;
-        size_t bytes = o->bw_probe_bytes ? o->bw_probe_bytes : DEFAULT_GPU_PROBE;
-        progress(c, "streaming read for %s%d s beside the power readings", "", (int)(o->read_power_s + 0.5));
-        p->read_t_begin_s = now_s(c->t0);
-        p->read_Bps = fm_cuda_sustained_read(e, bytes, o->read_power_s);
-        p->read_t_end_s = now_s(c->t0);
-        if (!(p->read_Bps > 0)) {
-            st = fm_error(FM_E_CUDA, "profile: the sustained streaming read failed: %s", fm_last_error());
-            goto done;
-        }
-        p->read_s = p->read_t_end_s - p->read_t_begin_s;
-    }
-done:
-    fm_cupti_stop(cu);
-    for (int i = 0; i < nl; i++) fm_cuda_layer_free(cl[i]);
-    free(cl);
-    free(step);
-    fm_cuda_engine_free(e);
-    return st;
+    if (o->read_power_s <= 0 || !c->nvml) return FM_OK;
+    fm_cupti_stop(v->cu); /* its records are read; the probe's kernels need none */
+    v->cu = NULL;
+    size_t bytes = o->bw_probe_bytes ? o->bw_probe_bytes : DEFAULT_GPU_PROBE;
+    progress(c, "streaming read for %s%d s beside the power readings", "", (int)(o->read_power_s + 0.5));
+    p->read_t_begin_s = now_s(c->t0);
+    p->read_Bps = fm_cuda_sustained_read(v->e, bytes, o->read_power_s);
+    p->read_t_end_s = now_s(c->t0);
+    if (!(p->read_Bps > 0)) return fm_error(FM_E_CUDA, "profile: the sustained streaming read failed: %s", fm_last_error());
+    p->read_s = p->read_t_end_s - p->read_t_begin_s;
+    return FM_OK;
 }
+
+static void cuda_close(void *dev) {
+    cuda_dev *v = dev;
+    if (!v) return;
+    fm_cupti_stop(v->cu);
+    for (int i = 0; i < v->nl; i++) fm_cuda_layer_free(v->cl[i]);
+    free(v->cl);
+    free(v->step);
+    if (v->e) fm_cuda_engine_free(v->e);
+    free(v);
+}
+
+static const dev_ops k_cuda = {.probe_bytes = DEFAULT_GPU_PROBE, .probe_what = "device streaming read",
+                               .open = cuda_open, .bandwidth = cuda_bandwidth, .peak = cuda_peak,
+                               .prepare = cuda_prepare, .batch = cuda_batch, .finish = cuda_finish,
+                               .close = cuda_close};
 
 /* ------------------------------------------------------------- entry */
 
@@ -719,7 +829,7 @@ fm_status fm_profile_run(const fm_prof_opts *o, fm_profile **out) {
     if (st != FM_OK) goto fail;
     c.nvml = fm_telemetry_has_nvml(tm);
     snprintf(p->telem_note, sizeof p->telem_note, "%s", fm_telemetry_note(tm));
-    st = o->device == FM_DEV_CUDA ? run_cuda(&c) : run_cpu(&c);
+    st = run_device(&c, o->device == FM_DEV_CUDA ? &k_cuda : &k_cpu);
     fm_telemetry_stop(tm);
     if (st != FM_OK) goto fail;
     p->duration_s = now_s(c.t0);

@@ -158,6 +158,19 @@ static fm_status decide(bench_run *b) {
     return FM_OK;
 }
 
+/* A row from the device's median and spread; the throughput from them. */
+static void set_row(fm_bench_row *row, double us, double us_min, double us_max, double active, int64_t bytes,
+                    const char *kernel) {
+    row->us_per_layer = us;
+    row->us_min = us_min;
+    row->us_max = us_max;
+    row->tokens_per_s = row->T / (us * 1e-6);
+    row->active_experts = active;
+    row->bytes_per_layer = bytes;
+    row->gbps = (double)bytes / (us * 1e-6) * 1e-9;
+    snprintf(row->kernel, sizeof row->kernel, "%s", kernel);
+}
+
 static fm_status measure_row(bench_run *b, fm_bench_row *row) {
     const fm_bench_opts *o = b->o;
     const fm_model_desc *d = &b->r->desc;
@@ -170,14 +183,7 @@ static fm_status measure_row(bench_run *b, fm_bench_row *row) {
         fm_cuda_bench_result cr;
         st = fm_cuda_bench(b->ge, d, b->gl, b->r->layers, T, o->seed, 50, &cr);
         if (!st) {
-            row->us_per_layer = cr.us_per_layer;
-            row->us_min = cr.us_min;
-            row->us_max = cr.us_max;
-            row->tokens_per_s = T / (cr.us_per_layer * 1e-6);
-            row->active_experts = cr.active_experts;
-            row->gbps = (double)cr.bytes_per_layer / (cr.us_per_layer * 1e-6) * 1e-9;
-            row->bytes_per_layer = cr.bytes_per_layer;
-            snprintf(row->kernel, sizeof row->kernel, "%s", cr.kernel);
+            set_row(row, cr.us_per_layer, cr.us_min, cr.us_max, cr.active_experts, cr.bytes_per_layer, cr.kernel);
             snprintf(row->provenance, sizeof row->provenance,
                      "kernel %s, path %s, rows_per_block %d, k_split %d, warps %d, stages %d, tile_n %d, "
                      "switch_tpe %.2f; config from %s",
@@ -188,16 +194,7 @@ static fm_status measure_row(bench_run *b, fm_bench_row *row) {
         fm_cpu_bench_result cr;
         batch_progress bp = {o, T};
         st = fm_cpu_bench(b->ce, d, b->hl, b->r->layers, T, o->seed, o->min_seconds, cpu_progress, &bp, &cr);
-        if (!st) {
-            row->us_per_layer = cr.us_per_layer;
-            row->us_min = cr.us_min;
-            row->us_max = cr.us_max;
-            row->tokens_per_s = cr.tokens_per_s;
-            row->active_experts = cr.active_experts;
-            row->gbps = cr.gbps;
-            row->bytes_per_layer = cr.bytes_per_layer;
-            snprintf(row->kernel, sizeof row->kernel, "%s", cr.kernel);
-        }
+        if (!st) set_row(row, cr.us_per_layer, cr.us_min, cr.us_max, cr.active_experts, cr.bytes_per_layer, cr.kernel);
     }
     progress(o, what, 1.0);
     if (!st) row->pct_bandwidth = 100.0 * row->gbps * 1e9 / b->r->bandwidth_Bps;
