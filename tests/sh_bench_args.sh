@@ -22,12 +22,14 @@ bad "--sustain-ms applies to --device cuda" --preset tiny-qwen3 --sustain-ms 100
 bad "--sustain-ms applies to --device cuda" --sustain-ms 0 --device cpu
 bad "it does not apply with --tp / --ep" --device cuda --tp 2 --sustain-ms 100
 
-# Where no GPU is usable the CUDA path says so (exit non-zero, no JSON).
+# Where no GPU is usable the CUDA path says so (exit non-zero, no JSON, nothing
+# on stdout).
 "$BIN" bench --device cuda --preset tiny-qwen3 --batch 1 --layers 1 --sustain-ms 20 --json "$T/g.json" >"$T/g.out" 2>"$T/g.err"
 rc=$?
 if grep -q "no usable CUDA GPU\|no CUDA backend\|built without CUDA" "$T/g.err"; then
     [ "$rc" != 0 ] || fail "bench --device cuda without a GPU exited 0"
     [ ! -e "$T/g.json" ] || fail "bench --device cuda without a GPU wrote its JSON"
+    [ ! -s "$T/g.out" ] || fail "bench --device cuda without a GPU printed: $(cat "$T/g.out")"
     echo "note: no usable GPU here; the sustained timing itself runs in test_cuda on the GPU machine"
 else
     [ "$rc" = 0 ] || fail "bench --device cuda --sustain-ms 20 exited $rc: $(cat "$T/g.err")"
