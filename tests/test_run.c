@@ -1,19 +1,9 @@
 /* src/run: fm_bench_run (the report, the order of its callbacks, the bytes
  * it accounts, checked from the shapes; bad options refused before any
  * work) and fm_forward_file (its output against the float64 reference). */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <cmocka.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include "fp4moe.h"
+#include "fm_test.h"
 
 /* ------------------------------------------------------------ helpers */
 
@@ -81,21 +71,14 @@ static fm_bench_report *run_ok(fm_bench_opts *o, row_log *g) {
 
 static char g_dir[256];
 
-static void rm_tree(const char *dir) {
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-}
-
 static int setup(void **state) {
     (void)state;
-    snprintf(g_dir, sizeof g_dir, "/tmp/fm_test_run.XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
+    return fm_test_mkdtemp(g_dir, sizeof g_dir, "test_run");
 }
 
 static int teardown(void **state) {
     (void)state;
-    rm_tree(g_dir);
+    fm_test_rm_tree(g_dir);
     return 0;
 }
 
@@ -281,12 +264,10 @@ static void test_forward_file(void **state) {
     fm_model_desc d;
     assert_int_equal(fm_model_desc_load(dir, &d), FM_OK);
     const int T = 5, H = d.hidden, k = d.topk, layer = 1;
-    float *x = malloc(sizeof(float) * T * H), *ref = malloc(sizeof(float) * T * H);
+    float *x = fm_test_normal_new((size_t)T * H, 7, 0x1A), *ref = malloc(sizeof(float) * T * H);
     int32_t *ref_ids = malloc(sizeof(int32_t) * T * k);
-    assert_non_null(x);
     assert_non_null(ref);
     assert_non_null(ref_ids);
-    for (int i = 0; i < T * H; i++) x[i] = (float)sin(0.37 * i + 0.1) * 0.8f;
     snprintf(in, sizeof in, "%s/in.safetensors", dir);
     write_input(in, T, H, x);
 
@@ -296,9 +277,8 @@ static void test_forward_file(void **state) {
     assert_int_equal(fm_moe_layer_bind(ck, &d, layer, FM_QF_NONE, &l), FM_OK);
     fm_moe_out ro = {ref, ref_ids, NULL};
     assert_int_equal(fm_moe_forward_ref(&d, l, x, FM_DT_F32, T, NULL, &ro), FM_OK);
-    double ref_norm = 0;
-    for (int i = 0; i < T * H; i++) ref_norm += (double)ref[i] * ref[i];
-    ref_norm = sqrt(ref_norm);
+    float *got = malloc(sizeof(float) * T * H);
+    assert_non_null(got);
 
     fm_dist_opts dop = {.mode = FM_DIST_TP, .ranks = 2};
     for (int sharded = 0; sharded < 2; sharded++) {
@@ -315,13 +295,9 @@ static void test_forward_file(void **state) {
         assert_non_null(ids);
         assert_int_equal(hs->shape[0], T);
         assert_int_equal(hs->shape[1], H);
-        double err = 0;
-        for (int i = 0; i < T * H; i++) {
-            float v;
-            memcpy(&v, (const char *)hs->data + 4 * (size_t)i, 4);
-            err += ((double)v - ref[i]) * ((double)v - ref[i]);
-        }
-        assert_true(sqrt(err) <= 1e-3 * ref_norm);
+        memcpy(got, hs->data, sizeof(float) * T * H); /* the mapping may be unaligned */
+        double err = fm_test_rel_err(got, ref, (size_t)T * H);
+        if (!(err <= 1e-3)) fail_msg("%s: relative error %g against the float64 reference", sharded ? "tp2" : "cpu", err);
         assert_memory_equal(ids->data, ref_ids, sizeof(int32_t) * T * k);
         fm_st_close(f);
     }
@@ -337,6 +313,7 @@ static void test_forward_file(void **state) {
     free(x);
     free(ref);
     free(ref_ids);
+    free(got);
 }
 
 int main(void) {

@@ -504,7 +504,7 @@ static void test_explain_decide(void **state) {
     dirs *d = *state;
     fm_model_desc md;
     assert_int_equal(fm_preset_desc("deepseek-v4-flash", FM_QF_NVFP4, &md), FM_OK);
-    fm_tune_key k = key_h200();
+    fm_tune_key k = fm_test_key_h200();
     const int fb[] = {1, 64};
     write_cfg(d->b, &k, fb, 2, 6, k.sm_count); /* tuned: the user cache */
     char name[256], bad[600];
