@@ -35,13 +35,18 @@ int main(void) {
             /* T = 19: every pipeline; T = 5 and 8 (decode batches: one and
              * two selection blocks) on the wgmma path */
             for (int c = ti ? 4 : 0; c < (ti ? 5 : 6); c++) {
-                /* register and cp.async pipelines, small and large paths;
-                 * the wgmma path (sm_90) with passes of 8 and 16 tokens */
-                int lg = c & 1;
-                fm_kernel_config kc = {lg ? FM_PATH_LARGE : FM_PATH_SMALL, lg ? 64 : 16, lg ? 1 : 8, lg ? 4 : 8,
-                                       c < 2 ? 1 : 3, lg ? 16 : 8, 0};
-                if (c >= 4) kc = (fm_kernel_config){FM_PATH_WGMMA, 64, 1, 4, 1, c == 4 ? 8 : 16, 0};
-                fm_cuda_engine_set_config(e, &kc);
+                /* the small and large mma.sync paths (K split in 8, 4 and
+                 * 2; 8-, 16- and 32-token tiles); the wgmma path (sm_90)
+                 * with passes of 8 and 16 tokens */
+                static const fm_kernel_config mma[4] = {{FM_PATH_SMALL, 16, 8, 8, 1, 8, 0},
+                                                        {FM_PATH_LARGE, 64, 1, 4, 1, 16, 0},
+                                                        {FM_PATH_SMALL, 16, 4, 4, 1, 16, 0},
+                                                        {FM_PATH_LARGE, 32, 2, 4, 1, 32, 0}};
+                fm_kernel_config kc = c < 4 ? mma[c] : (fm_kernel_config){FM_PATH_WGMMA, 64, 1, 4, 1, c == 4 ? 8 : 16, 0};
+                if (fm_cuda_engine_set_config(e, &kc)) {
+                    fprintf(stderr, "config %d: %s\n", c, fm_last_error());
+                    return 1;
+                }
                 if (fm_cuda_forward(e, &d, l, x, FM_DT_F32, T, tok, &o)) {
                     fprintf(stderr, "%s T=%d: %s\n", presets[p < 5 ? p : 0], T, fm_last_error());
                     bad = 1;
