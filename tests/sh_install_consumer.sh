@@ -24,6 +24,10 @@ CC=$(cache CMAKE_C_COMPILER)
 # A library built with sanitizers needs their runtime in the program too.
 SAN=""
 if [ "$(cache FM_SANITIZE)" = ON ]; then SAN="-fsanitize=address,undefined -fno-omit-frame-pointer"; fi
+if [ "$(cache FM_BUILD_SHARED)" = OFF ] || [ "$(cache FM_EMBED_CONFIGS)" = OFF ]; then
+    echo "SKIPPED: built with FM_BUILD_SHARED=OFF or FM_EMBED_CONFIGS=OFF"
+    exit 77
+fi
 NAME=NVIDIA_H200-132sm-nvfp4-E256-H4096-I2048-k6.json
 if [ ! -f "$SRC/configs/$NAME" ]; then echo "SKIPPED: configs/$NAME is not shipped"; exit 77; fi
 
@@ -63,6 +67,7 @@ check() {
     [ "$(val "$out" tuned)" = 1 ] || fail "$what: not tuned: $(cat "$out")"
     [ "$src" = "$want" ] || fail "$what: source '$src', expected '$want'"
     [ "$(val "$out" version)" = "$VER" ] || fail "$what: version '$(val "$out" version)', expected $VER"
+    case "$(val "$out" cuda)" in 0 | 1) ;; *) fail "$what: no cuda=0|1 line" ;; esac
     if command -v python3 >/dev/null; then
         python3 - "$CFG" "$(val "$out" bucket)" "$(val "$out" params)" <<'EOF' || fail "$what: parameters differ from the file's"
 import json, sys

@@ -1,6 +1,7 @@
 /* A program built against an installed fp4moe (tests/sh_install_consumer.sh):
- * prints a preset's shape and expert bytes, and the tuned config chosen for
- * it on an H200 at one batch, as key=value lines for the test to check. */
+ * prints a preset's shape and expert bytes, the tuned config chosen for it
+ * on an H200 at one batch, and whether a CUDA GPU is usable, as key=value
+ * lines for the test to check. */
 #include <fp4moe.h>
 
 #include <stdio.h>
@@ -35,6 +36,10 @@ int main(int argc, char **argv) {
     printf("params=%d %d %d %d %d %g\n", c.cfg.rows_per_block, c.cfg.k_split, c.cfg.warps, c.cfg.stages, c.cfg.tile_n,
            (double)c.cfg.switch_tpe);
     printf("module=%s\n", fm_tune_module_path());
+    /* from the CUDA engine's object in a CUDA build, which a static link
+     * then pulls in with everything it needs */
+    char why[256] = "";
+    printf("cuda=%d\n", fm_cuda_available(why, sizeof why));
     if (c.warnings[0]) fprintf(stderr, "%s", c.warnings);
     return 0;
 }
