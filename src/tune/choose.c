@@ -1,11 +1,11 @@
-/* Choosing a kernel config: where tuned files are looked up, the in-memory
- * cache of parsed files, nearest-bucket selection, and the provenance line
- * every GPU run prints, so that which kernel ran, with which parameters and
- * from which file, is never silent. */
+/* Choosing a kernel config: where tuned files are looked up (directories,
+ * the install found from this module's own path, the built-in copies), the
+ * in-memory cache of parsed files, nearest-bucket selection, and the
+ * provenance line every GPU run prints, so that which kernel ran, with which
+ * parameters and from which file, is never silent. */
+#include "tune/builtin_internal.h"
 #include "tune/tune_internal.h"
 #include "util/util.h"
-
-#include "tune/builtin_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
