@@ -1,12 +1,17 @@
 # fp4moe — thin wrapper around CMake.
 #   make run    install missing dependencies, build, run the main job
 #   make test   build and run every test
+#   make install PREFIX=P   build, then install into P (default /usr/local;
+#               DESTDIR is honoured): bin/fp4moe, lib/libfp4moe.{a,so},
+#               include/fp4moe.h, pkg-config and CMake package files,
+#               share/fp4moe/configs
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 FP4MOE = $(BUILD)/fp4moe
+PREFIX ?= /usr/local
 
-.PHONY: all deps build run test test-asan fuzz clean
+.PHONY: all deps build run test test-asan fuzz install clean
 
 all: build
 
@@ -24,6 +29,9 @@ run: deps build
 
 test: deps build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+install: build
+	DESTDIR="$(DESTDIR)" cmake --install $(BUILD) --prefix "$(PREFIX)"
 
 # The same suite with AddressSanitizer + UBSan (CPU code; CUDA off).
 test-asan: deps

@@ -671,7 +671,7 @@ typedef struct {
     fm_kernel_config cfg;
     int tuned;            /* 1: from a tuned file; 0: built-in default    */
     int bucket;           /* batch bucket used (tuned)                    */
-    char source[512];     /* file path, or "built-in default"             */
+    char source[512];     /* file path, "built-in copy of configs/<file>", or "built-in default" */
     char reason[2048];    /* why: tokens/expert, thresholds, lookup trail */
     /* Of the chosen bucket, as `fp4moe tune` measured it (tuned only). */
     double tuned_us, default_us;
@@ -682,10 +682,11 @@ typedef struct {
     char warnings[2048];
 } fm_tune_choice;
 
-/* Lookup: $FP4MOE_CONFIG_DIR, the user cache, the configs shipped in the
- * repo; nearest batch bucket. Never fails for a missing file: returns the
- * default with tuned = 0 and a reason saying so. Thread-safe; parsed files
- * are cached in memory (revalidated by size and mtime). */
+/* Lookup (fm_tune_search_dirs): $FP4MOE_CONFIG_DIR, the user cache, the
+ * shipped configs, then the copies of them built into the library; nearest
+ * batch bucket. Never fails for a missing file: returns the default with
+ * tuned = 0 and a reason saying so. Thread-safe; parsed files are cached in
+ * memory (revalidated by size and mtime). */
 fm_status fm_tune_choose(const fm_tune_key *key, int T, fm_tune_choice *out);
 
 /* Fills the shape fields of a key (E, H, I, k, fmt) from a model; the GPU
@@ -697,10 +698,25 @@ fm_status fm_tune_key_filename(const fm_tune_key *key, char *buf, size_t cap);
 /* Human form: "NVIDIA H200 (132 SMs) nvfp4 E=256 H=4096 I=2048 k=6". */
 void fm_tune_key_describe(const fm_tune_key *key, char *buf, size_t cap);
 
-/* Directories searched, in order: label ("$FP4MOE_CONFIG_DIR", "user cache",
- * "shipped") and path ("" when not set). Returns the count (3). */
-#define FM_TUNE_NDIRS 3
+/* Places searched, in order: label and path ("" when not set).
+ *   0 "$FP4MOE_CONFIG_DIR"
+ *   1 "user cache"       (fm_tune_user_cache_dir)
+ *   2 "shipped"          $FP4MOE_SHIPPED_CONFIGS, else <module dir>/../share/
+ *                        fp4moe/configs of an install (module: the shared
+ *                        library, or the executable the library is linked
+ *                        into), else the source tree's configs/ for a binary
+ *                        of the build tree
+ *   3 "built-in copies"  (path ""): configs/ as compiled into the library;
+ *                        a choice from here has the source "built-in copy of
+ *                        configs/<file>"; skipped while $FP4MOE_SHIPPED_CONFIGS
+ *                        is set, as that names the whole shipped set
+ * Returns the count (FM_TUNE_NDIRS). */
+#define FM_TUNE_NDIRS 4
+#define FM_TUNE_DIR_BUILTIN 3
 int fm_tune_search_dirs(const char *labels[FM_TUNE_NDIRS], char paths[FM_TUNE_NDIRS][1024]);
+/* The real path of the module holding the library code (the shared library,
+ * or the executable it is linked into); "" if unknown. */
+const char *fm_tune_module_path(void);
 /* The user cache directory ($XDG_CACHE_HOME/fp4moe/configs or
  * ~/.cache/fp4moe/configs); the default output of `fp4moe tune`. */
 fm_status fm_tune_user_cache_dir(char *buf, size_t cap);

@@ -1,5 +1,6 @@
 /* Choosing a config: lookup order across $FP4MOE_CONFIG_DIR, the user cache
  * and the shipped configs (temporary directories through the environment),
+ * the copies of configs/ built into the library,
  * malformed and mismatched files ignored with a warning, the in-memory cache
  * seeing edits, provenance lines and JSON, thread safety, and `explain`. */
 #include <setjmp.h>
@@ -7,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
@@ -19,6 +21,7 @@
 #include <unistd.h>
 
 #include "fm_test.h"
+#include "tune/builtin_internal.h"
 #include "tune/tune_internal.h"
 #include "util/util.h"
 
@@ -105,6 +108,9 @@ static void test_default_when_nothing(void **state) {
     assert_non_null(strstr(c.reason, d->a));
     assert_non_null(strstr(c.reason, d->b));
     assert_non_null(strstr(c.reason, d->c));
+    /* $FP4MOE_SHIPPED_CONFIGS names the whole shipped set: the built-in
+     * copy of this shape's file is not used. */
+    assert_non_null(strstr(c.reason, "4. built-in copies: not searched ($FP4MOE_SHIPPED_CONFIGS"));
     assert_string_equal(c.warnings, "");
     char line[1024];
     fm_tune_provenance_line(&k, 16, &c, line, sizeof line);
@@ -216,11 +222,13 @@ static void test_unset_dirs(void **state) {
     assert_non_null(strstr(c.reason, "/home/.cache/fp4moe/configs: no such file"));
     const char *labels[FM_TUNE_NDIRS];
     char paths[FM_TUNE_NDIRS][1024];
-    assert_int_equal(fm_tune_search_dirs(labels, paths), 3);
+    assert_int_equal(fm_tune_search_dirs(labels, paths), 4);
     assert_string_equal(paths[0], "");
     assert_true(!strncmp(paths[1], home, strlen(home)));
     assert_string_equal(paths[2], d->c);
-    /* Without $FP4MOE_SHIPPED_CONFIGS: the repo's configs/. */
+    assert_string_equal(labels[FM_TUNE_DIR_BUILTIN], "built-in copies");
+    assert_string_equal(paths[FM_TUNE_DIR_BUILTIN], "");
+    /* Without it, a binary of the build tree reads the repo's configs/. */
     unsetenv("FP4MOE_SHIPPED_CONFIGS");
     fm_tune_search_dirs(labels, paths);
     assert_string_equal(paths[2], FM_SOURCE_DIR "/configs");
@@ -598,7 +606,64 @@ static void test_explain_decide(void **state) {
     rm_cfg(d->b, &k);
 }
 
-int main(void) {
+static char g_argv0[4096];
+
+/* The copies compiled into the library are the repo's configs/, byte for
+ * byte, one per file; the module found is this test program; and a build
+ * tree binary without $FP4MOE_SHIPPED_CONFIGS uses the repo's file. */
+static void test_builtin_copies(void **state) {
+    (void)state;
+    DIR *dd = opendir(FM_SOURCE_DIR "/configs");
+    assert_non_null(dd);
+    size_t n_json = 0;
+    struct dirent *de;
+    while ((de = readdir(dd)) != NULL) {
+        size_t l = strlen(de->d_name);
+        if (l <= 5 || strcmp(de->d_name + l - 5, ".json") != 0) continue;
+        n_json++;
+        size_t i = 0;
+        while (i < fm_builtin_config_count && strcmp(fm_builtin_configs[i].name, de->d_name) != 0) i++;
+        if (fm_builtin_config_count == 0) continue;
+        assert_true(i < fm_builtin_config_count);
+        char path[1200], *text = NULL;
+        size_t len = 0;
+        snprintf(path, sizeof path, "%s/configs/%s", FM_SOURCE_DIR, de->d_name);
+        assert_int_equal(fm_read_file(path, 1u << 20, &text, &len), FM_OK);
+        assert_int_equal(len, fm_builtin_configs[i].len);
+        assert_memory_equal(text, fm_builtin_configs[i].text, len);
+        assert_int_equal(fm_builtin_configs[i].text[len], 0);
+        free(text);
+    }
+    closedir(dd);
+    assert_true(n_json > 0);
+#ifdef FM_EMBED_CONFIGS
+    assert_int_equal(fm_builtin_config_count, n_json);
+#else
+    assert_int_equal(fm_builtin_config_count, 0); /* -DFM_EMBED_CONFIGS=OFF */
+#endif
+
+    char self[4096];
+    assert_non_null(realpath(g_argv0, self));
+    assert_string_equal(fm_tune_module_path(), self);
+
+    unsetenv("FP4MOE_SHIPPED_CONFIGS");
+    fm_tune_key k = fm_test_key_h200();
+    char name[256];
+    assert_int_equal(fm_tune_key_filename(&k, name, sizeof name), FM_OK);
+    char want[1200];
+    snprintf(want, sizeof want, "%s/configs/%s", FM_SOURCE_DIR, name);
+    struct stat st;
+    if (stat(want, &st) == 0) {
+        fm_tune_choice c;
+        assert_int_equal(fm_tune_choose(&k, 4, &c), FM_OK);
+        assert_int_equal(c.tuned, 1);
+        assert_string_equal(c.source, want);
+    }
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    snprintf(g_argv0, sizeof g_argv0, "%s", argv[0]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_default_when_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lookup_order, setup, teardown),
@@ -610,6 +675,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_explain, setup, teardown),
         cmocka_unit_test_setup_teardown(test_explain_decide, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_builtin_copies, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

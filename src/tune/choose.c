@@ -1,13 +1,17 @@
-/* Choosing a kernel config: where tuned files are looked up, the in-memory
- * cache of parsed files, nearest-bucket selection, and the provenance line
- * every GPU run prints, so that which kernel ran, with which parameters and
- * from which file, is never silent. */
+/* Choosing a kernel config: where tuned files are looked up (directories,
+ * the install found from this module's own path, the built-in copies), the
+ * in-memory cache of parsed files, nearest-bucket selection, and the
+ * provenance line every GPU run prints, so that which kernel ran, with which
+ * parameters and from which file, is never silent. */
+#include "tune/builtin_internal.h"
 #include "tune/tune_internal.h"
 #include "util/util.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
+#include <link.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -15,6 +19,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------- keys */
 
@@ -67,6 +72,119 @@ fm_status fm_tune_user_cache_dir(char *buf, size_t cap) {
     return FM_OK;
 }
 
+/* The shipped configs of an install sit at a fixed place relative to the
+ * module (executable or shared library) that holds this code, so an
+ * installed tree finds them wherever it was copied. CMake passes the
+ * relative paths and the build tree (whose binaries use the source tree's
+ * configs/); the defaults are the GNU layout. */
+#ifndef FM_REL_BIN_CONFIGS
+#define FM_REL_BIN_CONFIGS "../share/fp4moe/configs"
+#endif
+#ifndef FM_REL_LIB_CONFIGS
+#define FM_REL_LIB_CONFIGS "../share/fp4moe/configs"
+#endif
+
+static const char g_anchor = 0; /* an address inside this module */
+
+typedef struct {
+    uintptr_t addr;
+    int found, is_main;
+    char name[PATH_MAX];
+} module_find;
+
+static int module_cb(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    module_find *f = data;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD) continue;
+        uintptr_t lo = (uintptr_t)info->dlpi_addr + (uintptr_t)ph->p_vaddr;
+        if (f->addr < lo || f->addr - lo >= (uintptr_t)ph->p_memsz) continue;
+        f->found = 1;
+        f->is_main = !info->dlpi_name || !info->dlpi_name[0]; /* the program itself is unnamed */
+        snprintf(f->name, sizeof f->name, "%s", f->is_main ? "" : info->dlpi_name);
+        return 1;
+    }
+    return 0;
+}
+
+/* dir joined with a relative path, ".." resolved lexically (dir is a real
+ * path, so no symlink can make that wrong). 0 on success. */
+static int join_norm(char *out, size_t cap, const char *dir, const char *rel) {
+    int w = snprintf(out, cap, "%s", dir);
+    if (w < 0 || (size_t)w >= cap) return -1;
+    size_t n = (size_t)w;
+    while (*rel) {
+        const char *e = strchr(rel, '/');
+        size_t l = e ? (size_t)(e - rel) : strlen(rel);
+        if (l == 2 && rel[0] == '.' && rel[1] == '.') {
+            while (n > 0 && out[n - 1] != '/') n--;
+            if (n > 1) n--; /* drop the '/', but keep the root's */
+            out[n] = 0;
+        } else if (l && !(l == 1 && rel[0] == '.')) {
+            if (n + 1 + l + 1 > cap) return -1;
+            if (n == 0 || out[n - 1] != '/') out[n++] = '/';
+            memcpy(out + n, rel, l);
+            n += l;
+            out[n] = 0;
+        }
+        rel += l + (e ? 1 : 0);
+    }
+    return 0;
+}
+
+static int is_dir(const char *p) {
+    struct stat st;
+    return p[0] && stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static pthread_once_t g_ship_once = PTHREAD_ONCE_INIT;
+static char g_module[PATH_MAX];   /* the module's real path ("" if unknown) */
+static char g_ship_dir[1024];     /* the shipped directory found from it     */
+
+static void find_shipped_dir(void) {
+    module_find f;
+    memset(&f, 0, sizeof f);
+    f.addr = (uintptr_t)&g_anchor;
+    dl_iterate_phdr(module_cb, &f);
+    char real[PATH_MAX];
+    if (f.found && f.is_main) {
+        ssize_t n = readlink("/proc/self/exe", real, sizeof real - 1);
+        if (n > 0) real[n] = 0;
+        else real[0] = 0;
+    } else if (!f.found || !realpath(f.name, real)) {
+        real[0] = 0;
+    }
+    snprintf(g_module, sizeof g_module, "%s", real);
+    if (!real[0]) return; /* no module path: the built-in copies remain */
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", real);
+    char *slash = strrchr(dir, '/');
+    if (!slash) return;
+    if (slash == dir) slash[1] = 0;
+    else *slash = 0;
+    char cand[1024];
+    if (join_norm(cand, sizeof cand, dir, f.is_main ? FM_REL_BIN_CONFIGS : FM_REL_LIB_CONFIGS) != 0) return;
+    snprintf(g_ship_dir, sizeof g_ship_dir, "%s", cand);
+    if (is_dir(cand)) return; /* an install (the build tree has no such directory) */
+#if defined(FM_BUILD_DIR) && defined(FM_SOURCE_DIR)
+    /* A binary of this build tree reads the source tree's configs/, so an
+     * edited file takes effect without an install. */
+    char bd[PATH_MAX];
+    size_t bl;
+    if (realpath(FM_BUILD_DIR, bd) && (bl = strlen(bd)) > 1 && !strncmp(real, bd, bl) && real[bl] == '/' &&
+        is_dir(FM_SOURCE_DIR "/configs"))
+        snprintf(g_ship_dir, sizeof g_ship_dir, "%s", FM_SOURCE_DIR "/configs");
+#endif
+}
+
+/* The built-in copies count only where $FP4MOE_SHIPPED_CONFIGS does not
+ * name the shipped set instead. */
+static int builtin_enabled(void) {
+    const char *s = getenv("FP4MOE_SHIPPED_CONFIGS");
+    return !(s && s[0]);
+}
+
 int fm_tune_search_dirs(const char *labels[FM_TUNE_NDIRS], char paths[FM_TUNE_NDIRS][1024]) {
     const char *e = getenv("FP4MOE_CONFIG_DIR");
     labels[0] = "$FP4MOE_CONFIG_DIR";
@@ -77,13 +195,17 @@ int fm_tune_search_dirs(const char *labels[FM_TUNE_NDIRS], char paths[FM_TUNE_ND
     labels[2] = "shipped";
     if (s && s[0]) snprintf(paths[2], 1024, "%s", s);
     else {
-#ifdef FM_SOURCE_DIR
-        snprintf(paths[2], 1024, "%s/configs", FM_SOURCE_DIR);
-#else
-        paths[2][0] = 0;
-#endif
+        pthread_once(&g_ship_once, find_shipped_dir);
+        snprintf(paths[2], 1024, "%s", g_ship_dir);
     }
+    labels[FM_TUNE_DIR_BUILTIN] = "built-in copies";
+    paths[FM_TUNE_DIR_BUILTIN][0] = 0;
     return FM_TUNE_NDIRS;
+}
+
+const char *fm_tune_module_path(void) {
+    pthread_once(&g_ship_once, find_shipped_dir);
+    return g_module;
 }
 
 fm_status fm_tune_mkdirs(const char *dir) {
@@ -139,10 +261,12 @@ static void ent_free(cache_ent *e) {
 }
 
 static void memo_clear_locked(void);
+static void builtin_clear_locked(void);
 
 void fm_tune_cache_clear(void) {
     pthread_mutex_lock(&g_mu);
     memo_clear_locked();
+    builtin_clear_locked();
     while (g_cache) {
         cache_ent *n = g_cache->next;
         ent_free(g_cache);
@@ -260,6 +384,64 @@ int fm_tune_load_cached(const char *path, fm_tune_file *out, char *msg, size_t c
     return ok ? 1 : -1;
 }
 
+/* The built-in copies, parsed once each on first use (the results of bad
+ * copies too, with their message). */
+typedef struct {
+    int state; /* 0 not parsed, 1 ok, -1 bad */
+    char msg[512];
+    fm_tune_file *file;
+} builtin_ent;
+static builtin_ent *g_builtin; /* fm_builtin_config_count entries, under g_mu */
+
+static void builtin_clear_locked(void) {
+    if (!g_builtin) return;
+    for (size_t i = 0; i < fm_builtin_config_count; i++) free(g_builtin[i].file);
+    free(g_builtin);
+    g_builtin = NULL;
+}
+
+static int builtin_index(const char *name) {
+    for (size_t i = 0; i < fm_builtin_config_count; i++)
+        if (!strcmp(fm_builtin_configs[i].name, name)) return (int)i;
+    return -1;
+}
+
+/* Like fm_tune_load_cached, for built-in copy i: 1 parsed (copied to out),
+ * -1 malformed (msg says why). */
+static int builtin_load(int i, fm_tune_file *out, char *msg, size_t cap) {
+    pthread_once(&g_once, register_exit);
+    pthread_mutex_lock(&g_mu);
+    if (!g_builtin) g_builtin = calloc(fm_builtin_config_count ? fm_builtin_config_count : 1, sizeof *g_builtin);
+    if (g_builtin && g_builtin[i].state) {
+        int st = g_builtin[i].state;
+        if (st > 0) *out = *g_builtin[i].file;
+        else snprintf(msg, cap, "%s", g_builtin[i].msg);
+        pthread_mutex_unlock(&g_mu);
+        return st;
+    }
+    pthread_mutex_unlock(&g_mu);
+    const fm_builtin_config *b = &fm_builtin_configs[i];
+    char what[600];
+    snprintf(what, sizeof what, "built-in copy of configs/%s", b->name);
+    fm_tune_file *f = malloc(sizeof *f);
+    if (!f) { snprintf(msg, cap, "out of memory"); return -1; }
+    int st = fm_tune_file_parse(b->text, b->len, what, f) == FM_OK ? 1 : -1;
+    char m[512] = "";
+    if (st < 0) copy_msg(m, sizeof m, what, fm_last_error());
+    if (st > 0) *out = *f;
+    else snprintf(msg, cap, "%s", m);
+    pthread_mutex_lock(&g_mu);
+    if (g_builtin && !g_builtin[i].state) {
+        g_builtin[i].state = st;
+        snprintf(g_builtin[i].msg, sizeof g_builtin[i].msg, "%s", m);
+        g_builtin[i].file = st > 0 ? f : NULL;
+        if (st > 0) f = NULL;
+    }
+    pthread_mutex_unlock(&g_mu);
+    free(f);
+    return st;
+}
+
 /* ------------------------------------------------------------ buckets */
 
 int fm_tune_nearest_bucket(const int *b, int n, int T) {
@@ -287,34 +469,54 @@ double fm_tune_tokens_per_expert(int E, int k, int T) {
 
 /* ------------------------------------------------------------- choose */
 
-/* Scans dir for files of the same GPU name and shape but another SM count:
- * they are not used, and saying so explains a surprising default. */
-static void note_other_sm_files(const char *dir, const fm_tune_key *key, const char *want_name, fm_tune_choice *c) {
-    DIR *d = opendir(dir);
-    if (!d) return;
+/* Files of the same GPU name and shape but another SM count are not used,
+ * and saying so explains a surprising default. other_sm_pattern splits the
+ * key's file name around its SM count; other_sm_name tests a name. */
+static int other_sm_pattern(const fm_tune_key *key, char *pat, size_t cap, const char **prefix, const char **suffix) {
     fm_tune_key other = *key;
     other.sm_count = 0;
-    char pat[512];
-    if (fm_tune_key_filename(&other, pat, sizeof pat) != FM_OK) { closedir(d); return; }
-    /* pat = "<gpu>-0sm-<rest>": split around the SM count. */
+    if (fm_tune_key_filename(&other, pat, cap) != FM_OK) return -1;
+    /* pat = "<gpu>-0sm-<rest>" */
     char *mid = strstr(pat, "-0sm-");
-    if (!mid) { closedir(d); return; }
+    if (!mid) return -1;
     *mid = 0;
-    const char *prefix = pat, *suffix = mid + 4; /* "-<fmt>-E..json" */
-    size_t pl = strlen(prefix), sl = strlen(suffix);
+    *prefix = pat;
+    *suffix = mid + 4; /* "-<fmt>-E..json" */
+    return 0;
+}
+
+static int other_sm_name(const char *nm, const char *prefix, const char *suffix, const char *want_name) {
+    size_t pl = strlen(prefix), sl = strlen(suffix), nl = strlen(nm);
+    return nl > pl + sl + 3 && !strncmp(nm, prefix, pl) && nm[pl] == '-' && !strcmp(nm + nl - sl, suffix) &&
+           strcmp(nm, want_name) != 0;
+}
+
+static void note_other_sm_files(const char *dir, const fm_tune_key *key, const char *want_name, fm_tune_choice *c) {
+    char pat[512];
+    const char *prefix, *suffix;
+    if (other_sm_pattern(key, pat, sizeof pat, &prefix, &suffix) != 0) return;
+    DIR *d = opendir(dir);
+    if (!d) return;
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
-        const char *nm = de->d_name;
-        size_t nl = strlen(nm);
-        if (nl <= pl + sl + 3 || strncmp(nm, prefix, pl) != 0 || nm[pl] != '-' || strcmp(nm + nl - sl, suffix) != 0)
-            continue;
-        if (!strcmp(nm, want_name)) continue;
+        if (!other_sm_name(de->d_name, prefix, suffix, want_name)) continue;
         char path[1600];
-        if (fm_path_join(path, sizeof path, dir, nm) != FM_OK) continue;
+        if (fm_path_join(path, sizeof path, dir, de->d_name) != FM_OK) continue;
         fm_tune_appendf(c->warnings, sizeof c->warnings, "%s: ignored: tuned for another SM count than this GPU's %d\n",
                         path, key->sm_count);
     }
     closedir(d);
+}
+
+static void note_other_sm_builtin(const fm_tune_key *key, const char *want_name, fm_tune_choice *c) {
+    char pat[512];
+    const char *prefix, *suffix;
+    if (other_sm_pattern(key, pat, sizeof pat, &prefix, &suffix) != 0) return;
+    for (size_t i = 0; i < fm_builtin_config_count; i++)
+        if (other_sm_name(fm_builtin_configs[i].name, prefix, suffix, want_name))
+            fm_tune_appendf(c->warnings, sizeof c->warnings,
+                            "built-in copy of configs/%s: ignored: tuned for another SM count than this GPU's %d\n",
+                            fm_builtin_configs[i].name, key->sm_count);
 }
 
 /* Whole answers of fm_tune_choose, for callers that ask per run: without
@@ -340,6 +542,7 @@ typedef struct memo_ent {
     fm_tune_key key;
     int T;
     char dirs[FM_TUNE_NDIRS][1024];
+    int builtin; /* the built-in copies were searched */
     int ndep;
     int dep[N_STAMPS];
     stamp dep_st[N_STAMPS];
@@ -395,6 +598,7 @@ fm_status fm_tune_choose(const fm_tune_key *key, int T, fm_tune_choice *out) {
     char dirs[FM_TUNE_NDIRS][1024], name[512];
     memset(dirs, 0, sizeof dirs); /* compared whole below */
     fm_tune_search_dirs(labels, dirs);
+    const int builtin = builtin_enabled();
     if (fm_tune_key_filename(key, name, sizeof name) != FM_OK) return fm_tune_choose_trail(key, T, out, NULL);
     stamper *sp = calloc(1, sizeof *sp);
     if (!sp) return fm_tune_choose_trail(key, T, out, NULL);
@@ -408,7 +612,8 @@ fm_status fm_tune_choose(const fm_tune_key *key, int T, fm_tune_choice *out) {
     pthread_once(&g_once, register_exit);
     pthread_mutex_lock(&g_mu);
     for (memo_ent *m = g_memo; m; m = m->next) {
-        if (m->T != T || !same_key(&m->key, key) || memcmp(m->dirs, dirs, sizeof dirs) != 0) continue;
+        if (m->T != T || !same_key(&m->key, key) || m->builtin != builtin || memcmp(m->dirs, dirs, sizeof dirs) != 0)
+            continue;
         int ok = 1;
         for (int d = 0; d < m->ndep && ok; d++) {
             const stamp *x = get_stamp(sp, m->dep[d]);
@@ -431,6 +636,7 @@ fm_status fm_tune_choose(const fm_tune_key *key, int T, fm_tune_choice *out) {
     if (m) {
         m->key = *key;
         m->T = T;
+        m->builtin = builtin;
         memcpy(m->dirs, dirs, sizeof dirs);
         int used = -1;
         for (int i = 0; i < FM_TUNE_NDIRS && used < 0; i++)
@@ -489,7 +695,37 @@ fm_status fm_tune_choose_trail(const fm_tune_key *key, int T, fm_tune_choice *ou
     int found = -1;
     fm_tune_file f;
     char note[512] = "";
+    const int builtin = builtin_enabled();
     for (int i = 0; i < FM_TUNE_NDIRS && found < 0; i++) {
+        if (i == FM_TUNE_DIR_BUILTIN) {
+            if (!builtin) {
+                snprintf(tr[i].status, sizeof tr[i].status, "not searched ($FP4MOE_SHIPPED_CONFIGS names the shipped set)");
+                continue;
+            }
+            int bi = builtin_index(name);
+            if (bi < 0) {
+                snprintf(tr[i].status, sizeof tr[i].status, "no such file (%zu compiled in)", fm_builtin_config_count);
+                continue;
+            }
+            char msg[512], what[600];
+            snprintf(what, sizeof what, "built-in copy of configs/%s", name);
+            if (builtin_load(bi, &f, msg, sizeof msg) < 0) {
+                snprintf(tr[i].status, sizeof tr[i].status, "ignored: %s", msg);
+                fm_tune_appendf(out->warnings, sizeof out->warnings, "%s: ignored: %s\n", what, msg);
+                continue;
+            }
+            fm_tune_match m = fm_tune_key_match(&f.key, key, note, sizeof note);
+            if (m != FM_TUNE_MATCH) {
+                snprintf(tr[i].status, sizeof tr[i].status, "ignored: %s", note);
+                fm_tune_appendf(out->warnings, sizeof out->warnings, "%s: ignored: %s\n", what, note);
+                note[0] = 0;
+                continue;
+            }
+            snprintf(tr[i].status, sizeof tr[i].status, "found%s%s", note[0] ? "; note: " : "", note);
+            snprintf(out->source, sizeof out->source, "%.*s", (int)sizeof out->source - 1, what);
+            found = i;
+            continue;
+        }
         if (!dirs[i][0]) { snprintf(tr[i].status, sizeof tr[i].status, "not set"); continue; }
         char path[1600];
         if (fm_path_join(path, sizeof path, dirs[i], name) != FM_OK) {
@@ -526,6 +762,7 @@ fm_status fm_tune_choose_trail(const fm_tune_key *key, int T, fm_tune_choice *ou
     if (found < 0) {
         for (int i = 0; i < FM_TUNE_NDIRS; i++)
             if (dirs[i][0]) note_other_sm_files(dirs[i], key, name, out);
+        if (builtin) note_other_sm_builtin(key, name, out);
         char hint[1024];
         fm_tune_provenance_line(key, T, out, hint, sizeof hint); /* the WARNING line */
         const char *w = strstr(hint, "no tuned config");
