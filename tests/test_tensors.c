@@ -22,6 +22,9 @@
 
 #include "fp4moe.h"
 #include "util/util.h"
+#ifdef FM_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 /* ---------------------------------------------------------- tensor maker */
 
@@ -250,6 +253,104 @@ static void roundtrip(const char *preset, fm_qformat f, int inter_div, mk_opts o
     same_forward(&m.d, m.l, &full, l2);
     fm_moe_layer_free(l2);
     fm_moe_layer_free(m.l);
+}
+
+
+#ifdef FM_HAVE_CUDA
+/* The same views copied to the device (same strides, padding included):
+ * fm_cuda_layer_from_tensors gives the layer that fm_cuda_layer_upload of
+ * the original makes (the same outputs up to the order of the combine's
+ * atomic additions), and without a router only the pre-routed call runs. */
+static void cuda_roundtrip(const char *preset, fm_qformat f, int inter_div, mk_opts o, fm_cuda_engine *e) {
+    model m;
+    load(preset, f, inter_div, &m);
+    built b;
+    if (f == FM_QF_NVFP4) make_modelopt(&b, &m.d, m.l, o);
+    else make_gptoss(&b, &m.d, m.l, o);
+    fm_model_desc full;
+    assert_int_equal(fm_preset_desc(preset, f, &full), FM_OK);
+    fm_layer_tensors dt = b.t;
+    fm_tensor *v = &dt.w13_weight;
+    void *dev[40] = {NULL};
+    const int nv = (int)((offsetof(fm_layer_tensors, shared_down_scale_2) - offsetof(fm_layer_tensors, w13_weight)) /
+                         sizeof(fm_tensor)) + 1;
+    for (int i = 0; i < nv; i++) {
+        if (!v[i].data) continue;
+        size_t span = (size_t)(fm_dtype_bits(v[i].dtype) / 8);
+        if (v[i].ndim > 0) span *= (size_t)(v[i].stride[0] * v[i].shape[0]);
+        assert_int_equal(cudaMalloc(&dev[i], span), cudaSuccess);
+        assert_int_equal(cudaMemcpy(dev[i], v[i].data, span, cudaMemcpyHostToDevice), cudaSuccess);
+        v[i].data = dev[i];
+    }
+    fm_cuda_layer *cl = NULL, *ref = NULL;
+    fm_status s = fm_cuda_layer_from_tensors(e, &full, m.layer, &dt, &cl);
+    if (s) print_message("%s\n", fm_last_error());
+    assert_int_equal(s, FM_OK);
+    /* without the router (and its biases): a layer for the pre-routed call */
+    fm_layer_tensors nr = dt;
+    memset(&nr.router_w, 0, sizeof nr.router_w);
+    memset(&nr.router_bias, 0, sizeof nr.router_bias);
+    memset(&nr.score_bias, 0, sizeof nr.score_bias);
+    fm_cuda_layer *pre = NULL;
+    s = fm_cuda_layer_from_tensors(e, &full, m.layer, &nr, &pre);
+    if (s) print_message("%s\n", fm_last_error());
+    assert_int_equal(s, FM_OK);
+    for (int i = 0; i < nv; i++) cudaFree(dev[i]); /* the views may go away */
+    fm_model_desc pd = m.d;
+    assert_int_equal(fm_cuda_layer_upload(e, &pd, m.l, &ref), FM_OK);
+    enum { T = 9 };
+    const int64_t H = m.d.hidden;
+    float *x = malloc(sizeof(float) * T * H), *oa = malloc(sizeof(float) * T * H), *ob = malloc(sizeof(float) * T * H);
+    int32_t *ia = malloc(sizeof(int32_t) * T * m.d.topk), *ib = malloc(sizeof(int32_t) * T * m.d.topk);
+    for (int64_t i = 0; i < T * H; i++) x[i] = fm_rng_normal(17, 19, (uint64_t)i);
+    fm_moe_out ma = {oa, ia, NULL}, mb = {ob, ib, NULL};
+    assert_int_equal(fm_cuda_forward(e, &pd, ref, x, FM_DT_F32, T, NULL, &ma), FM_OK);
+    s = fm_cuda_forward(e, &pd, cl, x, FM_DT_F32, T, NULL, &mb);
+    if (s) print_message("%s\n", fm_last_error());
+    assert_int_equal(s, FM_OK);
+    assert_memory_equal(ia, ib, sizeof(int32_t) * T * m.d.topk);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < T * H; i++) {
+        num += ((double)oa[i] - ob[i]) * ((double)oa[i] - ob[i]);
+        den += (double)oa[i] * oa[i];
+    }
+    print_message("# %s %s I/%d: device tensors vs upload, rel %.2e\n", preset, fm_qformat_name(f), inter_div,
+                  sqrt(num / den));
+    assert_true(num <= 1e-12 * den);
+    fm_cuda_layer_free(cl);
+    fm_cuda_layer_free(ref);
+    /* the layer without a router refuses the routing call, naming why */
+    assert_int_equal(fm_cuda_forward(e, &pd, pre, x, FM_DT_F32, T, NULL, &mb), FM_E_ARG);
+    assert_non_null(strstr(fm_last_error(), "without a router"));
+    fm_cuda_layer_free(pre);
+    /* host memory where device memory belongs: refused, naming the tensor */
+    s = fm_cuda_layer_from_tensors(e, &full, m.layer, &b.t, &cl);
+    assert_int_equal(s, FM_E_ARG);
+    assert_non_null(strstr(fm_last_error(), "w13_weight") || strstr(fm_last_error(), "gate_up_blocks"));
+    assert_non_null(strstr(fm_last_error(), "device memory"));
+    built_free(&b);
+    free(x); free(oa); free(ob); free(ia); free(ib);
+    fm_moe_layer_free(m.l);
+}
+#endif
+
+static void test_cuda_from_tensors(void **state) {
+    (void)state;
+    char why[256];
+#ifdef FM_HAVE_CUDA
+    fm_cuda_engine *e = NULL;
+    if (fm_cuda_available(why, sizeof why) && fm_cuda_engine_new(0, &e) == FM_OK) {
+        cuda_roundtrip("tiny-deepseek", FM_QF_NVFP4, 1, (mk_opts){0, 0}, e);
+        cuda_roundtrip("tiny-deepseek", FM_QF_NVFP4, 2, (mk_opts){1, 1}, e);
+        cuda_roundtrip("tiny-gptoss", FM_QF_MXFP4, 1, (mk_opts){0, 0}, e);
+        fm_cuda_engine_free(e);
+        return;
+    }
+#else
+    snprintf(why, sizeof why, "built without CUDA");
+#endif
+    printf("SKIPPED: no CUDA GPU (%s)\n", why);
+    skip();
 }
 
 static void test_modelopt_roundtrip(void **state) {
@@ -539,7 +640,8 @@ static void test_dsv4_routing(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_modelopt_roundtrip), cmocka_unit_test(test_gptoss_roundtrip),
+        cmocka_unit_test(test_modelopt_roundtrip),
+        cmocka_unit_test(test_cuda_from_tensors), cmocka_unit_test(test_gptoss_roundtrip),
         cmocka_unit_test(test_without_router),     cmocka_unit_test(test_modelopt_problems),
         cmocka_unit_test(test_gptoss_problems),    cmocka_unit_test(test_dsv4_routing),
     };

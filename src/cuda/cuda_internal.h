@@ -282,6 +282,7 @@ struct fm_cuda_layer {
     int32_t *tid2eid;
     int64_t tid_rows;
     int hash;
+    int no_router; /* made from tensors without a router: only fm_cuda_experts runs */
     int64_t expert_bytes, shared_bytes;
 };
 

@@ -391,6 +391,9 @@ fm_status fm_cuda_forward(fm_cuda_engine *e, const fm_model_desc *d, const fm_cu
                           fm_dtype xdt, int T, const int32_t *token_ids, fm_moe_out *o) {
     if (!e || !d || !l || !x || !o || !o->out) return fm_error(FM_E_ARG, "fm_cuda_forward: NULL argument");
     if (T <= 0) return fm_error(FM_E_ARG, "fm_cuda_forward: T = %d tokens", T);
+    if (l->no_router)
+        return fm_error(FM_E_ARG, "fm_cuda_forward: layer %d was made without a router: only the pre-routed call "
+                                  "(fm_cuda_experts) runs it", l->layer);
     if (xdt != FM_DT_F32 && xdt != FM_DT_BF16 && xdt != FM_DT_F16)
         return fm_error(FM_E_ARG, "fm_cuda_forward: activations must be F32, BF16 or F16, not %s", fm_dtype_name(xdt));
     if (d->hidden != l->H || d->n_experts != l->E || d->topk != l->k)
@@ -668,6 +671,9 @@ fm_status fm_cuda_moe(fm_cuda_engine *e, const fm_cuda_layer *l, const void *x, 
     if (l->hash && !token_ids)
         return fm_error(FM_E_ARG, "fm_cuda_moe: layer %d of %s routes by token id (hash layer): token ids are required",
                         l->layer, l->d.family);
+    if (l->no_router)
+        return fm_error(FM_E_ARG, "fm_cuda_moe: layer %d was made without a router: only the pre-routed call "
+                                  "(fm_cuda_experts) runs it", l->layer);
     if ((topk_ids == NULL) != (topk_weights == NULL))
         return fm_error(FM_E_ARG, "fm_cuda_moe: topk_ids and topk_weights go together (both or neither)");
     FM_CU(cudaSetDevice(e->device));

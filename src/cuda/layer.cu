@@ -5,6 +5,7 @@
 extern "C" {
 #include "io/io_internal.h"
 }
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -257,3 +258,121 @@ fm_status fm_cuda_layer_upload(fm_cuda_engine *e, const fm_model_desc *d, const 
     return FM_OK;
 }
 
+/* ---- layers from engine-held tensors in device memory */
+
+/* A device view copied into contiguous host memory: trailing dimensions that
+ * are contiguous are merged, the last two remaining are one strided 2D copy
+ * each, the dimensions before them a loop (E copies at most for these
+ * layouts). */
+static fm_status view_to_host(const fm_tensor *v, const char *name, void **out) {
+    *out = NULL;
+    const int eb = fm_dtype_bits(v->dtype) / 8;
+    if (eb <= 0) return fm_error(FM_E_FORMAT, "tensor '%s': dtype %s", name, fm_dtype_name(v->dtype));
+    cudaPointerAttributes pa;
+    if (cudaPointerGetAttributes(&pa, v->data) != cudaSuccess ||
+        (pa.type != cudaMemoryTypeDevice && pa.type != cudaMemoryTypeManaged)) {
+        cudaGetLastError();
+        return fm_error(FM_E_ARG, "tensor '%s' is not in device memory (the CUDA engine reads engine tensors on the GPU)",
+                        name);
+    }
+    int nd = v->ndim;
+    int64_t shp[FM_MAX_DIMS] = {1}, str[FM_MAX_DIMS] = {1}, n = 1;
+    for (int i = 0; i < nd; i++) {
+        shp[i] = v->shape[i];
+        str[i] = v->stride[i];
+        n *= shp[i];
+    }
+    void *h = malloc(n > 0 ? (size_t)n * eb : 1);
+    if (!h) return fm_error(FM_E_NOMEM, "tensor '%s': out of memory (%lld bytes)", name, (long long)n * eb);
+    *out = h;
+    if (n == 0) return FM_OK;
+    if (nd == 0) {
+        shp[0] = 1;
+        str[0] = 1;
+        nd = 1;
+    }
+    /* merge trailing contiguous dimensions */
+    while (nd >= 2 && str[nd - 2] == shp[nd - 1] * str[nd - 1]) {
+        shp[nd - 2] *= shp[nd - 1];
+        str[nd - 2] = str[nd - 1];
+        nd--;
+    }
+    const int64_t width = shp[nd - 1] * eb;
+    const int64_t rows = nd >= 2 ? shp[nd - 2] : 1;
+    const int64_t pitch = (nd >= 2 ? str[nd - 2] : shp[nd - 1]) * eb;
+    int64_t outer = 1;
+    for (int i = 0; i < nd - 2; i++) outer *= shp[i];
+    for (int64_t o = 0; o < outer; o++) {
+        int64_t off = 0, rem = o;
+        for (int i = nd - 3; i >= 0; i--) {
+            off += (rem % shp[i]) * str[i];
+            rem /= shp[i];
+        }
+        cudaError_t err = cudaMemcpy2D((uint8_t *)h + o * rows * width, (size_t)width,
+                                       (const uint8_t *)v->data + off * eb, (size_t)pitch, (size_t)width, (size_t)rows,
+                                       cudaMemcpyDeviceToHost);
+        if (err != cudaSuccess)
+            return fm_error(FM_E_CUDA, "tensor '%s': reading it from the device failed: %s (is it device memory?)", name,
+                            cudaGetErrorString(err));
+    }
+    return FM_OK;
+}
+
+fm_status fm_cuda_layer_from_tensors(fm_cuda_engine *e, const fm_model_desc *d, int layer, const fm_layer_tensors *t,
+                                     fm_cuda_layer **out) {
+    if (!e || !d || !t || !out) return fm_error(FM_E_ARG, "fm_cuda_layer_from_tensors: NULL argument");
+    *out = NULL;
+    fm_status s = fm_layer_tensors_check(d, t);
+    if (s) return s;
+    FM_CU(cudaSetDevice(e->device));
+    /* every fm_tensor of the struct, in declaration order */
+    static const char *const names[] = {
+        "w13_weight",  "w13_weight_scale",   "w13_weight_scale_2",  "w2_weight",         "w2_weight_scale",
+        "w2_weight_scale_2", "gate_up_blocks", "gate_up_scales",   "gate_up_bias",      "down_blocks",
+        "down_scales", "down_bias",          "router_w",            "router_bias",       "score_bias",
+        "shared_gate", "shared_gate_scale",  "shared_gate_scale_2", "shared_up",         "shared_up_scale",
+        "shared_up_scale_2", "shared_down",  "shared_down_scale",   "shared_down_scale_2"};
+    enum { NV = sizeof names / sizeof names[0] };
+    static_assert(offsetof(fm_layer_tensors, shared_down_scale_2) - offsetof(fm_layer_tensors, w13_weight) ==
+                      (NV - 1) * sizeof(fm_tensor),
+                  "fm_layer_tensors: the list of views");
+    fm_layer_tensors h = *t;
+    fm_tensor *hv = &h.w13_weight;
+    void *bufs[NV] = {NULL};
+    for (int i = 0; i < NV && !s; i++) {
+        if (!hv[i].data) continue;
+        s = view_to_host(&hv[i], names[i], &bufs[i]);
+        if (s) break;
+        hv[i].data = bufs[i];
+        int64_t st = 1;
+        for (int j = hv[i].ndim - 1; j >= 0; j--) {
+            hv[i].stride[j] = st;
+            st *= hv[i].shape[j];
+        }
+    }
+    fm_moe_layer *hl = NULL;
+    if (!s) s = fm_moe_layer_from_tensors(d, layer, &h, &hl);
+    for (int i = 0; i < NV; i++) free(bufs[i]);
+    if (s) return s;
+    /* a layer for the pre-routed call alone: a zero router, and the layer
+     * says it cannot route */
+    float *zero = NULL;
+    const int no_router = hl->router_w == NULL;
+    if (no_router) {
+        zero = (float *)calloc((size_t)hl->n_experts * hl->hidden, sizeof(float));
+        if (!zero) {
+            fm_moe_layer_free(hl);
+            return fm_error(FM_E_NOMEM, "out of memory (router)");
+        }
+        hl->router_w = zero;
+    }
+    fm_model_desc dd = *d;
+    dd.moe_inter = hl->inter;
+    if (no_router) dd.n_hash_layers = 0; /* no routing at all, by token id neither */
+    s = fm_cuda_layer_upload(e, &dd, hl, out);
+    if (no_router) hl->router_w = NULL;
+    free(zero);
+    fm_moe_layer_free(hl);
+    if (!s) (*out)->no_router = no_router;
+    return s;
+}
