@@ -11,13 +11,16 @@ compute with the same weights and the difference is fp4moe's arithmetic.
 Checks, from a fixed prompt of 2 sequences (a prefill of 16 tokens, then
 decode steps of 2 tokens):
   - logits: B fed A's greedy tokens gives, at each of the 16 steps,
-    max |logit_B - logit_A| / max |logit_A| < TOL = 2e-2. Why 2e-2: fp4moe's
-    GPU engine rounds the experts' input and the gated activation to BF16
-    (relative 2^-9 each) and accumulates in FP32, so one MoE block's output
-    is off by about 3 * 2^-9 = 0.6 % of its size at most; the MoE output is
-    a part of the residual stream, so the logits move by less than that
-    share, and 2e-2 leaves a factor of 3 for what attention and the norms
-    of later layers and steps make of it. The measured value is printed.
+    max |logit_B - logit_A| / max |logit_A| < TOL. On CUDA TOL = 2e-2:
+    fp4moe's GPU engine rounds the experts' input and the gated activation
+    to BF16 (relative 2^-9 each) and accumulates in FP32, so one MoE block's
+    output is off by about 3 * 2^-9 = 0.6 % of its size at most; the MoE
+    output is a part of the residual stream, so the logits move by less than
+    that share, and 2e-2 leaves a factor of 3 for what attention and the
+    norms of later layers and steps make of it. On the CPU engine, which
+    computes in FP32 from FP32 activations, only the order of the sums
+    differs (~1e-6 of the largest logit): TOL = 1e-4. The measured value is
+    printed.
   - the MoE matters: with A's MoE blocks outputting zeros the same measure
     is at least 10 x the measured fp4moe difference and above TOL (else the
     check above could not fail).
@@ -45,13 +48,14 @@ except ImportError as e:
 
 src = os.environ.get("FM_SOURCE_DIR") or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(src, "python"))
-cli = os.environ.get("FM_CLI")
-if not os.environ.get("FP4MOE_LIBRARY") and cli and os.path.exists(os.path.join(os.path.dirname(cli), "libfp4moe.so")):
-    os.environ["FP4MOE_LIBRARY"] = os.path.join(os.path.dirname(cli), "libfp4moe.so")
+if os.environ.get("FM_LIBRARY"):  # the build's libfp4moe.so, from ctest
+    os.environ["FP4MOE_LIBRARY"] = os.environ["FM_LIBRARY"]
+elif not os.environ.get("FP4MOE_LIBRARY"):
+    skip("FM_LIBRARY not set (run through ctest, or set FP4MOE_LIBRARY to a built libfp4moe.so)")
 import fp4moe  # noqa: E402
 import fp4moe.hf as fh  # noqa: E402
 
-TOL = 2e-2
+TOLERANCE = {"cuda": 2e-2, "cpu": 1e-4}
 STEPS = 16
 VOCAB = 128
 
@@ -155,6 +159,7 @@ def same_quant_on_gpu(check, fam, model):
 
 def main():
     dev = pick_device()
+    TOL = TOLERANCE[dev]
     check = Checks()
     print(f"fp4moe.hf tiny models on {dev} (torch {torch.__version__}, transformers {transformers.__version__})")
     lines = []

@@ -158,6 +158,7 @@ static void test_categories(void **state) {
         {"fm_shared_expert_wg_kernel(fm_expert_params, int, int)", "moe_gemm"},
         {"fm_route_kernel(fm_route_params)", "moe_routing"},
         {"fm_prep_kernel(fm_route_params)", "moe_routing"},
+        {"fm_preroute_kernel(fm_route_params)", "moe_routing"},
         {"fm_logits_gemv_kernel(fm_route_params)", "moe_routing"},
         {"void fm_logits_bf16_kernel<4>(fm_route_params, int)", "moe_routing"},
         /* a transformers decode step: SDPA attention and the static KV cache */

@@ -35,7 +35,7 @@ static const struct {
      * (logits, top-k, grouping); PyTorch's top-k, sort and histogram kernels,
      * which in a decode step sort tokens by expert (transformers' grouped_mm
      * experts) and pick the routers' top-k */
-    {FM_CAT_MOE_ROUTING, "fm_route|fm_prep_kernel|fm_logits|gathertopk|radixfindkthvalues|computeblockwise|"
+    {FM_CAT_MOE_ROUTING, "fm_route|fm_preroute|fm_prep_kernel|fm_logits|gathertopk|radixfindkthvalues|computeblockwise|"
                          "bitonicsort|radixsort|mergesort|sortkeyvalue|segmentedsort|kernelhistogram|"
                          "topk_?gating|moe_fused_gate|grouped_topk|biased_grouped|moe_align|count_and_sort|"
                          "moe_sum|noaux_?tc|routing_?(main|indices|deepseek|renormalize|kernel)|routingmain|"
