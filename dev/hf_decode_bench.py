@@ -340,6 +340,8 @@ def print_tables(out, tables):
         print(f"{'category':14s} {'B=' + str(t['a_batch']):>9s} {'B=' + str(t['b_batch']):>9s} {'delta':>9s} "
               f"{'share':>7s}")
         for c in t["categories"]:
+            if c["a_ms"] == 0 and c["b_ms"] == 0 and c["category"] != "total":
+                continue
             share = f"{100 * c['share']:6.1f}%" if c["share"] is not None else f"{'-':>7s}"
             print(f"{c['category']:14s} {c['a_ms']:9.3f} {c['b_ms']:9.3f} {c['delta_ms']:+9.3f} {share}")
 
