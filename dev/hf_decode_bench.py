@@ -255,6 +255,10 @@ def bench_model(torch, name, args, out):
     mem = f", {torch.cuda.memory_allocated() / 1e9:.1f} GB allocated" if cuda else ""
     log(f"{name}: {layers} layers built in {time.time() - t0:.1f} s{mem}")
     runs, traces = [], {}
+    g = torch.Generator(device=args.device).manual_seed(1)
+    probe = torch.randint(0, model.config.vocab_size, (2, PROMPT), device=args.device, generator=g)
+    with torch.no_grad():
+        ref_logits = model(input_ids=probe).logits.float()
     if "transformers" in args.variants:
         run_variant(torch, model, f"{name}/transformers", args, runs, traces)
     if "fp4moe" in args.variants:
@@ -271,6 +275,13 @@ def bench_model(torch, name, args, out):
         mem = f", {torch.cuda.memory_allocated() / 1e9:.1f} GB allocated" if cuda else ""
         log(f"{name}: swapped to fp4moe in {time.time() - t0:.1f} s{mem}; {desc}")
         out.setdefault("fp4moe_kernels", {})[name] = desc
+        # the same prefill's logits on fp4moe's NVFP4 experts: close to, not equal to, the BF16 experts'
+        with torch.no_grad():
+            lg = model(input_ids=probe).logits.float()
+        cos = float(torch.nn.functional.cosine_similarity(lg.flatten(), ref_logits.flatten(), dim=0))
+        rel = float((lg - ref_logits).abs().max() / ref_logits.abs().max())
+        out.setdefault("logits_vs_bf16", {})[name] = {"cosine": cos, "max_rel": rel}
+        log(f"{name}: prefill logits on fp4moe vs BF16 experts: cosine {cos:.5f}, max |d| / max {rel:.3g}")
         run_variant(torch, model, f"{name}/fp4moe", args, runs, traces)
     del model
     gc.collect()
@@ -321,6 +332,11 @@ def print_tables(out, tables):
                 print(f"\n{t['label']}: kernels fp4moe trace files under 'other':")
                 for o in t["uncategorized"]:
                     print(f"  {o['total_us']:10.1f} us  (B={o['batch']})  {o['name']}")
+    if out.get("logits_vs_bf16"):
+        print()
+    for name, v in out.get("logits_vs_bf16", {}).items():
+        print(f"{name}: prefill logits with fp4moe's NVFP4 experts vs transformers' BF16 experts: "
+              f"cosine {v['cosine']:.5f}, max |d| / max |logit| {v['max_rel']:.3g}")
     print(f"\ndecode throughput ({out['device']}; {out['context']}-position static cache; "
           f"torch {out['torch']}, transformers {out['transformers']})")
     print(f"{'model':15s} {'layers':>6s} {'batch':>5s} {'tok/s fp4moe':>13s} {'tok/s transformers':>19s} "
