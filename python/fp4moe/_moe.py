@@ -231,10 +231,9 @@ class MoE:
             raise Error(FM_E_ARG, f"tensors: unknown name{'s' if len(unknown) > 1 else ''} "
                                   f"{', '.join(unknown)} (known: {', '.join(_lib.LAYER_TENSOR_FIELDS)})")
         desc = _load_desc(config, quant_config)
-        if layout == "modelopt_nvfp4":
-            desc.expert_format = QF["nvfp4"]
-        else:
-            desc.expert_format = QF["mxfp4"]
+        if desc.expert_format not in (QF["nvfp4"], QF["mxfp4"]):
+            # a config without its quantization part: the layout says it
+            desc.expert_format = QF["nvfp4"] if layout == "modelopt_nvfp4" else QF["mxfp4"]
         if inter is None:
             key = "w13_weight" if layout == "modelopt_nvfp4" else "gate_up_blocks"
             x = tensors.get(key)
