@@ -156,7 +156,8 @@ class MoE:
         """Layer `layer` of a checkpoint directory (config.json, safetensors
         shards). quantize_bf16 ("nvfp4" / "mxfp4") quantizes BF16 experts on
         load; threads / isa pick the CPU engine's threads and kernels."""
-        desc = _load_desc(os.fspath(path))
+        desc = ModelDesc()
+        call("fm_model_desc_load", os.fsencode(path), ctypes.byref(desc))
         m = cls._new(desc, layer, device, max_tokens, threads, isa)
         try:
             q = QF["none"] if quantize_bf16 is None else QF.get(quantize_bf16)
