@@ -167,6 +167,27 @@ def library_path():
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib", "libfp4moe.so")
 
 
+def _preload_cupti():
+    """Loads libcupti.so.* globally from the CUDA toolkit ($CUDA_HOME,
+    /usr/local/cuda) or the nvidia-cuda-cupti wheel; True when one loaded."""
+    import glob
+    import sys
+    dirs = []
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root:
+            dirs += [os.path.join(root, "lib64"), os.path.join(root, "extras", "CUPTI", "lib64")]
+    for p in sys.path:
+        dirs += [os.path.join(p, "nvidia", "cuda_cupti", "lib"), os.path.join(p, "nvidia", "cu13", "lib")]
+    for d in dirs:
+        for f in sorted(glob.glob(os.path.join(d, "libcupti.so.*")), reverse=True):
+            try:
+                ctypes.CDLL(f, mode=ctypes.RTLD_GLOBAL)
+                return True
+            except OSError:
+                continue
+    return False
+
+
 def lib():
     """The loaded library (loaded on first use, so `import fp4moe` works
     without it)."""
@@ -182,7 +203,14 @@ def lib():
             try:
                 h = ctypes.CDLL(path)
             except OSError as e:
-                raise Error(FM_E_IO, f"cannot load {path}: {e}") from None
+                # a CUDA build needs CUPTI, which the loader may not find
+                # where the toolkit or torch's wheels put it
+                if "libcupti" not in str(e) or not _preload_cupti():
+                    raise Error(FM_E_IO, f"cannot load {path}: {e}") from None
+                try:
+                    h = ctypes.CDLL(path)
+                except OSError as e2:
+                    raise Error(FM_E_IO, f"cannot load {path}: {e2}") from None
             for name, (res, args) in _PROTOS.items():
                 f = getattr(h, name, None)
                 if f is not None:
