@@ -402,7 +402,8 @@ def check_from_tensors(m, d, t, x, layer, layout):
     g = torch.Generator().manual_seed(5)
     rid, rw_ = random_routing(x.shape[0], m.n_experts, m.topk, g)
     ok = same(o1, o2) and same(i1, i2) and same(w1, w2) and same(m.experts(x, rid, rw_), m2.experts(x, rid, rw_))
-    record(f"{what} == from_checkpoint bit for bit", ok, f"max diff {float((o1 - o2).abs().max()):.3g}")
+    record(f"{what} == from_checkpoint bit for bit", ok, f"max diff {float((o1 - o2).abs().max()):.3g}; "
+           f"built by {m2._built_by or 'fm_moe_layer_from_tensors'}")
 
 
 # --------------------------------------------------------------- benchmark

@@ -122,7 +122,7 @@ class MoE:
         m._fmt = desc.expert_format
         m._has_router = True
         m._has_shared = desc.n_shared > 0
-        m._tensors_refs = None
+        m._built_by = None
         if isa not in CPU_ISA:
             raise Error(FM_E_ARG, f"isa {isa!r}: expected one of {', '.join(CPU_ISA)}")
         m._threads, m._isa = int(threads), isa
@@ -264,7 +264,7 @@ class MoE:
                 call("fm_moe_layer_from_tensors", ctypes.byref(desc), m.layer, ctypes.byref(lt), ctypes.byref(hl))
                 m._hlayer = hl
                 m._read_host_layer()
-            else:
+            elif _lib.has("fm_cuda_layer_from_tensors"):
                 torch = torch_module()
                 # the tensors may still be written on torch's stream
                 torch.cuda.current_stream(m.device_index).synchronize()
@@ -272,6 +272,24 @@ class MoE:
                 call("fm_cuda_layer_from_tensors", m._cuda, ctypes.byref(desc), m.layer, ctypes.byref(lt),
                      ctypes.byref(cl))
                 m._clayer = cl
+                m._built_by = "fm_cuda_layer_from_tensors"
+            else:
+                # a library without the device-side repack: through host copies
+                host = {n: x.cpu() for n, x in tensors.items() if x is not None}
+                ht = LayerTensors()
+                ht.layout, ht.inter = lt.layout, lt.inter
+                for n, x in host.items():
+                    setattr(ht, n, view(x, n))
+                hl = ctypes.c_void_p()
+                call("fm_moe_layer_from_tensors", ctypes.byref(desc), m.layer, ctypes.byref(ht), ctypes.byref(hl))
+                m._hlayer = hl
+                m._read_host_layer()
+                cl = ctypes.c_void_p()
+                call("fm_cuda_layer_upload", m._cuda, ctypes.byref(desc), hl, ctypes.byref(cl))
+                m._clayer = cl
+                m._free_host()
+                m._built_by = "host copies, fm_moe_layer_from_tensors, fm_cuda_layer_upload"
+                del host
             del keep
             return m._finish()
         except BaseException:
