@@ -152,6 +152,101 @@ static void test_categories(void **state) {
         {"void cublasLt::splitKreduce_kernel<32, 16, int, float>(cublasLt::cublasSplitKParams<float>)", "gemm"},
         {"void cross_device_reduce_1stage<__nv_bfloat16, 8>(RankData*)", "comm"},
         {"some_unknown_kernel_xyz", "other"},
+        /* fp4moe's own kernels */
+        {"void fm_expert_kernel<2, 3, 2>(fm_expert_params, int, int)", "moe_gemm"},
+        {"_Z19fm_expert_wg_kernelILi2ELi2EEv16fm_expert_paramsii", "moe_gemm"},
+        {"fm_shared_expert_wg_kernel(fm_expert_params, int, int)", "moe_gemm"},
+        {"fm_route_kernel(fm_route_params)", "moe_routing"},
+        {"fm_prep_kernel(fm_route_params)", "moe_routing"},
+        {"fm_preroute_kernel(fm_route_params)", "moe_routing"},
+        {"fm_logits_gemv_kernel(fm_route_params)", "moe_routing"},
+        {"void fm_logits_bf16_kernel<4>(fm_route_params, int)", "moe_routing"},
+        /* a transformers decode step: SDPA attention and the static KV cache */
+        {"fmha_cutlassF_bf16_aligned_64x128_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::bfloat16_t, "
+         "cutlass::arch::Sm80, true, 64, 128, 128, true, true>::Params)",
+         "attention"},
+        {"void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4, false, false, "
+         "cutlass::bfloat16_t>, false, true, false, false, true, true, false, false>(pytorch_flash::Flash_fwd_params)",
+         "attention"},
+        {"cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1_kernel0_0", "attention"},
+        {"void at::native::index_elementwise_kernel<128, 4, at::native::index_copy_kernel_impl<at::native::OpaqueType<2> "
+         ">(at::TensorIterator&, long, long, long)::{lambda(int)#1}>(long, at::native::index_copy_kernel_impl<"
+         "at::native::OpaqueType<2> >(at::TensorIterator&, long, long, long)::{lambda(int)#1})",
+         "attention"},
+        /* transformers' grouped_mm experts: sort by expert, count, grouped GEMM */
+        {"void cutlass::device_kernel<at::cuda::detail::enable_3x_kernel_for_sm9x<cutlass::gemm::kernel::GemmUniversal<"
+         "cutlass::gemm::GroupProblemShape<cute::tuple<int, int, int> >, cutlass::gemm::collective::CollectiveMma<> > > "
+         ">(at::cuda::detail::enable_3x_kernel_for_sm9x::Params)",
+         "moe_gemm"},
+        {"void at::cuda::detail::prepare_grouped_gemm_data<cutlass::bfloat16_t, cutlass::bfloat16_t, "
+         "cutlass::bfloat16_t, float>(cutlass::bfloat16_t*, cutlass::bfloat16_t*)",
+         "moe_gemm"},
+        {"void at::native::radixSortKVInPlace<-2, -1, 128, 32, long, long, unsigned int>(at::cuda::detail::TensorInfo<"
+         "long, unsigned int>, unsigned int, unsigned int, unsigned int, at::cuda::detail::TensorInfo<long, unsigned "
+         "int>, unsigned int, bool)",
+         "moe_routing"},
+        {"void at::native::bitonicSortKVInPlace<-2, -1, 16, 16, long, long, at::native::LTOp<long, true>, unsigned int>"
+         "(at::cuda::detail::TensorInfo<long, unsigned int>, unsigned int)",
+         "moe_routing"},
+        {"void at::native::warpMergeSortKVInPlace<-2, -1, 128, 4, long, long, at::native::LTOp<long, true>, unsigned "
+         "int>(at::cuda::detail::TensorInfo<long, unsigned int>, unsigned int)",
+         "moe_routing"},
+        {"void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>(at::cuda::detail::TensorInfo<float const, "
+         "unsigned int>, unsigned int, unsigned int, bool, unsigned int)",
+         "moe_routing"},
+        {"void at::native::mbtopk::radixFindKthValues<float, unsigned int, unsigned int, 2>(at::cuda::detail::TensorInfo"
+         "<float const, unsigned int>, unsigned int, unsigned int*)",
+         "moe_routing"},
+        {"void at::native::mbtopk::computeBlockwiseWithinKCounts<unsigned int>(unsigned int*, short*, unsigned int)",
+         "moe_routing"},
+        {"void at::cuda::kernelHistogram1D<int, int, unsigned int, 1, 2, -1, (at::cuda::CUDAHistogramMemoryType)0, "
+         "at::cuda::CUDA_tensor_histogram<int, int, true>(at::Tensor, at::Tensor, at::Tensor, long, int, int, "
+         "at::cuda::TensorArgType, bool)::{lambda(int)#1}>(at::cuda::detail::TensorInfo<int, unsigned int>)",
+         "moe_routing"},
+        {"void at_cuda_detail::cub::DeviceRadixSortOnesweepKernel<at_cuda_detail::cub::DeviceRadixSortPolicy<long, long,"
+         " unsigned int>::Policy900, false, long, long, unsigned int, int, int>(int*, int*, unsigned int*)",
+         "moe_routing"},
+        /* eager-torch RMSNorm, rotary, residuals, embedding, copies, cuBLAS projections */
+        {"void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float, float, "
+         "float>, unsigned int, float, 4, 4> >(at::native::ReduceOp<float, at::native::MeanOps<float, float, float, "
+         "float>, unsigned int, float, 4, 4>)",
+         "glue"},
+        {"void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::silu_kernel("
+         "at::TensorIteratorBase&)::{lambda()#1}::operator()() const::{lambda()#5}::operator()() const::"
+         "{lambda(c10::BFloat16)#1}, std::array<char*, 2ul> >(int, at::native::(anonymous namespace)::silu_kernel("
+         "at::TensorIteratorBase&)::{lambda(c10::BFloat16)#1}, std::array<char*, 2ul>)",
+         "glue"},
+        {"void at::native::(anonymous namespace)::CatArrayBatchedCopy_vectorized<at::native::(anonymous namespace)::"
+         "OpaqueType<2u>, unsigned int, 4, 64, 64, 16>(char*, at::native::(anonymous namespace)::"
+         "CatArrInputTensorMetadata<at::native::(anonymous namespace)::OpaqueType<2u>, unsigned int, 64, 64>)",
+         "glue"},
+        {"void at::native::(anonymous namespace)::indexSelectSmallIndex<c10::BFloat16, long, unsigned int, 2, 2, -2>("
+         "at::cuda::detail::TensorInfo<c10::BFloat16, unsigned int>)",
+         "glue"},
+        {"void at::native::(anonymous namespace)::indexSelectLargeIndex<c10::BFloat16, long, unsigned int, 2, 2, -2, "
+         "true>(at::cuda::detail::TensorInfo<c10::BFloat16, unsigned int>)",
+         "glue"},
+        {"void at::native::(anonymous namespace)::softmax_warp_forward<float, float, float, 7, false, false>(float*, "
+         "float const*, int, int, int, bool const*, int, bool)",
+         "glue"},
+        {"void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, float, float, float, at::native::(anonymous "
+         "namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)",
+         "glue"},
+        {"void at::native::tensor_kernel_scan_innermost_dim<int, std::plus<int> >(int*, int const*, unsigned int, "
+         "unsigned int, unsigned int, int, std::plus<int>)",
+         "glue"},
+        {"void at::native::_scatter_gather_elementwise_kernel<128, 8, at::native::_cuda_scatter_gather_internal_kernel<"
+         "false, at::native::OpaqueType<4> >::operator()<at::native::ReduceAdd>(at::TensorIterator&, long, long, "
+         "long, at::native::ReduceAdd const&)::{lambda(int)#1}>(int, at::native::ReduceAdd const&)",
+         "glue"},
+        {"nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_TNT", "gemm"},
+        {"void gemv2T_kernel_val<int, int, __nv_bfloat16, __nv_bfloat16, float, 128, 16, 4, 4, false, false, "
+         "cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<__nv_bfloat16 const>, cublasGemvTensorStridedBatched<"
+         "__nv_bfloat16 const>, cublasGemvTensorStridedBatched<__nv_bfloat16>, float> >(float, float)",
+         "gemm"},
+        {"void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, __nv_bfloat16, false, "
+         "__nv_bfloat16, __nv_bfloat16, false, true, true>(cublasLt::cublasSplitKParams<float>)",
+         "gemm"},
     };
     fm_trace *t = open_doc("{\"traceEvents\": []}", NULL);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

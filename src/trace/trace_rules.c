@@ -31,8 +31,13 @@ static const struct {
     {FM_CAT_COMM, "nccl|rccl|msccl|cross_device_reduce|all_?reduce|allgather|all_gather|reduce_?scatter|"
                   "all_?to_?all|one_?shot_?(all|ar)|two_?shot_?(all|ar)|custom_?ar|lamport|deep_?ep|"
                   "mnnvl|twoshot|oneshot"},
-    /* MoE routing, sorting, permutation and the k-way sum */
-    {FM_CAT_MOE_ROUTING, "topk_?gating|moe_fused_gate|grouped_topk|biased_grouped|moe_align|count_and_sort|"
+    /* MoE routing, sorting, permutation and the k-way sum; fp4moe's own router
+     * (logits, top-k, grouping); PyTorch's top-k, sort and histogram kernels,
+     * which in a decode step sort tokens by expert (transformers' grouped_mm
+     * experts) and pick the routers' top-k */
+    {FM_CAT_MOE_ROUTING, "fm_route|fm_preroute|fm_prep_kernel|fm_logits|gathertopk|radixfindkthvalues|computeblockwise|"
+                         "bitonicsort|radixsort|mergesort|sortkeyvalue|segmentedsort|kernelhistogram|"
+                         "topk_?gating|moe_fused_gate|grouped_topk|biased_grouped|moe_align|count_and_sort|"
                          "moe_sum|noaux_?tc|routing_?(main|indices|deepseek|renormalize|kernel)|routingmain|"
                          "expand_?input_?rows|finalize_?moe|moe_?(un)?permute|compute_problem_sizes|"
                          "compute_expert_offsets|compute_arg_sorts|ep_scatter|ep_gather|shuffle_rows|"
@@ -44,8 +49,11 @@ static const struct {
     /* the gated activation between the two expert GEMMs */
     {FM_CAT_MOE_ACT, "act_and_mul|silu_and_mul|gelu_and_mul|silu_mul|swiglu|gelu_tanh_and_mul|doactivation|"
                      "activation_kernel"},
-    /* MoE expert GEMMs */
-    {FM_CAT_MOE_GEMM, "fused_moe|moe_gemm|moegemm|moe_mm|moe_wna16|marlin|groupproblemshape|grouped_?gemm|"
+    /* MoE expert GEMMs: fp4moe's expert kernels (routed and shared), PyTorch's
+     * grouped_mm (CUTLASS GroupProblemShape, prepare_grouped_gemm_data, the
+     * cuBLAS grouped arguments) */
+    {FM_CAT_MOE_GEMM, "fm_expert|fm_shared_expert|cublas_grouped|"
+                      "fused_moe|moe_gemm|moegemm|moe_mm|moe_wna16|marlin|groupproblemshape|grouped_?gemm|"
                       "gemmgrouped|group_?mm|bmm_e2m1|bmm_e4m3|bmm_mxe|_moe_|cutlass_moe|trtllm.*moe|"
                       "moe.*gemm|deep_?gemm.*(group|masked|contiguous)|m_grouped"},
     /* norms and rotary embeddings, before attention: FlashInfer names all its
@@ -55,7 +63,9 @@ static const struct {
     {FM_CAT_ATTENTION, "flash([^i]|$)|fmha|mla_decode|mla_kernel|flashmla|batchmla|batchdecode|batchprefill|"
                        "singledecode|singleprefill|paged_?attention|attention|attn|_fwd_kernel|decode_att|"
                        "fwd_grouped_kernel|merge_?state|mqa_logits|xqa|kernel_mha|mha_|reshape_and_cache|"
-                       "kv_?cache|kv_indices|set_kv_buffer|store_kv|sparse_mla|lightning_indexer|indexer"},
+                       "kv_?cache|kv_indices|set_kv_buffer|store_kv|sparse_mla|lightning_indexer|indexer|"
+                       /* cuDNN's SDPA kernels; transformers' StaticCache writes K/V with index_copy_ */
+                       "sdpa|index_copy"},
     /* dense GEMM: cuBLAS (nvjet, xmma, sm80_/sm90_ ...), CUTLASS, DeepGEMM, rocBLAS/Tensile, Triton */
     {FM_CAT_GEMM, "gemm|nvjet|cublas|cutlass|xmma|s16816|s1688|h16816|h1688|i8816|splitkreduce|"
                   "cijk_|gemv|matmul|_mm_kernel|bmm|dot_kernel|wgmma|hgmma|sgemm|hgemm|deep_?gemm"},
