@@ -6,14 +6,16 @@ Checks, each printed as it runs, then a summary and the benchmark table last:
   - the routing against the float32 NumPy router of tests/py_forward.py;
   - the op's output against a torch float32 reference on the dequantized
     weights (E2M1 table, E4M3 / E8M0 block scales, scale_2; the op's own
-    routing): relative error <= 5e-3 per token, the CUDA tests' bound (the
-    kernels round activations to BF16 for the tensor cores);
-  - bit-equality with the C path on the same inputs (fm_cuda_forward with
-    host buffers, through ctypes, on the same engine and layer);
+    routing): relative error <= 1e-2 (the kernels round activations to BF16
+    for the tensor cores; see TOL);
+  - equality with the C path on the same inputs (fm_cuda_forward with host
+    buffers, through ctypes, on the same engine and layer) up to the order of
+    the k-way combine's float atomic additions, which varies from run to run
+    (routing ids and weights bit for bit);
   - experts(moe's routing) equals moe, and experts with ids < 0 / int64;
-  - CUDA-graph capture and replay equal eager, bit for bit;
+  - CUDA-graph capture and replay equal eager (up to the combine order);
   - from_tensors with torch device tensors (ModelOpt layout stacked from
-    the checkpoint; the gpt-oss layout) equals from_checkpoint bit for bit;
+    the checkpoint; the gpt-oss layout) equals from_checkpoint (likewise);
   - torch.compile(fullgraph=True) of functions calling the ops;
   - errors raise before the call: T > max_tokens, ids >= E, a CPU tensor,
     a non-contiguous tensor.
@@ -67,7 +69,11 @@ from fp4moe import _lib  # noqa: E402
 DEV = torch.device("cpu" if REF_ONLY or DRY else "cuda:0")
 ENGINE = "cpu" if DRY else "cuda"
 RESULTS = []
-TOL = 5e-3
+# BF16 activations (x and the intermediate h, each rounded to 2^-9
+# relative) against a float32 reference: up to ~1e-2 on the norm at these
+# tiny shapes (a few terms per output); the C tests' 5e-3 is against float64
+# with the same BF16 inputs on both sides
+TOL = 1e-2
 
 
 def record(name, ok, detail=""):
@@ -99,6 +105,16 @@ def same(a, b):
         return False
     bytes_of = lambda v: v.detach().cpu().contiguous().view(torch.uint8)  # noqa: E731
     return torch.equal(bytes_of(a), bytes_of(b))
+
+
+def same_out(a, b):
+    """Two runs' outputs: equal up to the order of the k-way combine's float
+    atomic additions (the shared expert adds from its own stream), i.e.
+    within 2^-20 of the largest magnitude; ids and weights stay bit-exact."""
+    if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
+        return False
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return bool(torch.isfinite(a).all()) and float((a - b).abs().max()) <= 2.0 ** -20 * max(float(b.abs().max()), 1e-30)
 
 
 def rel_err(got, ref):
@@ -275,17 +291,17 @@ def check_layer(tmp, preset, fmt, layer, T):
         if DRY:
             return
         co, ci, cw = c_forward(m, x)
-        record(f"{what}: op == fm_cuda_forward bit for bit", same(out.cpu(), co) and same(ids.cpu(), ci) and
+        record(f"{what}: op == fm_cuda_forward up to the combine order", same_out(out.cpu(), co) and same(ids.cpu(), ci) and
                same(w.cpu(), cw), f"max diff {float((out.cpu() - co).abs().max()):.3g}")
         xb = x.to(torch.bfloat16)
         ob = m(xb)
         cob, _, _ = c_forward(m, xb)
-        record(f"{what}: bf16 input: op == fm_cuda_forward bit for bit", same(ob.cpu(), cob))
+        record(f"{what}: bf16 input: op == fm_cuda_forward up to the combine order", same_out(ob.cpu(), cob))
 
     @step(f"{what}: experts")
     def _():
         ex = m.experts(x, ids, w)
-        record(f"{what}: experts(moe's routing) == moe", same(ex, out),
+        record(f"{what}: experts(moe's routing) == moe", same_out(ex, out),
                f"max diff {float((ex - out).abs().max()):.3g}")
         rid, rw_ = random_routing(T, E, k, g)
         for shared in (True, False):
@@ -294,7 +310,7 @@ def check_layer(tmp, preset, fmt, layer, T):
             record(f"{what}: experts (ids < 0, int64, include_shared={shared}) vs torch float32", e <= TOL,
                    f"relative error {e:.2e}")
         record(f"{what}: experts int32 ids == int64 ids",
-               same(m.experts(x, rid.to(torch.int32), rw_), m.experts(x, rid, rw_)))
+               same_out(m.experts(x, rid.to(torch.int32), rw_), m.experts(x, rid, rw_)))
 
     @step(f"{what}: opcheck")
     def _():
@@ -331,7 +347,7 @@ def check_layer(tmp, preset, fmt, layer, T):
             eo, ei, ew = m(xn, return_routing=True)
             ee = m.experts(xn, rid, rw_)
             sync()
-            ok &= same(go, eo) and same(gi, ei) and same(gw, ew) and same(ge, ee)
+            ok &= same_out(go, eo) and same(gi, ei) and same(gw, ew) and same_out(ge, ee)
         record(f"{what}: CUDA graph replay == eager (3 inputs)", ok)
 
     @step(f"{what}: torch.compile")
@@ -345,7 +361,7 @@ def check_layer(tmp, preset, fmt, layer, T):
         cf = torch.compile(f, fullgraph=True)
         ce = torch.compile(fe, fullgraph=True)
         rid, rw_ = random_routing(T, E, k, g)
-        ok1 = torch.equal(cf(x), f(x))
+        ok1 = same_out(cf(x), f(x))
         ok2 = torch.allclose(ce(x, rid, rw_), fe(x, rid, rw_), rtol=1e-6, atol=1e-6)
         record(f"{what}: torch.compile(fullgraph=True) of moe and experts", ok1 and ok2, f"moe {ok1}, experts {ok2}")
 
@@ -401,8 +417,8 @@ def check_from_tensors(m, d, t, x, layer, layout):
     o2, i2, w2 = m2(x, return_routing=True)
     g = torch.Generator().manual_seed(5)
     rid, rw_ = random_routing(x.shape[0], m.n_experts, m.topk, g)
-    ok = same(o1, o2) and same(i1, i2) and same(w1, w2) and same(m.experts(x, rid, rw_), m2.experts(x, rid, rw_))
-    record(f"{what} == from_checkpoint bit for bit", ok, f"max diff {float((o1 - o2).abs().max()):.3g}; "
+    ok = same_out(o1, o2) and same(i1, i2) and same(w1, w2) and same_out(m.experts(x, rid, rw_), m2.experts(x, rid, rw_))
+    record(f"{what} == from_checkpoint up to the combine order", ok, f"max diff {float((o1 - o2).abs().max()):.3g}; "
            f"built by {m2._built_by or 'fm_moe_layer_from_tensors'}")
 
 

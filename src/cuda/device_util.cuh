@@ -56,6 +56,27 @@ static __device__ __forceinline__ uint32_t ld_u8_pol(const void *p, uint64_t pol
     return r & 0xFFu;
 }
 
+/* The same loads as asm volatile, for loads that must be issued before a
+ * griddepcontrol.wait (a plain asm load may be moved after it, losing the
+ * overlap with the previous grid's tail, or hoisted out of its guard). */
+static __device__ __forceinline__ uint4 ld_stream_pol_v(const void *p, uint64_t pol) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p), "l"(pol));
+    return r;
+}
+static __device__ __forceinline__ uint32_t ld_u16_pol_v(const void *p, uint64_t pol) {
+    unsigned short r;
+    asm volatile("ld.global.nc.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(r) : "l"(p), "l"(pol));
+    return r;
+}
+static __device__ __forceinline__ uint32_t ld_u8_pol_v(const void *p, uint64_t pol) {
+    unsigned short r;
+    asm volatile("ld.global.nc.L2::cache_hint.u8 %0, [%1], %2;" : "=h"(r) : "l"(p), "l"(pol));
+    return r & 0xFFu;
+}
+
 static __device__ __forceinline__ void cp_async16_pol(uint32_t dst, const void *src, uint64_t pol) {
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, 16, %2;" ::"r"(dst), "l"(src), "l"(pol)
                  : "memory");
