@@ -187,7 +187,7 @@ check_nvfp4_stack("qwen3 w13", t["w13_weight"], t["w13_weight_scale"], t["w13_we
 check_nvfp4_stack("qwen3 w2", t["w2_weight"], t["w2_weight_scale"], t["w2_weight_scale_2"],
                   blk.experts.down_proj.detach(), orig_dn, 0)
 check(torch.equal(t["router_w"], blk.gate.weight.detach()), "qwen3: router_w is not the router's weight")
-check(fh._fm_config(type("M", (), {"config": cfg})(), "qwen3_moe", blk)[0]["num_experts"] == E,
+check(fh._fm_config(type("M", (), {"config": cfg})(), "qwen3_moe", blk)["num_experts"] == E,
       "qwen3: the config fp4moe reads lacks num_experts")
 
 # DeepSeek-V3: the same routed layout, the router's correction bias, the shared expert

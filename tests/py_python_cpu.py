@@ -14,7 +14,9 @@ routing as the models' code does), which shares no code with the library.
     ids < 0 (another rank's experts) and int64 ids in .experts.
   - MoE.from_tensors with NumPy arrays in the ModelOpt layout (experts
     stacked from the checkpoint's tensors), in strided views too, and in
-    the gpt-oss layout: bit for bit equal to from_checkpoint.
+    the gpt-oss layout, with the checkpoint's config and with a plain one
+    (no quantization_config: the layout gives format and block): bit for
+    bit equal to from_checkpoint.
   - MoE.random equals the checkpoint `fp4moe gen` writes, bit for bit.
   - Errors raise fp4moe.Error with the library's message: wrong dtype,
     wrong shape (naming the tensor), missing tensors, T > max_tokens, ids
@@ -216,7 +218,9 @@ def case_from_tensors_modelopt(d, m, cfg, t, x, layer, what):
     eids, ew = random_routing(x.shape[0], E, k)
     ref_e = m.experts(x, eids, ew)
     T = modelopt_tensors(t, layer, E)
+    plain = {k: v for k, v in cfg.items() if k != "quantization_config"}
     variants = [("config dir", d, T), ("config dict", cfg, T),
+                ("config dict without quantization_config", plain, T),
                 ("config.json path", os.path.join(d, "config.json"), T),
                 ("strided views", d, {n: strided(v) if v.ndim >= 2 else v for n, v in T.items()})]
     s2 = T["w13_weight_scale_2"]
@@ -230,6 +234,8 @@ def case_from_tensors_modelopt(d, m, cfg, t, x, layer, what):
         ok &= check(same(m2.experts(x, eids, ew), ref_e), f"{what}: from_tensors ({name}) experts != from_checkpoint")
         ok &= check(m2.inter == m.inter and m2.has_shared == m.has_shared,
                     f"{what}: from_tensors ({name}) inter {m2.inter} shared {m2.has_shared}")
+        ok &= check(m2.config["group_size"] == 16, f"{what}: from_tensors ({name}) group_size "
+                    f"{m2.config['group_size']}")
         if ok:
             print(f"ok   {what}: from_tensors ({name}) equals from_checkpoint bit for bit")
         m2.close()
@@ -248,14 +254,22 @@ def case_from_tensors_gptoss(d, m, t, x, layer, what):
          "gate_up_bias": a(pre + ".experts.gate_up_proj_bias"), "down_blocks": a(pre + ".experts.down_proj_blocks"),
          "down_scales": a(pre + ".experts.down_proj_scales"), "down_bias": a(pre + ".experts.down_proj_bias"),
          "router_w": a(pre + ".router.weight"), "router_bias": a(pre + ".router.bias")}
-    m2 = fp4moe.MoE.from_tensors(d, layer, T, layout="gptoss_mxfp4", max_tokens=32)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    plain = {k: v for k, v in cfg.items() if k != "quantization_config"}
     out, ids, w = m(x, return_routing=True)
-    o2, i2, w2 = m2(x, return_routing=True)
     eids, ew = random_routing(x.shape[0], m.n_experts, m.topk)
-    ok = check(same(o2, out) and same(i2, ids) and same(w2, w), f"{what}: from_tensors moe != from_checkpoint")
-    ok &= check(same(m2.experts(x, eids, ew), m.experts(x, eids, ew)), f"{what}: from_tensors experts differ")
-    if ok:
-        print(f"ok   {what}: from_tensors (gpt-oss layout) equals from_checkpoint bit for bit")
+    for name, conf in (("config dir", d), ("config dict without quantization_config", plain)):
+        m2 = fp4moe.MoE.from_tensors(conf, layer, T, layout="gptoss_mxfp4", max_tokens=32)
+        o2, i2, w2 = m2(x, return_routing=True)
+        ok = check(same(o2, out) and same(i2, ids) and same(w2, w),
+                   f"{what}: from_tensors ({name}) moe != from_checkpoint")
+        ok &= check(same(m2.experts(x, eids, ew), m.experts(x, eids, ew)),
+                    f"{what}: from_tensors ({name}) experts differ")
+        ok &= check(m2.config["group_size"] == 32, f"{what}: from_tensors ({name}) group_size "
+                    f"{m2.config['group_size']}")
+        if ok:
+            print(f"ok   {what}: from_tensors (gpt-oss layout, {name}) equals from_checkpoint bit for bit")
+        m2.close()
 
 
 # ------------------------------------------------------------------ errors
