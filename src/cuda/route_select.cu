@@ -705,6 +705,19 @@ static __device__ void group_pairs_last_warp(const fm_route_params &p, unsigned 
     if (lane == 0) *done = 0;
 }
 
+/* True in every thread of the grid's last block to finish (its writes, and
+ * every earlier block's, visible): only that block groups the pairs, with
+ * no second launch. One block is the last without the counter round trip. */
+static __device__ __forceinline__ bool last_block(unsigned *done, unsigned &is_last) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = gridDim.x == 1 || atomicAdd(done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!is_last) return false;
+    __threadfence();
+    return true;
+}
+
 template <int RK>
 __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p) {
     extern __shared__ __align__(16) unsigned char rs_smem[];
@@ -751,13 +764,7 @@ __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p)
     }
 
     /* the last block groups the pairs by expert */
-    __threadfence();
-    __syncthreads();
-    /* one block: it is the last (no counter round trip) */
-    if (tid == 0) is_last = gridDim.x == 1 || atomicAdd(p.done, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
+    if (!last_block(p.done, is_last)) return;
     if (T * p.k <= 64) {
         if (warp == 0) group_pairs_last_warp(p, p.done);
         return;
@@ -784,12 +791,7 @@ __global__ void __launch_bounds__(RT_THREADS) fm_preroute_kernel(fm_route_params
         p.wts[i] = ok ? p.pre_wts[i] : 0.0f;
     }
     pdl_launch_dependents();
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) is_last = gridDim.x == 1 || atomicAdd(p.done, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
+    if (!last_block(p.done, is_last)) return;
     group_pairs(p, rs_smem, warp_tot, p.done);
 }
 
