@@ -3,6 +3,7 @@ convention (exit 77, which ctest reports as skipped), the paths ctest passes
 in through the environment, and checks that collect failures and report
 them all at the end."""
 import os
+import subprocess
 import sys
 
 SKIP = 77
@@ -25,6 +26,20 @@ def env_path(var, name=None):
         print(f"FAIL: {p} ({var}) does not exist: build everything first")
         sys.exit(1)
     return p
+
+
+def fmt_dump_quant(tool, fmt, w):
+    """The library's quantization of w (float32 [R, K], a NumPy array) by
+    tests/tools/fmt_dump: its status, packed, scales and scale2 lines as
+    strings ("" where one is absent)."""
+    words = w.astype("float32").ravel().view("uint32").tolist()
+    r = subprocess.run([tool, "quant", fmt, str(w.shape[0]), str(w.shape[1])],
+                       input="\n".join(f"{u:08x}" for u in words) + "\n",
+                       check=True, capture_output=True, text=True).stdout
+    out = dict(line.split(" ", 1) for line in r.splitlines() if " " in line)
+    for k in ("status", "packed", "scales", "scale2"):
+        out.setdefault(k, "")
+    return out
 
 
 class Checks:

@@ -17,7 +17,7 @@ scale rule, on random matrices with outliers, zero blocks and midpoints.
 """
 import subprocess
 
-from fmtest import Checks, env_path, skip
+from fmtest import Checks, env_path, fmt_dump_quant, skip
 
 try:
     import numpy as np
@@ -183,16 +183,6 @@ def ref_mxfp4(w):
     return pack(cast_fp4(scaled)), code.astype(np.uint8).tobytes()
 
 
-def run_quant(fmt, w):
-    inp = "\n".join(f"{u:08x}" for u in w.astype(np.float32).ravel().view(np.uint32).tolist())
-    r = subprocess.run([tool, "quant", fmt, str(w.shape[0]), str(w.shape[1])], input=inp + "\n",
-                       check=True, capture_output=True, text=True).stdout
-    out = dict(line.split(" ", 1) for line in r.splitlines() if " " in line)
-    for k in ("status", "packed", "scales", "scale2"):
-        out.setdefault(k, "")
-    return out
-
-
 for trial in range(6):
     rows, cols = 24, 256
     w = (rng.standard_normal((rows, cols)) * [0.02, 1.0, 300.0, 1e-3, 5.0, 0.5][trial]).astype(np.float32)
@@ -201,14 +191,14 @@ for trial in range(6):
     w[5] *= np.float32(1e-2)  # a quiet row
     if trial == 5:  # values sitting exactly on E2M1 midpoints after scaling
         w[7, :16] = np.float32([6, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, -0.25, -0.75, -2.5, -5, 0, 1, 2, 3])
-    o = run_quant("nvfp4", w)
+    o = fmt_dump_quant(tool, "nvfp4", w)
     p_ref, s_ref, s2_ref = ref_nvfp4(w)
     check(o["status"] == "ok", f"nvfp4 trial {trial}: status {o['status']}")
     check(int(o["scale2"] or "0", 16) == int(np.float32(s2_ref).view(np.uint32)),
           f"nvfp4 trial {trial}: scale2 {o['scale2']} != ModelOpt {np.float32(s2_ref).view(np.uint32):08x}")
     check(bytes.fromhex(o["scales"]) == s_ref, f"nvfp4 trial {trial}: block scales differ from ModelOpt")
     check(bytes.fromhex(o["packed"]) == p_ref, f"nvfp4 trial {trial}: packed codes differ from ModelOpt")
-    o = run_quant("mxfp4", w)
+    o = fmt_dump_quant(tool, "mxfp4", w)
     p_ref, s_ref = ref_mxfp4(w)
     check(o["status"] == "ok", f"mxfp4 trial {trial}: status {o['status']}")
     check(bytes.fromhex(o["scales"]) == s_ref, f"mxfp4 trial {trial}: scales differ from the OCP rule")

@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 
-from fmtest import Checks, env_path, skip
+from fmtest import Checks, env_path, fmt_dump_quant, skip
 
 try:
     import numpy as np
@@ -36,16 +36,6 @@ tool = env_path("FM_TOOLS_DIR", "fmt_dump")
 check = Checks()
 rng = np.random.default_rng(7)
 torch.manual_seed(7)
-
-
-def run_quant(fmt, w):
-    inp = "\n".join(f"{u:08x}" for u in w.astype(np.float32).ravel().view(np.uint32).tolist())
-    r = subprocess.run([tool, "quant", fmt, str(w.shape[0]), str(w.shape[1])], input=inp + "\n",
-                       check=True, capture_output=True, text=True).stdout
-    out = dict(line.split(" ", 1) for line in r.splitlines() if " " in line)
-    for k in ("status", "packed", "scales", "scale2"):
-        out.setdefault(k, "")
-    return out
 
 
 def lib_table(fmt):
@@ -92,7 +82,7 @@ for trial in range(7):
         w[10] *= np.float32(3e-3)
     t = torch.from_numpy(w)
     p, s, s2 = fh.quantize_nvfp4(t)
-    o = run_quant("nvfp4", w)
+    o = fmt_dump_quant(tool, "nvfp4", w)
     check(o["status"] == "ok", f"nvfp4 trial {trial}: library status {o['status']}")
     check(p.shape == (rows, cols // 2) and p.dtype == torch.uint8, f"nvfp4 packed {p.shape} {p.dtype}")
     check(s.shape == (rows, cols // 16) and s.dtype == torch.float8_e4m3fn, f"nvfp4 scales {s.shape} {s.dtype}")
@@ -107,7 +97,7 @@ for trial in range(7):
     check(np.array_equal(deq.view(np.uint32), want.view(np.uint32)), f"nvfp4 trial {trial}: dequantized values differ")
 
     p, s = fh.quantize_mxfp4(t)
-    o = run_quant("mxfp4", w)
+    o = fmt_dump_quant(tool, "mxfp4", w)
     check(o["status"] == "ok", f"mxfp4 trial {trial}: library status {o['status']}")
     check(s.shape == (rows, cols // 32) and s.dtype == torch.uint8, f"mxfp4 scales {s.shape} {s.dtype}")
     check(s.numpy().tobytes() == bytes.fromhex(o["scales"]), f"mxfp4 trial {trial}: scales differ from the library's")
@@ -187,7 +177,7 @@ check_nvfp4_stack("qwen3 w13", t["w13_weight"], t["w13_weight_scale"], t["w13_we
 check_nvfp4_stack("qwen3 w2", t["w2_weight"], t["w2_weight_scale"], t["w2_weight_scale_2"],
                   blk.experts.down_proj.detach(), orig_dn, 0)
 check(torch.equal(t["router_w"], blk.gate.weight.detach()), "qwen3: router_w is not the router's weight")
-check(fh._fm_config(type("M", (), {"config": cfg})(), "qwen3_moe", blk)[0]["num_experts"] == E,
+check(fh._fm_config(type("M", (), {"config": cfg})(), "qwen3_moe", blk)["num_experts"] == E,
       "qwen3: the config fp4moe reads lacks num_experts")
 
 # DeepSeek-V3: the same routed layout, the router's correction bias, the shared expert

@@ -14,7 +14,9 @@ routing as the models' code does), which shares no code with the library.
     ids < 0 (another rank's experts) and int64 ids in .experts.
   - MoE.from_tensors with NumPy arrays in the ModelOpt layout (experts
     stacked from the checkpoint's tensors), in strided views too, and in
-    the gpt-oss layout: bit for bit equal to from_checkpoint.
+    the gpt-oss layout, with the checkpoint's config and with a plain one
+    (no quantization_config: the layout gives format and block): bit for
+    bit equal to from_checkpoint.
   - MoE.random equals the checkpoint `fp4moe gen` writes, bit for bit.
   - Errors raise fp4moe.Error with the library's message: wrong dtype,
     wrong shape (naming the tensor), missing tensors, T > max_tokens, ids
@@ -210,32 +212,46 @@ def same(a, b):
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
 
 
-def case_from_tensors_modelopt(d, m, cfg, t, x, layer, what):
-    E, k = m.n_experts, m.topk
+def check_like_checkpoint(m, x, conf, layer, tens, layout, block, what):
+    """MoE.from_tensors(conf, tens) against the checkpoint's layer m: moe()
+    and experts() bit for bit, the same widths, the format's block."""
     out, ids, w = m(x, return_routing=True)
-    eids, ew = random_routing(x.shape[0], E, k)
-    ref_e = m.experts(x, eids, ew)
+    eids, ew = random_routing(x.shape[0], m.n_experts, m.topk)
+    m2 = fp4moe.MoE.from_tensors(conf, layer, tens, layout=layout, max_tokens=32)
+    o2, i2, w2 = m2(x, return_routing=True)
+    ok = check(same(o2, out) and same(i2, ids) and same(w2, w),
+               f"{what} moe != from_checkpoint (max diff {np.abs(o2 - out).max():.3g})")
+    ok &= check(same(m2.experts(x, eids, ew), m.experts(x, eids, ew)), f"{what} experts != from_checkpoint")
+    ok &= check(m2.inter == m.inter and m2.has_shared == m.has_shared,
+                f"{what} inter {m2.inter} shared {m2.has_shared}")
+    ok &= check(m2.config["group_size"] == block, f"{what} group_size {m2.config['group_size']}")
+    if ok:
+        print(f"ok   {what} equals from_checkpoint bit for bit")
+    m2.close()
+
+
+def plain_config(d):
+    """The checkpoint's config.json without its quantization part."""
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    return {k: v for k, v in cfg.items() if k != "quantization_config"}
+
+
+def case_from_tensors_modelopt(d, m, cfg, t, x, layer, what):
+    E = m.n_experts
     T = modelopt_tensors(t, layer, E)
     variants = [("config dir", d, T), ("config dict", cfg, T),
+                ("config dict without quantization_config", plain_config(d), T),
                 ("config.json path", os.path.join(d, "config.json"), T),
                 ("strided views", d, {n: strided(v) if v.ndim >= 2 else v for n, v in T.items()})]
     s2 = T["w13_weight_scale_2"]
     if np.array_equal(s2[:, 0], s2[:, 1]):
         variants.append(("w13_weight_scale_2 [E]", d, modelopt_tensors(t, layer, E, scale2_per_gate_up=False)))
     for name, conf, tens in variants:
-        m2 = fp4moe.MoE.from_tensors(conf, layer, tens, layout="modelopt_nvfp4", max_tokens=32)
-        o2, i2, w2 = m2(x, return_routing=True)
-        ok = check(same(o2, out) and same(i2, ids) and same(w2, w), f"{what}: from_tensors ({name}) moe != "
-                   f"from_checkpoint (max diff {np.abs(o2 - out).max():.3g})")
-        ok &= check(same(m2.experts(x, eids, ew), ref_e), f"{what}: from_tensors ({name}) experts != from_checkpoint")
-        ok &= check(m2.inter == m.inter and m2.has_shared == m.has_shared,
-                    f"{what}: from_tensors ({name}) inter {m2.inter} shared {m2.has_shared}")
-        if ok:
-            print(f"ok   {what}: from_tensors ({name}) equals from_checkpoint bit for bit")
-        m2.close()
+        check_like_checkpoint(m, x, conf, layer, tens, "modelopt_nvfp4", 16, f"{what}: from_tensors ({name})")
     # without the router: the pre-routed call only
+    eids, ew = random_routing(x.shape[0], E, m.topk)
     m3 = fp4moe.MoE.from_tensors(d, layer, modelopt_tensors(t, layer, E, with_router=False))
-    check(same(m3.experts(x, eids, ew), ref_e), f"{what}: from_tensors without router: experts differ")
+    check(same(m3.experts(x, eids, ew), m.experts(x, eids, ew)), f"{what}: from_tensors without router: experts differ")
     raises(lambda: m3(x), f"{what}: moe() without router_w", "FM_E_ARG", ("router_w",))
     return T
 
@@ -248,14 +264,9 @@ def case_from_tensors_gptoss(d, m, t, x, layer, what):
          "gate_up_bias": a(pre + ".experts.gate_up_proj_bias"), "down_blocks": a(pre + ".experts.down_proj_blocks"),
          "down_scales": a(pre + ".experts.down_proj_scales"), "down_bias": a(pre + ".experts.down_proj_bias"),
          "router_w": a(pre + ".router.weight"), "router_bias": a(pre + ".router.bias")}
-    m2 = fp4moe.MoE.from_tensors(d, layer, T, layout="gptoss_mxfp4", max_tokens=32)
-    out, ids, w = m(x, return_routing=True)
-    o2, i2, w2 = m2(x, return_routing=True)
-    eids, ew = random_routing(x.shape[0], m.n_experts, m.topk)
-    ok = check(same(o2, out) and same(i2, ids) and same(w2, w), f"{what}: from_tensors moe != from_checkpoint")
-    ok &= check(same(m2.experts(x, eids, ew), m.experts(x, eids, ew)), f"{what}: from_tensors experts differ")
-    if ok:
-        print(f"ok   {what}: from_tensors (gpt-oss layout) equals from_checkpoint bit for bit")
+    for name, conf in (("config dir", d), ("config dict without quantization_config", plain_config(d))):
+        check_like_checkpoint(m, x, conf, layer, T, "gptoss_mxfp4", 32,
+                              f"{what}: from_tensors (gpt-oss layout, {name})")
 
 
 # ------------------------------------------------------------------ errors

@@ -82,6 +82,17 @@ if [int(v) for v in got[:5]] != want or abs(float(got[5]) - p["switch_tpe"]) > 1
 EOF
     fi
 }
+# run_consumer TAG PROGRAM WHAT WANT-SOURCE [WANT-MODULE]: the program run
+# from $T in the clean environment, its output checked
+run_consumer() {
+    local tag=$1 prog=$2 what=$3 want=$4 mod=${5:-}
+    (cd "$T" && clean "$prog" deepseek-v4-flash 4) >"$T/$tag.out" 2>"$T/$tag.err" ||
+        fail "$what: run failed: $(cat "$T/$tag.err")"
+    check "$T/$tag.out" "$what" "$want"
+    if [ -n "$mod" ] && [ "$(val "$T/$tag.out" module)" != "$mod" ]; then
+        fail "$what: module '$(val "$T/$tag.out" module)', expected $mod"
+    fi
+}
 VER=$(sed -n 's/^#define FM_VERSION "\(.*\)"$/\1/p' "$P/include/fp4moe.h")
 
 # 1. pkg-config, the shared library (found at run time through its rpath)
@@ -95,11 +106,7 @@ if $CC $SAN -o "$T/pc/consumer_shared" "$DATA/consumer.c" $(pkg-config --cflags 
     if readelf -d "$T/pc/consumer_shared" 2>/dev/null | grep -q 'NEEDED.*libfp4moe\.so'; then :; else
         fail "pkg-config shared: the program does not need libfp4moe.so"
     fi
-    (cd "$T" && clean "$T/pc/consumer_shared" deepseek-v4-flash 4) >"$T/pc_shared.out" 2>"$T/pc_shared.err" ||
-        fail "pkg-config shared: run failed: $(cat "$T/pc_shared.err")"
-    check "$T/pc_shared.out" "pkg-config shared" "$CFG"
-    [ "$(val "$T/pc_shared.out" module)" = "$LIB/libfp4moe.so.$VER" ] ||
-        fail "pkg-config shared: module '$(val "$T/pc_shared.out" module)', expected $LIB/libfp4moe.so.$VER"
+    run_consumer pc_shared "$T/pc/consumer_shared" "pkg-config shared" "$CFG" "$LIB/libfp4moe.so.$VER"
 else
     fail "pkg-config shared: compile failed: $(cat "$T/cc1.log")"
 fi
@@ -111,11 +118,8 @@ if $CC $SAN -o "$T/pc/consumer_static" "$DATA/consumer.c" $(pkg-config --cflags 
     if readelf -d "$T/pc/consumer_static" 2>/dev/null | grep -q 'NEEDED.*libfp4moe'; then
         fail "pkg-config static: the program needs a shared libfp4moe"
     fi
-    (cd "$T" && clean "$T/pc/consumer_static" deepseek-v4-flash 4) >"$T/pc_static.out" 2>"$T/pc_static.err" ||
-        fail "pkg-config static: run failed: $(cat "$T/pc_static.err")"
-    check "$T/pc_static.out" "pkg-config static" "built-in copy of configs/$NAME"
-    [ "$(val "$T/pc_static.out" module)" = "$T/pc/consumer_static" ] ||
-        fail "pkg-config static: module '$(val "$T/pc_static.out" module)', expected $T/pc/consumer_static"
+    run_consumer pc_static "$T/pc/consumer_static" "pkg-config static" "built-in copy of configs/$NAME" \
+        "$T/pc/consumer_static"
 else
     fail "pkg-config static: compile failed: $(cat "$T/cc2.log")"
 fi
@@ -124,12 +128,8 @@ fi
 if "$CMAKE" -S "$DATA" -B "$T/cm" -DCMAKE_PREFIX_PATH="$P" -DCMAKE_C_COMPILER="$CC" -DFM_WANT_VERSION="$VER" \
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS="$SAN" -DCMAKE_EXE_LINKER_FLAGS="$SAN" >"$T/cm.log" 2>&1 &&
     "$CMAKE" --build "$T/cm" >>"$T/cm.log" 2>&1; then
-    (cd "$T" && clean "$T/cm/consumer_shared" deepseek-v4-flash 4) >"$T/cm_shared.out" 2>"$T/cm_shared.err" ||
-        fail "find_package shared: run failed: $(cat "$T/cm_shared.err")"
-    check "$T/cm_shared.out" "find_package shared" "$CFG"
-    (cd "$T" && clean "$T/cm/consumer_static" deepseek-v4-flash 4) >"$T/cm_static.out" 2>"$T/cm_static.err" ||
-        fail "find_package static: run failed: $(cat "$T/cm_static.err")"
-    check "$T/cm_static.out" "find_package static" "built-in copy of configs/$NAME"
+    run_consumer cm_shared "$T/cm/consumer_shared" "find_package shared" "$CFG"
+    run_consumer cm_static "$T/cm/consumer_static" "find_package static" "built-in copy of configs/$NAME"
 else
     fail "find_package consumer did not build: $(cat "$T/cm.log")"
 fi

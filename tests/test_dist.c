@@ -113,6 +113,34 @@ static void dbl_expert(const fm_model_desc *d, const fm_qmatrix *G, const fm_qma
     free(hh);
 }
 
+/* y += the routed experts (ids, w: [T, k]; ids < 0 are skipped) and, with
+ * shared, the shared expert, all in double. */
+static void dbl_moe(const fm_model_desc *d, const fm_moe_layer *l, const float *x, int T, const int32_t *ids,
+                    const float *w, int shared, double *y) {
+    const int k = l->topk, E = l->n_experts;
+    double *wq = malloc(sizeof(double) * (size_t)T);
+    int *rows = malloc(sizeof(int) * (size_t)T);
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < k; j++)
+                if (ids[(size_t)t * k + j] == e) {
+                    rows[n] = t;
+                    wq[n++] = w[(size_t)t * k + j];
+                }
+        if (n) dbl_expert(d, &l->gate[e], &l->up[e], &l->down[e], x, n, rows, wq, y);
+    }
+    if (shared && l->has_shared) {
+        for (int t = 0; t < T; t++) {
+            rows[t] = t;
+            wq[t] = 1.0;
+        }
+        dbl_expert(d, &l->sh_gate, &l->sh_up, &l->sh_down, x, T, rows, wq, y);
+    }
+    free(wq);
+    free(rows);
+}
+
 static int g_forward_calls;
 
 static fm_status dbl_forward(void *ctx, int local, void *h, const fm_model_desc *d, const fm_moe_layer *l,
@@ -124,37 +152,18 @@ static fm_status dbl_forward(void *ctx, int local, void *h, const fm_model_desc 
     if (xdt != FM_DT_F32) return fm_error(FM_E_ARG, "test engine: F32 only");
     g_forward_calls++;
     const float *x = xv;
-    const int H = l->hidden, k = l->topk, E = l->n_experts;
+    const int H = l->hidden, k = l->topk;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * k);
     float *w = malloc(sizeof(float) * (size_t)T * k);
-    double *y = calloc((size_t)T * H, sizeof(double)), *wq = malloc(sizeof(double) * (size_t)T);
-    int *rows = malloc(sizeof(int) * (size_t)T);
+    double *y = calloc((size_t)T * H, sizeof(double));
     dbl_route(l, x, T, ids, w);
-    for (int e = 0; e < E; e++) {
-        int n = 0;
-        for (int t = 0; t < T; t++)
-            for (int j = 0; j < k; j++)
-                if (ids[(size_t)t * k + j] == e) {
-                    rows[n] = t;
-                    wq[n++] = w[(size_t)t * k + j];
-                }
-        if (n) dbl_expert(d, &l->gate[e], &l->up[e], &l->down[e], x, n, rows, wq, y);
-    }
-    if (l->has_shared) {
-        for (int t = 0; t < T; t++) {
-            rows[t] = t;
-            wq[t] = 1.0;
-        }
-        dbl_expert(d, &l->sh_gate, &l->sh_up, &l->sh_down, x, T, rows, wq, y);
-    }
+    dbl_moe(d, l, x, T, ids, w, 1, y);
     for (size_t q = 0; q < (size_t)T * H; q++) o->out[q] = (float)y[q];
     if (o->topk_ids) memcpy(o->topk_ids, ids, sizeof(int32_t) * (size_t)T * k);
     if (o->topk_weights) memcpy(o->topk_weights, w, sizeof(float) * (size_t)T * k);
     free(ids);
     free(w);
     free(y);
-    free(wq);
-    free(rows);
     return FM_OK;
 }
 
@@ -178,33 +187,13 @@ static fm_status dbl_experts(void *ctx, int local, void *h, const fm_model_desc 
     g_experts_calls[local]++;
     const int H = l->hidden, k = l->topk, E = l->n_experts;
     if (T < 1) return fm_error(FM_E_ARG, "test engine: T=%d", T);
-    double *y = calloc((size_t)T * H, sizeof(double)), *wq = malloc(sizeof(double) * (size_t)T);
-    int *rows = malloc(sizeof(int) * (size_t)T);
-    fm_status s = FM_OK;
-    for (int q = 0; q < T * k && !s; q++)
-        if (ids[q] < -1 || ids[q] >= E) s = fm_error(FM_E_RANGE, "test engine: id %d of %d experts", ids[q], E);
-    for (int e = 0; e < E && !s; e++) {
-        int n = 0;
-        for (int t = 0; t < T; t++)
-            for (int j = 0; j < k; j++)
-                if (ids[(size_t)t * k + j] == e) {
-                    rows[n] = t;
-                    wq[n++] = w[(size_t)t * k + j];
-                }
-        if (n) dbl_expert(d, &l->gate[e], &l->up[e], &l->down[e], x, n, rows, wq, y);
-    }
-    if (!s && shared && l->has_shared) {
-        for (int t = 0; t < T; t++) {
-            rows[t] = t;
-            wq[t] = 1.0;
-        }
-        dbl_expert(d, &l->sh_gate, &l->sh_up, &l->sh_down, x, T, rows, wq, y);
-    }
-    for (size_t q = 0; q < (size_t)T * H && !s; q++) out[q] = (float)y[q];
+    for (int q = 0; q < T * k; q++)
+        if (ids[q] < -1 || ids[q] >= E) return fm_error(FM_E_RANGE, "test engine: id %d of %d experts", ids[q], E);
+    double *y = calloc((size_t)T * H, sizeof(double));
+    dbl_moe(d, l, x, T, ids, w, shared, y);
+    for (size_t q = 0; q < (size_t)T * H; q++) out[q] = (float)y[q];
     free(y);
-    free(wq);
-    free(rows);
-    return s;
+    return FM_OK;
 }
 
 static fm_dist_exec dbl_exec(void) {

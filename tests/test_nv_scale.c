@@ -1,5 +1,5 @@
-/* The NVFP4 block scales' bits in the CUDA backend (src/cuda/fp4_bits.h,
- * v57), checked on the host against the format library: the kernels' scale
+/* The NVFP4 block scales' bits in the CUDA backend (src/cuda/fp4_bits.h),
+ * checked on the host against the format library: the kernels' scale
  * conversion and the form the upload stores a block in. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -351,7 +351,7 @@ static void test_config_ranges(void **st) {
     x = w; x.tile_n = 24;
     assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 1);
     assert_non_null(strstr(why, "wgmma path takes"));
-    /* two warpgroups (v43): 128 rows, 8 warps, passes of 16 or 32 only */
+    /* two warpgroups: 128 rows, 8 warps, passes of 16 or 32 only */
     x = w; x.warps = 8; x.rows_per_block = 128;
     assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 0);
     x.tile_n = 16;

@@ -234,7 +234,11 @@ class MoE:
         desc = _load_desc(config, quant_config)
         if desc.expert_format not in (QF["nvfp4"], QF["mxfp4"]):
             # a config without its quantization part: the layout says it
-            desc.expert_format = QF["nvfp4"] if layout == "modelopt_nvfp4" else QF["mxfp4"]
+            nv = layout == "modelopt_nvfp4"
+            desc.expert_format = QF["nvfp4"] if nv else QF["mxfp4"]
+            desc.group_size = 16 if nv else 32
+            # the checkpoint layout only has to be one the description allows
+            desc.layout = b"modelopt" if nv else b"dsv4" if desc.family == b"deepseek_v4" else b"gptoss"
         if inter is None:
             key = "w13_weight" if layout == "modelopt_nvfp4" else "gate_up_blocks"
             x = tensors.get(key)

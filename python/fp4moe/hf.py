@@ -268,10 +268,10 @@ def layer_tensors(block, write_back=None):
 
 
 def _fm_config(model, family, block):
-    """The model's config as fp4moe reads it, and the quantization config of
-    the tensors layer_tensors makes (hf_quant_config.json's for NVFP4; gpt-oss
-    says MXFP4 in config.json): transformers 5 writes some keys under other
-    names than the checkpoints' config.json (Qwen3-MoE's num_experts is
+    """The model's config as fp4moe reads it, without its quantization part
+    (MoE.from_tensors takes format and block from the layout of the tensors
+    layer_tensors makes): transformers 5 writes some keys under other names
+    than the checkpoints' config.json (Qwen3-MoE's num_experts is
     num_local_experts in to_dict)."""
     cfg = model.config.get_text_config().to_dict() if hasattr(model.config, "get_text_config") \
         else model.config.to_dict()
@@ -286,13 +286,8 @@ def _fm_config(model, family, block):
             raise ValueError(f"gpt_oss: the experts' alpha is {ex.alpha}; fp4moe's gpt-oss activation has 1.702")
     elif family == "deepseek_v3":
         cfg["n_routed_experts"] = E
-    qcfg = None
-    if family == "gpt_oss":
-        cfg["quantization_config"] = {"quant_method": "mxfp4"}
-    else:
-        cfg.pop("quantization_config", None)
-        qcfg = {"quantization": {"quant_algo": "NVFP4", "group_size": 16}}
-    return json.loads(json.dumps(cfg, default=str)), qcfg
+    cfg.pop("quantization_config", None)
+    return json.loads(json.dumps(cfg, default=str))
 
 
 class FP4MoEBlock(torch.nn.Module):
@@ -378,10 +373,10 @@ def swap_moe_blocks(model, fmt="auto", device=None, write_back=True, reference=N
         with torch.no_grad():
             tensors, layout, inter = layer_tensors(block, write_back=target)
             tensors = {k: v.to(dev).contiguous() for k, v in tensors.items()}
-        cfg, qcfg = _fm_config(model, family, block)
+        cfg = _fm_config(model, family, block)
         dev_name = "cpu" if dev.type == "cpu" else (f"cuda:{dev.index}" if dev.index is not None else "cuda")
         moe = MoE.from_tensors(cfg, layer, tensors, layout=layout, inter=inter, device=dev_name,
-                               max_tokens=max_tokens, quant_config=qcfg)
+                               max_tokens=max_tokens)
         del tensors  # the engine holds its own copy
         new = FP4MoEBlock(moe, family, layer, returns_scores=family == "gpt_oss")
         if write_back and reference is None:

@@ -150,8 +150,8 @@ fm_status fm_cpu_engine_new(fm_cpu_isa isa, int n_threads, fm_cpu_engine **out) 
     switch (isa) {
     case FM_CPU_AUTO:
         /* the widest the processor has: the AVX-512 kernels (the AVX2
-         * decode on 512-bit vectors) measured 7 - 25 % faster than AVX2 at
-         * batch 1 - 16 on a Xeon (docs/perf.md, CPU round 4) */
+         * decode on 512-bit vectors) measured faster than AVX2 at batch
+         * 1 - 16 on a Xeon (docs/perf.md, CPU) */
         return fm_cpu_engine_new(fm_cpu_isa_detect(), n_threads, out);
     case FM_CPU_SCALAR: k = &fm_cpu_kern_scalar; break;
     case FM_CPU_AVX2:

@@ -31,7 +31,7 @@
  *
  * On Zen 3 the loop is bound by the FP pipes: per 64 weights and token 10
  * FMA/mul (FP0/FP1) next to 13 shuffles/shifts and 2 inserts (FP1/FP2);
- * docs/perf.md (CPU round 3) has the measurements and the variants that
+ * docs/perf.md (CPU) has the measurements and the variants that
  * moved work between those pipes without removing it.
  */
 #include <immintrin.h>

@@ -149,9 +149,9 @@ INL float hsum16(__m512 v) {
 #include "cpu/kern_rows.h"
 
 /* Software prefetch distance of the weight stream (bytes ahead of the chunk
- * being decoded): on the GPU host's Xeon 4 KB took 9 - 20 % off batches 1
- * and 16 with 2 and 16 threads (1 KB 1 - 11 %, 8 KB 5 - 20 %; docs/perf.md,
- * CPU round 4); the AVX2 kernels have none (no gain on Zen 3, round 3g).
+ * being decoded): on the GPU host's Xeon 4 KB was the best of 1, 4 and
+ * 8 KB at batches 1 and 16 (docs/perf.md, CPU); the AVX2 kernels have none
+ * (no gain on Zen 3).
  * A prefetch never faults, so reading past a matrix's end is harmless. */
 #define PF_DIST 4096
 

@@ -13,7 +13,7 @@
 #define FM_HD
 #endif
 
-/* Two NVFP4 block scales as BF16 times 2^112 (v57), from their F16 pair h
+/* Two NVFP4 block scales as BF16 times 2^112, from their F16 pair h
  * (what the hardware's cvt.rn.f16x2.e4m3x2 makes of the two E4M3 bytes:
  * exact, each an F16 normal with its 3 mantissa bits on top, or NaN):
  * shifted right by 3, an F16 of exponent e and mantissa m has e at the BF16

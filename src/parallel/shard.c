@@ -124,43 +124,16 @@ fm_status fm_dist_tp_view(const fm_model_desc *d, const fm_moe_layer *l, int r, 
     return FM_OK;
 }
 
-void fm_dist_expert_view(const fm_model_desc *d, const fm_moe_layer *l, int e, const float *zero_router,
-                         fm_model_desc *dv, fm_moe_layer *lv) {
-    const int shared = e < 0;
-    *dv = *d;
-    dv->n_experts = 1;
-    dv->topk = 1;
-    dv->n_shared = 0;
-    dv->shared_inter = 0;
-    dv->n_group = 1;
-    dv->topk_group = 1;
-    dv->norm_topk_prob = 1;
-    dv->routed_scaling_factor = 1.0f;
-    dv->route = FM_ROUTE_SOFTMAX;
-    dv->n_hash_layers = 0;
-    if (shared) dv->moe_inter = l->shared_inter;
-
-    memset(lv, 0, sizeof *lv);
-    lv->layer = l->layer;
-    lv->hidden = l->hidden;
-    lv->inter = shared ? l->shared_inter : l->inter;
-    lv->n_experts = 1;
-    lv->topk = 1;
-    /* The view only reads these matrices; the struct's pointers are
-     * non-const because owners of real layers write through them. */
-    lv->gate = (fm_qmatrix *)(shared ? &l->sh_gate : &l->gate[e]);
-    lv->up = (fm_qmatrix *)(shared ? &l->sh_up : &l->up[e]);
-    lv->down = (fm_qmatrix *)(shared ? &l->sh_down : &l->down[e]);
-    lv->fmt = lv->gate->fmt;
-    lv->router_w = zero_router;
-}
-
-void fm_dist_ep_view(const fm_model_desc *d, const fm_moe_layer *l, int e0, int ne, const float *zero_router,
-                     fm_model_desc *dv, fm_moe_layer *lv) {
+/* ne experts (gate/up/down: the layer's own matrices) of width inter under
+ * softmax routing over them alone, top-k min(k, ne), no shared expert. */
+static void plain_view(const fm_model_desc *d, const fm_moe_layer *l, int ne, int moe_inter, int inter,
+                       fm_qformat fmt, const fm_qmatrix *gate, const fm_qmatrix *up, const fm_qmatrix *down,
+                       const float *zero_router, fm_model_desc *dv, fm_moe_layer *lv) {
     const int k = l->topk < ne ? l->topk : ne;
     *dv = *d;
     dv->n_experts = ne;
     dv->topk = k;
+    dv->moe_inter = moe_inter;
     dv->n_shared = 0;
     dv->shared_inter = 0;
     dv->n_group = 1;
@@ -173,12 +146,30 @@ void fm_dist_ep_view(const fm_model_desc *d, const fm_moe_layer *l, int e0, int 
     memset(lv, 0, sizeof *lv);
     lv->layer = l->layer;
     lv->hidden = l->hidden;
-    lv->inter = l->inter;
+    lv->inter = inter;
     lv->n_experts = ne;
     lv->topk = k;
-    lv->fmt = l->fmt;
-    lv->gate = l->gate + e0;
-    lv->up = l->up + e0;
-    lv->down = l->down + e0;
+    lv->fmt = fmt;
+    /* The view only reads these matrices; the struct's pointers are
+     * non-const because owners of real layers write through them. */
+    lv->gate = (fm_qmatrix *)gate;
+    lv->up = (fm_qmatrix *)up;
+    lv->down = (fm_qmatrix *)down;
     lv->router_w = zero_router;
+}
+
+void fm_dist_expert_view(const fm_model_desc *d, const fm_moe_layer *l, int e, const float *zero_router,
+                         fm_model_desc *dv, fm_moe_layer *lv) {
+    if (e < 0)
+        plain_view(d, l, 1, l->shared_inter, l->shared_inter, l->sh_gate.fmt, &l->sh_gate, &l->sh_up, &l->sh_down,
+                   zero_router, dv, lv);
+    else
+        plain_view(d, l, 1, d->moe_inter, l->inter, l->gate[e].fmt, &l->gate[e], &l->up[e], &l->down[e],
+                   zero_router, dv, lv);
+}
+
+void fm_dist_ep_view(const fm_model_desc *d, const fm_moe_layer *l, int e0, int ne, const float *zero_router,
+                     fm_model_desc *dv, fm_moe_layer *lv) {
+    plain_view(d, l, ne, d->moe_inter, l->inter, l->fmt, l->gate + e0, l->up + e0, l->down + e0, zero_router, dv,
+               lv);
 }

@@ -66,7 +66,7 @@ int fm_tune_candidates(const fm_tune_key *key, int T, fm_kernel_config *out, int
             }
     /* the wgmma path: a warpgroup of 64 rows, passes of 8, 16 or 32 tokens
      * (8: a kernel built for six blocks per SM); and two warpgroups of 64
-     * rows sharing the activations (rows_per_block 128, v43) with passes of
+     * rows sharing the activations (rows_per_block 128) with passes of
      * 16 or 32, where the experts' rows fill such blocks (gate/up 128 rows,
      * down 256: otherwise part of a block streams rows it does not use) */
     const int two_ok = key->I > 0 && key->I % 128 == 0 && key->H > 0 && key->H % 256 == 0;

@@ -697,6 +697,9 @@ fm_status fm_tune_choose_trail(const fm_tune_key *key, int T, fm_tune_choice *ou
     char note[512] = "";
     const int builtin = builtin_enabled();
     for (int i = 0; i < FM_TUNE_NDIRS && found < 0; i++) {
+        /* what: the file's path, or the name of its built-in copy */
+        char msg[512], what[1600];
+        int r;
         if (i == FM_TUNE_DIR_BUILTIN) {
             if (!builtin) {
                 snprintf(tr[i].status, sizeof tr[i].status, "not searched ($FP4MOE_SHIPPED_CONFIGS names the shipped set)");
@@ -707,48 +710,31 @@ fm_status fm_tune_choose_trail(const fm_tune_key *key, int T, fm_tune_choice *ou
                 snprintf(tr[i].status, sizeof tr[i].status, "no such file (%zu compiled in)", fm_builtin_config_count);
                 continue;
             }
-            char msg[512], what[600];
             snprintf(what, sizeof what, "built-in copy of configs/%s", name);
-            if (builtin_load(bi, &f, msg, sizeof msg) < 0) {
-                snprintf(tr[i].status, sizeof tr[i].status, "ignored: %s", msg);
-                fm_tune_appendf(out->warnings, sizeof out->warnings, "%s: ignored: %s\n", what, msg);
+            r = builtin_load(bi, &f, msg, sizeof msg);
+        } else {
+            if (!dirs[i][0]) { snprintf(tr[i].status, sizeof tr[i].status, "not set"); continue; }
+            if (fm_path_join(what, sizeof what, dirs[i], name) != FM_OK) {
+                snprintf(tr[i].status, sizeof tr[i].status, "path too long");
                 continue;
             }
-            fm_tune_match m = fm_tune_key_match(&f.key, key, note, sizeof note);
-            if (m != FM_TUNE_MATCH) {
-                snprintf(tr[i].status, sizeof tr[i].status, "ignored: %s", note);
-                fm_tune_appendf(out->warnings, sizeof out->warnings, "%s: ignored: %s\n", what, note);
-                note[0] = 0;
-                continue;
-            }
-            snprintf(tr[i].status, sizeof tr[i].status, "found%s%s", note[0] ? "; note: " : "", note);
-            snprintf(out->source, sizeof out->source, "%.*s", (int)sizeof out->source - 1, what);
-            found = i;
-            continue;
+            r = fm_tune_load_cached(what, &f, msg, sizeof msg);
+            if (r == 0) { snprintf(tr[i].status, sizeof tr[i].status, "no such file"); continue; }
         }
-        if (!dirs[i][0]) { snprintf(tr[i].status, sizeof tr[i].status, "not set"); continue; }
-        char path[1600];
-        if (fm_path_join(path, sizeof path, dirs[i], name) != FM_OK) {
-            snprintf(tr[i].status, sizeof tr[i].status, "path too long");
-            continue;
-        }
-        char msg[512];
-        int r = fm_tune_load_cached(path, &f, msg, sizeof msg);
-        if (r == 0) { snprintf(tr[i].status, sizeof tr[i].status, "no such file"); continue; }
         if (r < 0) {
             snprintf(tr[i].status, sizeof tr[i].status, "ignored: %s", msg);
-            fm_tune_appendf(out->warnings, sizeof out->warnings, "%s: ignored: %s\n", path, msg);
+            fm_tune_appendf(out->warnings, sizeof out->warnings, "%s: ignored: %s\n", what, msg);
             continue;
         }
         fm_tune_match m = fm_tune_key_match(&f.key, key, note, sizeof note);
         if (m != FM_TUNE_MATCH) {
             snprintf(tr[i].status, sizeof tr[i].status, "ignored: %s", note);
-            fm_tune_appendf(out->warnings, sizeof out->warnings, "%s: ignored: %s\n", path, note);
+            fm_tune_appendf(out->warnings, sizeof out->warnings, "%s: ignored: %s\n", what, note);
             note[0] = 0;
             continue;
         }
         snprintf(tr[i].status, sizeof tr[i].status, "found%s%s", note[0] ? "; note: " : "", note);
-        snprintf(out->source, sizeof out->source, "%.*s", (int)sizeof out->source - 1, path);
+        snprintf(out->source, sizeof out->source, "%.*s", (int)sizeof out->source - 1, what);
         found = i;
     }
     char trail[1536] = "";

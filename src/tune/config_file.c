@@ -44,7 +44,7 @@ int fm_tune_path_from_token(const char *s) {
 
 /* The wgmma path has two block shapes (src/cuda/expert.cu): one warpgroup
  * (rows_per_block 64, warps 4) with passes of 8, 16 or 32 tokens, and two
- * warpgroups sharing the activations (rows_per_block 128, warps 8, v43) with
+ * warpgroups sharing the activations (rows_per_block 128, warps 8) with
  * passes of 16 or 32; anything else in a file is an error, not a silent
  * substitution. */
 static int wgmma_shape_bad(const fm_kernel_config *c, char *why, size_t cap) {

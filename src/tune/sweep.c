@@ -45,12 +45,9 @@ static fm_status bench(const fm_tune_backend *be, const fm_kernel_config *c, int
  * two measurements must be separated (the candidate's median below the
  * default's fastest replay, and its slowest replay below the default's
  * median) and the gain must reach a minimum share of the default's median,
- * so noise cannot crown a winner. Until the seventh session the gain had
- * to exceed the larger spread (max - min) of the two; GPU replays have a
- * slow tail, so one slow replay of the default vetoed real gains (H200,
- * DeepSeek-V4-Flash B = 2: 66.73 us [66.35, 67.20] against 68.25 us
- * [67.47, 69.50], a 4 % gain that three A/B calls confirmed, was kept
- * out; docs/perf.md). */
+ * so noise cannot crown a winner. The spread (max - min) is not the test:
+ * GPU replays have a slow tail, and one slow replay of the default would
+ * veto a real gain (docs/perf.md). */
 static int measurably_faster(const meas *c, const meas *d, double min_gain) {
     return c->med < d->min && c->max < d->med && d->med - c->med > min_gain * d->med;
 }
