@@ -3,7 +3,7 @@
 #   make test   build and run every test
 #   make install PREFIX=P   build, then install into P (default /usr/local;
 #               DESTDIR is honoured): bin/fp4moe, lib/libfp4moe.{a,so},
-#               include/fp4moe.h, pkg-config and CMake package files,
+#               include/fp4moe.h (+ include/fp4moe/), pkg-config and CMake package files,
 #               share/fp4moe/configs
 BUILD ?= build
 JOBS  ?= $(shell nproc)

@@ -3,7 +3,7 @@
 #   P/lib/libfp4moe.so.X.Y.Z + SONAME link    the shared library (runtime)
 #   P/share/fp4moe/configs/*.json             the shipped tuned configs (runtime)
 #   P/lib/libfp4moe.a, libfp4moe.so link,     the static library, the header,
-#   P/include/fp4moe.h,                       pkg-config and CMake package
+#   P/include/fp4moe.h, P/include/fp4moe/*.h  pkg-config and CMake package
 #   P/lib/pkgconfig/fp4moe.pc,                files (dev)
 #   P/lib/cmake/fp4moe/*.cmake
 # (lib is CMAKE_INSTALL_LIBDIR: lib/<multiarch> for a /usr prefix.)
@@ -13,6 +13,9 @@ set(FM_CONFIGS_INSTALL_DIR ${CMAKE_INSTALL_DATADIR}/fp4moe/configs)
 
 install(FILES ${FM_SHIPPED_CONFIGS} DESTINATION ${FM_CONFIGS_INSTALL_DIR} COMPONENT runtime)
 install(FILES ${CMAKE_SOURCE_DIR}/include/fp4moe.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev)
+# the sections fp4moe.h includes (it is the only header a user names)
+file(GLOB FM_SECTION_HEADERS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/include/fp4moe/*.h)
+install(FILES ${FM_SECTION_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/fp4moe COMPONENT dev)
 install(TARGETS fp4moe EXPORT fp4moeStaticTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev)
 install(EXPORT fp4moeStaticTargets NAMESPACE fp4moe:: DESTINATION ${FM_CMAKE_INSTALL_DIR} COMPONENT dev)
 if(FM_BUILD_SHARED)

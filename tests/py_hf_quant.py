@@ -9,7 +9,7 @@ the layer tensors it builds from transformers' MoE blocks.
    2^-9; their inverses match E2M1 * (E4M3 * scale_2) in float32 from the
    library's decode table.
 2. layer_tensors on tiny random Qwen3-MoE, DeepSeek-V3 and gpt-oss blocks:
-   every fm_layer_tensors field has the shape and dtype of include/fp4moe.h,
+   every fm_layer_tensors field has the shape and dtype of include/fp4moe/engine.h,
    and each expert row, dequantized from those tensors with an independent
    NumPy decoder, is the row transformers' experts hold after write_back
    (gate rows then up rows, gpt-oss's interleaved columns transposed), with

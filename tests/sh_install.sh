@@ -51,6 +51,15 @@ else
 fi
 [ -x "$P1/bin/fp4moe" ] || fail "bin/fp4moe is not executable"
 cmp -s "$SRC/include/fp4moe.h" "$P1/include/fp4moe.h" || fail "include/fp4moe.h differs from the source's"
+# the sections fp4moe.h includes: every one installed, byte for byte, and no other
+nsec=0
+for h in "$SRC"/include/fp4moe/*.h; do
+    nsec=$((nsec + 1))
+    cmp -s "$h" "$P1/include/fp4moe/${h##*/}" || fail "include/fp4moe/${h##*/} not installed or differs from the source's"
+done
+[ "$nsec" -gt 0 ] || fail "no section headers under $SRC/include/fp4moe"
+ninst=$(find "$P1/include/fp4moe" -name '*.h' 2>/dev/null | wc -l)
+[ "$ninst" -eq "$nsec" ] || fail "$ninst headers installed under include/fp4moe, $nsec in the source"
 SONAME=$(readelf -d "$P1/$LIBREL/libfp4moe.so" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 case "$VER" in
 0.*) want_so="libfp4moe.so.${VER%.*}" ;;

@@ -218,7 +218,7 @@ class MoE:
     def from_tensors(cls, config, layer, tensors, layout="modelopt_nvfp4", inter=None, device="cpu",
                      max_tokens=512, *, quant_config=None, threads=0, isa="auto"):
         """A layer from tensors an engine holds (vLLM / SGLang names, see
-        include/fp4moe.h, fm_layer_tensors): tensors maps w13_weight,
+        include/fp4moe/engine.h, fm_layer_tensors): tensors maps w13_weight,
         w13_weight_scale, ... (or gate_up_blocks, ... for gpt-oss) to NumPy
         arrays or torch tensors. CPU: host arrays, copied. CUDA: device
         tensors on that GPU, repacked on the device. inter: the partition's
