@@ -12,7 +12,8 @@
  * them from here, not from libfp4moe.a) so that they carry the fuzzer's
  * coverage and AddressSanitizer instrumentation, which the library build
  * does not add. */
-#include "trace/trace_parse.c"
+#include "trace/trace_json.c"
+#include "trace/trace_events.c"
 #include "trace/trace_rules.c"
 #include "trace/trace_analyze.c"
 #include "trace/trace_output.c"

@@ -83,6 +83,63 @@ fm_status fm_tr_parse_path(const char *path, fm_tr_file *out);
 fm_status fm_tr_parse_mem(const void *buf, size_t len, const char *label, fm_tr_file *out);
 void fm_tr_file_free(fm_tr_file *f);
 
+/* ---- streaming JSON reader (trace_json.c), driven by the event parser (trace_events.c) */
+#define FM_TR_MAX_DEPTH 512
+
+typedef struct {
+    fm_tr_read_fn rd;
+    void *ctx;
+    const char *label;
+    uint8_t *buf;
+    size_t cap, pos, end;
+    uint64_t base; /* stream offset of buf[0] */
+    int eof;
+    fm_status st;  /* first error */
+    int depth;
+    uint8_t stack[FM_TR_MAX_DEPTH]; /* container kinds while skipping */
+    /* scratch for unescaped strings */
+    char *sb;
+    size_t sb_len, sb_cap;
+} fm_tr_jr;
+
+/* Records the first error, "label: byte N: what"; returns it. */
+fm_status fm_tr_jr_fail(fm_tr_jr *r, size_t at, const char *what);
+/* Skips whitespace, refilling; next byte (not consumed), -1 at end, -2 on error. */
+int fm_tr_jr_ws_slow(fm_tr_jr *r);
+/* Stream offset of buf[i], for error messages. */
+static inline uint64_t fm_tr_jr_off(const fm_tr_jr *r, size_t i) { return r->base + i; }
+
+/* Most tokens follow zero or one byte of whitespace: test those inline. */
+static inline int fm_tr_jr_ws(fm_tr_jr *r) {
+    size_t p = r->pos;
+    if (p + 1 < r->end) {
+        uint8_t c = r->buf[p];
+        if (c > ' ') return c;
+        if (c == ' ' && r->buf[p + 1] > ' ') {
+            r->pos = p + 1;
+            return r->buf[p + 1];
+        }
+    }
+    return fm_tr_jr_ws_slow(r);
+}
+/* The string at r->pos ('"'), unescaped; *s / *n valid until the next token. 0 or -1. */
+int fm_tr_jr_string(fm_tr_jr *r, const char **s, size_t *n);
+/* The number at r->pos; *s / *n view its text. 0 or -1. */
+int fm_tr_jr_number(fm_tr_jr *r, const char **s, size_t *n);
+/* Reports the byte at r->pos as the start of an invalid value. */
+void fm_tr_jr_unexpected(fm_tr_jr *r);
+/* Whitespace, then the ':' after an object key. 0 or -1. */
+int fm_tr_jr_colon(fm_tr_jr *r, const char *eof_msg);
+/* After a member / element: 1 and *ch = next token after ',', 0 after close, -1 on error. */
+int fm_tr_jr_next(fm_tr_jr *r, int *ch, int close, const char *eof_msg, const char *what);
+/* Validates and skips one JSON value of any kind. 0 or -1. */
+int fm_tr_jr_skip(fm_tr_jr *r);
+/* Decimal microseconds to integer ns; integer text to int64. 0, or -1 if out of range / not a number. */
+int fm_tr_us_text_to_ns(const char *s, size_t n, int64_t *out);
+int fm_tr_text_to_i64(const char *s, size_t n, int64_t *out);
+/* fm_tr_parse with a first buffer of cap_hint bytes (0: the default chunk). */
+fm_status fm_tr_parse_sized(fm_tr_read_fn rd, void *ctx, const char *label, size_t cap_hint, fm_tr_file *f);
+
 /* ---- categories */
 enum {
     FM_CAT_ATTENTION = 0,
