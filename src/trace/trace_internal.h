@@ -122,7 +122,8 @@ static inline int fm_tr_jr_ws(fm_tr_jr *r) {
     }
     return fm_tr_jr_ws_slow(r);
 }
-/* The string at r->pos ('"'), unescaped; *s / *n valid until the next token. 0 or -1. */
+
+/* The string at r->pos ('"'), unescaped; *s / *n valid until the next read. 0 or -1. */
 int fm_tr_jr_string(fm_tr_jr *r, const char **s, size_t *n);
 /* The number at r->pos; *s / *n view its text. 0 or -1. */
 int fm_tr_jr_number(fm_tr_jr *r, const char **s, size_t *n);
