@@ -84,7 +84,14 @@ typedef struct {
 /* WGMMA: the large path's work with Hopper warpgroup MMAs (sm_90; elsewhere
  * the engine runs the mma.sync default, fm_kernel_config_default_mma, and
  * says so in the config source). */
-typedef enum { FM_PATH_SMALL = 0, FM_PATH_LARGE = 1, FM_PATH_WGMMA = 2 } fm_kernel_path;
+/* SPLITK: few tokens on experts of I <= 512 (a TP rank's slices): gate/up
+ * split into k_split chunks of K over separate warps, down a block per 16
+ * output rows over every expert (any sm_80 and later). */
+typedef enum { FM_PATH_SMALL = 0, FM_PATH_LARGE = 1, FM_PATH_WGMMA = 2, FM_PATH_SPLITK = 3 } fm_kernel_path;
+/* The largest batch and expert width (I) the built-in default sends to
+ * the splitk path. */
+#define FM_SPLITK_DEFAULT_T 16
+#define FM_SPLITK_DEFAULT_I 512
 /* Tokens per expert (B * k / E) from which the built-in default takes the
  * wgmma path. */
 #define FM_WGMMA_TPE 0.04

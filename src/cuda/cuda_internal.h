@@ -163,6 +163,12 @@ typedef struct {
      * warps have, instead of waiting for the whole gate/up grid (they still
      * wait for it before they exit). NULL: off. */
     unsigned *gu_done;
+    /* The splitk path (expert_splitk.cu): gate/up's partial sums per K
+     * chunk ([chunk][pair][2][sk_rstride] floats) and the row groups'
+     * arrival counters (zero between calls: the last arrival resets). */
+    float *sk_part;
+    unsigned *sk_cnt;
+    int sk_rstride;
 } fm_expert_params;
 
 typedef struct {
@@ -171,6 +177,8 @@ typedef struct {
     int ksplit;     /* warps splitting K (mma.sync)                          */
     int pdl;        /* programmatic dependent launch (sm_90)                 */
     int wgmma_path; /* the wgmma kernels (config path "wgmma", sm_90a)       */
+    int splitk;     /* the split-K kernels (config path "splitk"); ksplit is
+                     * then the number of K chunks of gate/up               */
 } fm_launch_cfg;
 
 /* An expert kernel: parameters, warps per block, K split. */
@@ -210,6 +218,13 @@ int fm_cuda_route_logit_stride(int E);
 fm_status fm_cuda_route_prepare(size_t smem);
 fm_status fm_cuda_launch_gateup(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s);
 fm_status fm_cuda_launch_down(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s);
+/* The splitk path's two launches (gate/up in C K chunks, then down), routed
+ * and shared experts together, at most 16 tokens (nt 1 or 2). */
+fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int nt, int pdl, cudaStream_t s);
+/* Largest K of down (the experts' I, padded) the splitk path takes. */
+#define FM_SPLITK_MAX_I 512
+#define FM_SPLITK_MAX_T 16
+#define FM_SPLITK_MAX_C 16
 const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char *buf, size_t cap);
 /* The expert kernels (expert_mma.cu, expert_wgmma.cu). kind: 1 gate/up,
  * 2 down in 128-row blocks; NULL for a shape that is not built. */
@@ -263,6 +278,9 @@ struct fm_cuda_engine {
     float *sorted_w;
     unsigned *done;
     unsigned *gu_done; /* [E] gate/up warps done per expert (the handoff) */
+    float *sk_part;    /* the splitk path's partial sums and counters     */
+    unsigned *sk_cnt;
+    size_t sk_part_n, sk_cnt_n;
     uint16_t *h;
     int *stats;
     int stats_n;

@@ -14,6 +14,7 @@ const char *fm_kernel_path_name(fm_kernel_path p) {
     case FM_PATH_SMALL: return "small";
     case FM_PATH_LARGE: return "large";
     case FM_PATH_WGMMA: return "wgmma";
+    case FM_PATH_SPLITK: return "splitk";
     }
     return "unknown";
 }
@@ -81,6 +82,16 @@ fm_kernel_config fm_kernel_config_default(const struct fm_tune_key *key, int T) 
         c.k_split = 1;
         c.rows_per_block = 64;
         c.tile_n = tpe >= 10.0 ? 32 : 16;
+    }
+    if (key && key->I > 0 && key->I <= FM_SPLITK_DEFAULT_I && T <= FM_SPLITK_DEFAULT_T && key->H > 0) {
+        /* K chunks of three 128-wide segments (the loads a splitk warp
+         * issues together), at most 16 */
+        const int nseg = (key->H + 127) / 128, ch = (nseg + 2) / 3;
+        c.path = FM_PATH_SPLITK;
+        c.warps = 8;
+        c.rows_per_block = 16;
+        c.k_split = ch < 1 ? 1 : ch > 16 ? 16 : ch;
+        c.tile_n = T > 8 ? 16 : 8;
     }
     return c;
 }

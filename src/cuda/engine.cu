@@ -86,12 +86,13 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
 
 static void ws_free(fm_cuda_engine *e) {
     void *ptrs[] = {e->x_raw, e->tok_ids, e->x_prep, e->out, e->ids, e->wts, e->logits, e->n_active, e->act_e, e->act_off,
-                    e->act_cnt, e->sorted_tok, e->sorted_w, e->done, e->h, e->stats, e->gu_done};
+                    e->act_cnt, e->sorted_tok, e->sorted_w, e->done, e->h, e->stats, e->gu_done, e->sk_part, e->sk_cnt};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         if (ptrs[i]) cudaFree(ptrs[i]);
     e->x_raw = NULL; e->tok_ids = NULL; e->x_prep = NULL; e->out = NULL; e->ids = NULL; e->wts = NULL; e->logits = NULL;
     e->n_active = NULL; e->act_e = NULL; e->act_off = NULL; e->act_cnt = NULL; e->sorted_tok = NULL;
     e->sorted_w = NULL; e->done = NULL; e->h = NULL; e->stats = NULL; e->gu_done = NULL;
+    e->sk_part = NULL; e->sk_cnt = NULL; e->sk_part_n = e->sk_cnt_n = 0;
     e->ws_T = 0;
 }
 
@@ -165,6 +166,23 @@ static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kern
     }
     memset(lc, 0, sizeof *lc);
     lc->pdl = e->sched.pdl;
+    if (cfg->path == FM_PATH_SPLITK) {
+        const char *why = T > FM_SPLITK_MAX_T ? "takes at most 16 tokens"
+                          : l->Ip > FM_SPLITK_MAX_I ? "takes experts of I up to 512"
+                          : l->has_shared && l->SIp != l->Ip ? "needs the shared expert as wide as the routed ones"
+                                                             : NULL;
+        if (!why) {
+            lc->splitk = 1;
+            lc->ksplit = cfg->k_split;
+            lc->nt = T > 8 ? 2 : 1;
+            lc->warps = 8;
+            cfg->tile_n = 8 * lc->nt;
+            return;
+        }
+        size_t n = strlen(src);
+        snprintf(src + n, cap > n ? cap - n : 0, " (splitk path %s: the built-in mma.sync default used)", why);
+        *cfg = fm_kernel_config_default_mma(&key, T);
+    }
     if (cfg->path == FM_PATH_WGMMA) {
         /* one block shape; passes of 8, 16 or 32 tokens; needs sm_90a code.
          * Elsewhere the mma.sync default runs, and says so. The shape was
@@ -240,6 +258,34 @@ static fm_status ws_ensure(fm_cuda_engine *e, int T, int H, int Hp, int E, int k
     return FM_OK;
 }
 
+/* The splitk path's workspace for T tokens of layer l in C chunks: grown
+ * outside a stream capture only (a capture must find it reserved). */
+static fm_status sk_ensure(fm_cuda_engine *e, const fm_cuda_layer *l, int T, int C, cudaStream_t st) {
+    /* the kernels index the partials by the workspace's h stride */
+    const int hs = e->ws_hstride;
+    const size_t pairs = (size_t)T * l->k + T;
+    const size_t part = (size_t)C * pairs * 2 * hs;
+    const int ta = T * l->k < l->E ? T * l->k : l->E;
+    const size_t cnt = (size_t)(l->has_shared ? l->SIp / 16 : 0) + (size_t)ta * (l->Ip / 16);
+    if (e->sk_part_n >= part && e->sk_cnt_n >= cnt) return FM_OK;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    FM_CU(cudaStreamIsCapturing(st, &cs));
+    if (cs != cudaStreamCaptureStatusNone)
+        return fm_error(FM_E_RANGE, "the splitk path's workspace for %d tokens was not reserved before the stream "
+                                    "capture (fm_cuda_engine_reserve)", T);
+    FM_CU(cudaDeviceSynchronize());
+    const size_t np = part > e->sk_part_n ? part : e->sk_part_n, nc = cnt > e->sk_cnt_n ? cnt : e->sk_cnt_n;
+    if (e->sk_part) cudaFree(e->sk_part);
+    if (e->sk_cnt) cudaFree(e->sk_cnt);
+    e->sk_part = NULL; e->sk_cnt = NULL; e->sk_part_n = e->sk_cnt_n = 0;
+    FM_CU(cudaMalloc(&e->sk_part, np * sizeof(float)));
+    FM_CU(cudaMalloc(&e->sk_cnt, nc * sizeof(unsigned)));
+    FM_CU(cudaMemset(e->sk_cnt, 0, nc * sizeof(unsigned)));
+    e->sk_part_n = np;
+    e->sk_cnt_n = nc;
+    return FM_OK;
+}
+
 static void fill_expert_params(fm_cuda_engine *e, const fm_cuda_layer *l, int T, int shared, float *out,
                                fm_expert_params *p) {
     memset(p, 0, sizeof *p);
@@ -264,6 +310,9 @@ static void fill_expert_params(fm_cuda_engine *e, const fm_cuda_layer *l, int T,
     p->h = e->h;
     p->hstride = e->ws_hstride;
     p->out = out;
+    p->sk_part = e->sk_part;
+    p->sk_cnt = e->sk_cnt;
+    p->sk_rstride = e->ws_hstride;
 }
 
 static float route_scaling(const fm_model_desc *d) {
@@ -325,12 +374,31 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
         e->route_smem_ok = smem;
     }
     fm_expert_params ep;
+    fm_status s0;
     fill_expert_params(e, l, T, io->shared, io->out, &ep);
     ep.sms = e->sm_count;
     ep.smem_optin = e->smem_optin;
     /* the shared expert on its own branch: forked once the first launch
      * has written the tokens' prep and zeroed the output, joined after the
      * routed down (phase timing keeps one stream) */
+    if (lc->splitk) {
+        /* one stream: the shared expert's gate/up warps run beside the
+         * selection inside the first launch */
+        if ((parts & FM_ROUTE_PART_EXPERTS) && (s0 = sk_ensure(e, l, T, lc->ksplit, st))) return s0;
+        ep.sk_part = e->sk_part;
+        ep.sk_cnt = e->sk_cnt;
+        rp.early_trigger = lc->pdl ? 2 : 0;
+        if (ev) FM_CU(cudaEventRecord(ev[0], st));
+        if ((s0 = fm_cuda_launch_route(&rp, smem, lc->pdl, parts, st))) return s0;
+        if (!(parts & FM_ROUTE_PART_EXPERTS)) return FM_OK;
+        if (ev) FM_CU(cudaEventRecord(ev[1], st));
+        if ((s0 = fm_cuda_launch_splitk(&ep, lc->ksplit, lc->nt, lc->pdl, st))) return s0;
+        if (ev) {
+            FM_CU(cudaEventRecord(ev[2], st));
+            FM_CU(cudaEventRecord(ev[3], st));
+        }
+        return FM_OK;
+    }
     const int fork = e->sched.sh_fork && ep.sgate.n > 0 && !ev && (parts & FM_ROUTE_PART_EXPERTS) &&
                      (parts & FM_ROUTE_PART_LOGITS) && (parts & FM_ROUTE_PART_SELECT);
     rp.early_trigger = lc->pdl ? fm_sched_trigger(&e->sched, fork) : 0;
@@ -562,6 +630,16 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
     }
     fm_status s = ws_ensure(e, T, H, Hp, E, k, hs, n_layers);
     if (s) return s;
+    {
+        fm_kernel_config c0;
+        fm_launch_cfg l0;
+        char src0[512];
+        for (int i = 0; i < n_layers && !s; i++) {
+            choose_cfg(e, layers[i], T, &c0, &l0, src0, sizeof src0);
+            if (l0.splitk) s = sk_ensure(e, layers[i], T, l0.ksplit, e->stream);
+        }
+        if (s) return s;
+    }
     /* activations ~ N(0, 1) and token ids, both from the seed */
     float *hx = (float *)malloc(sizeof(float) * (size_t)T * H);
     int32_t *ht = (int32_t *)malloc(sizeof(int32_t) * (size_t)T);
@@ -640,7 +718,11 @@ fm_status fm_cuda_engine_reserve(fm_cuda_engine *e, const fm_cuda_layer *l, int 
     if (max_T <= 0 || max_T > (1 << 20))
         return fm_error(FM_E_RANGE, "fm_cuda_engine_reserve: %d tokens (1 .. %d)", max_T, 1 << 20);
     FM_CU(cudaSetDevice(e->device));
-    return ws_ensure(e, max_T, l->H, l->Hp, l->E, l->k, layer_hstride(l), 1);
+    fm_status s = ws_ensure(e, max_T, l->H, l->Hp, l->E, l->k, layer_hstride(l), 1);
+    /* the splitk path's buffers for its largest call, where it can run */
+    if (!s && l->Ip <= FM_SPLITK_MAX_I && (!l->has_shared || l->SIp == l->Ip))
+        s = sk_ensure(e, l, max_T < FM_SPLITK_MAX_T ? max_T : FM_SPLITK_MAX_T, FM_SPLITK_MAX_C, e->stream);
+    return s;
 }
 
 /* What every call on caller-owned memory checks on the host: no data is

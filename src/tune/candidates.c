@@ -83,6 +83,24 @@ int fm_tune_candidates(const fm_tune_key *key, int T, fm_kernel_config *out, int
             for (int i = 0; i < n && !dup; i++) dup = same(&v[i], &x);
             if (!dup && n < FM_TUNE_GRID_MAX) v[n++] = x;
         }
+    /* the splitk path where it runs (few tokens, experts of I <= 512):
+     * gate/up's K in 2 .. 16 chunks */
+    if (key->I > 0 && key->I <= FM_SPLITK_DEFAULT_I && T <= FM_SPLITK_DEFAULT_T) {
+        const int nseg = (key->H + 127) / 128;
+        static const int chunks[] = {2, 4, 6, 8, 12, 16};
+        for (size_t a = 0; a < sizeof chunks / sizeof chunks[0]; a++) {
+            if (chunks[a] > nseg) break;
+            fm_kernel_config x = def;
+            x.path = FM_PATH_SPLITK;
+            x.warps = 8;
+            x.rows_per_block = 16;
+            x.k_split = chunks[a];
+            x.tile_n = T > 8 ? 16 : 8;
+            int dup = 0;
+            for (int i = 0; i < n && !dup; i++) dup = same(&v[i], &x);
+            if (!dup && n < FM_TUNE_GRID_MAX && !fm_tune_config_invalid(&x, why, sizeof why)) v[n++] = x;
+        }
+    }
     /* Stable insertion sort by distance from the default (index 0 stays). */
     for (int i = 2; i < n; i++) {
         fm_kernel_config x = v[i];

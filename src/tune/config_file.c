@@ -39,6 +39,7 @@ int fm_tune_path_from_token(const char *s) {
     if (!strcmp(s, "small")) return FM_PATH_SMALL;
     if (!strcmp(s, "large")) return FM_PATH_LARGE;
     if (!strcmp(s, "wgmma")) return FM_PATH_WGMMA;
+    if (!strcmp(s, "splitk")) return FM_PATH_SPLITK;
     return -1;
 }
 
@@ -70,7 +71,7 @@ int fm_tune_config_invalid(const fm_kernel_config *c, char *why, size_t cap) {
         {"stages", c->stages, 1, 1}, /* the register double buffer is the one weight pipeline */
         {"tile_n", c->tile_n, 1, 256},
     };
-    if (c->path != FM_PATH_SMALL && c->path != FM_PATH_LARGE && c->path != FM_PATH_WGMMA) {
+    if (c->path != FM_PATH_SMALL && c->path != FM_PATH_LARGE && c->path != FM_PATH_WGMMA && c->path != FM_PATH_SPLITK) {
         snprintf(why, cap, "path: unknown value %d", (int)c->path);
         return 1;
     }
@@ -81,6 +82,14 @@ int fm_tune_config_invalid(const fm_kernel_config *c, char *why, size_t cap) {
         }
     if (!isfinite(c->switch_tpe) || c->switch_tpe < 0 || c->switch_tpe > 1e6) {
         snprintf(why, cap, "switch_tpe: %g is outside [0, 1e6]", (double)c->switch_tpe);
+        return 1;
+    }
+    if (c->path == FM_PATH_SPLITK && !(c->rows_per_block == 16 && c->warps == 8 && c->k_split <= 16 &&
+                                       (c->tile_n == 8 || c->tile_n == 16))) {
+        snprintf(why, cap,
+                 "the splitk path takes rows_per_block 16, warps 8, k_split 1 .. 16 (K chunks), tile_n 8|16; not "
+                 "rows_per_block %d, warps %d, k_split %d, tile_n %d",
+                 c->rows_per_block, c->warps, c->k_split, c->tile_n);
         return 1;
     }
     return wgmma_shape_bad(c, why, cap);
