@@ -60,6 +60,7 @@ void fm_cuda_layer_free(fm_cuda_layer *l) {
     if (l->router_bias) cudaFree(l->router_bias);
     if (l->score_bias) cudaFree(l->score_bias);
     if (l->tid2eid) cudaFree(l->tid2eid);
+    fm_cfg_cache_free(&l->cc);
     free(l);
 }
 

@@ -48,6 +48,11 @@ double fm_cuda_sustained_read(fm_cuda_engine *e, size_t bytes, double seconds) {
 fm_status fm_cuda_engine_reserve(fm_cuda_engine *e, const fm_cuda_layer *l, int max_T) {
     (void)e; (void)l; (void)max_T; return NOCUDA;
 }
+fm_status fm_cuda_layer_call_config(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kernel_config *cfg,
+                                    char *kernel, size_t kernel_cap, char *source, size_t source_cap) {
+    (void)e; (void)l; (void)T; (void)cfg; (void)kernel; (void)kernel_cap; (void)source; (void)source_cap;
+    return NOCUDA;
+}
 fm_status fm_cuda_moe(fm_cuda_engine *e, const fm_cuda_layer *l, const void *x, fm_dtype xdt, int T,
                       const int32_t *token_ids, float *out, int32_t *topk_ids, float *topk_weights, void *stream) {
     (void)e; (void)l; (void)x; (void)xdt; (void)T; (void)token_ids; (void)out; (void)topk_ids; (void)topk_weights;
