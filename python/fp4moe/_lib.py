@@ -148,6 +148,7 @@ _PROTOS = {
     "fm_cuda_moe": (c_int, [P, P, P, c_int, c_int, P, P, P, P, P]),
     "fm_cuda_experts": (c_int, [P, P, P, c_int, c_int, P, P, c_int, P, P]),
     "fm_cuda_layer_from_tensors": (c_int, [P, POINTER(ModelDesc), c_int, POINTER(LayerTensors), POINTER(P)]),
+    "fm_cuda_layer_call_config": (c_int, [P, P, c_int, POINTER(KernelConfig), c_char_p, c_size_t, c_char_p, c_size_t]),
     "fm_cuda_forward": (c_int, [P, POINTER(ModelDesc), P, P, c_int, c_int, P, POINTER(MoeOut)]),
     "fm_tune_choose": (c_int, [POINTER(TuneKey), c_int, POINTER(TuneChoice)]),
     "fm_tune_provenance_line": (None, [POINTER(TuneKey), c_int, POINTER(TuneChoice), c_char_p, c_size_t]),

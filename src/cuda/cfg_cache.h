@@ -44,9 +44,14 @@ static inline const void *fm_cfg_cache_get(const fm_cfg_cache *c, int T) {
 }
 void fm_cfg_cache_free(fm_cfg_cache *c);
 
-/* Of a CUDA layer (engine.cu): how many config lookups its table has made
- * (tests: the calls themselves make none). */
+/* For the tests, of a CUDA layer: how many config lookups its table has
+ * made (engine.cu; the calls themselves make none), and whether two layers
+ * hold the same bytes on the device (layer.cu: every matrix, scale, bias
+ * and the router; experts_only leaves the router out). 0 when they do,
+ * else -1 and the first difference in why. */
 long fm_cuda_layer_config_lookups(const fm_cuda_layer *l);
+int fm_cuda_layer_bytes_differ(const fm_cuda_layer *a, const fm_cuda_layer *b, int experts_only, char *why,
+                               size_t cap);
 
 #ifdef __cplusplus
 }
