@@ -262,10 +262,10 @@ fm_status fm_cuda_layer_upload(fm_cuda_engine *e, const fm_model_desc *d, const 
 
 /* ---- layers from engine-held tensors in device memory */
 
-/* A device view copied into contiguous host memory: trailing dimensions that
- * are contiguous are merged, the last two remaining are one strided 2D copy
- * each, the dimensions before them a loop (E copies at most for these
- * layouts). */
+/* A small device view (the per-tensor scales) copied into contiguous host
+ * memory: trailing dimensions that are contiguous are merged, the last two
+ * remaining are one strided 2D copy each, the dimensions before them a
+ * loop. */
 static fm_status view_to_host(const fm_tensor *v, const char *name, void **out) {
     *out = NULL;
     const int eb = fm_dtype_bits(v->dtype) / 8;
