@@ -31,6 +31,9 @@ typedef struct {
     /* Files that were found but ignored (malformed, other SM count, ...),
      * one per line; "" if none. Callers print these on stderr. */
     char warnings[2048];
+    /* 1: no config file names this GPU, for any shape (untuned only): its
+     * defaults were set on other GPUs (the provenance line says so). */
+    int never_measured;
 } fm_tune_choice;
 
 /* Lookup (fm_tune_search_dirs): $FP4MOE_CONFIG_DIR, the user cache, the
@@ -113,6 +116,8 @@ typedef struct {
     double l2_mb;           /* L2 cache, MB                                */
     int cc;                 /* compute capability, e.g. 90                 */
     int fp4_tensor_cores;   /* 1 on Blackwell                              */
+    double memory_gb;       /* device memory, GB                           */
+    int power_w;            /* board power (TDP / TGP), W                  */
 } fm_gpu_info;
 size_t fm_gpu_count(void);
 const fm_gpu_info *fm_gpu_at(size_t i);

@@ -108,7 +108,8 @@ class TuneKey(Structure):
 class TuneChoice(Structure):
     _fields_ = [("cfg", KernelConfig), ("tuned", c_int), ("bucket", c_int), ("source", c_char * 512),
                 ("reason", c_char * 2048), ("tuned_us", c_double), ("default_us", c_double), ("date", c_char * 32),
-                ("version", c_char * 32), ("warnings", c_char * 2048), ("_spare", c_char * 4096)]
+                ("version", c_char * 32), ("warnings", c_char * 2048), ("never_measured", c_int),
+                ("_pad", c_int), ("_spare", c_char * 4096)]
 
 
 # ---------------------------------------------------------------- prototypes

@@ -749,6 +749,7 @@ fm_status fm_tune_choose_trail(const fm_tune_key *key, int T, fm_tune_choice *ou
         for (int i = 0; i < FM_TUNE_NDIRS; i++)
             if (dirs[i][0]) note_other_sm_files(dirs[i], key, name, out);
         if (builtin) note_other_sm_builtin(key, name, out);
+        out->never_measured = !fm_tune_gpu_measured(key, dirs);
         char hint[1024];
         fm_tune_provenance_line(key, T, out, hint, sizeof hint); /* the WARNING line */
         const char *w = strstr(hint, "no tuned config");
@@ -820,9 +821,13 @@ void fm_tune_provenance_line(const fm_tune_key *key, int T, const fm_tune_choice
     char how[160];
     if (preset) snprintf(how, sizeof how, "--preset %s", preset);
     else snprintf(how, sizeof how, "--model DIR");
-    snprintf(buf, cap, "WARNING: no tuned config for %s; using defaults; run: fp4moe tune %s%s%s --batch %d  "
+    char never[256] = "";
+    if (c->never_measured)
+        snprintf(never, sizeof never, "; fp4moe's kernels have never been measured on %s: its defaults were set on other GPUs",
+                 key->gpu_name[0] ? key->gpu_name : "this GPU");
+    snprintf(buf, cap, "WARNING: no tuned config for %s%s; using defaults; run: fp4moe tune %s%s%s --batch %d  "
              "[backend=cuda kernel=%s params=%s config=built-in default]",
-             kdesc, how, key->fmt != FM_QF_NVFP4 ? " --format " : "", key->fmt != FM_QF_NVFP4 ? fm_qformat_name(key->fmt) : "",
+             kdesc, never, how, key->fmt != FM_QF_NVFP4 ? " --format " : "", key->fmt != FM_QF_NVFP4 ? fm_qformat_name(key->fmt) : "",
              T, fm_kernel_path_name(c->cfg.path), params);
 }
 

@@ -34,8 +34,8 @@ static fm_status find_target(const fm_explain_opts *o, fm_explanation *x) {
         snprintf(x->key.gpu_name, sizeof x->key.gpu_name, "%s", g->name);
         x->key.sm_count = g->sm_count;
         snprintf(x->origin, sizeof x->origin, "--gpu (not present; datasheet figures)");
-        snprintf(x->describe, sizeof x->describe, "%s: %d SMs, %.0f GB/s, %.0f MB L2, sm_%d, %s", g->name, g->sm_count,
-                 g->bandwidth_gbs, g->l2_mb, g->cc,
+        snprintf(x->describe, sizeof x->describe, "%s: %d SMs, %.0f GB/s, %.0f MB L2, %.0f GB, %d W, sm_%d, %s",
+                 g->name, g->sm_count, g->bandwidth_gbs, g->l2_mb, g->memory_gb, g->power_w, g->cc,
                  g->fp4_tensor_cores ? "FP4 tensor cores (not used yet: FP4 is decoded in registers)"
                                      : "no FP4 tensor cores (FP4 decoded in registers)");
         return FM_OK;
@@ -70,6 +70,18 @@ static fm_status decide_gpu(fm_explanation *x, const fm_sched *sch, fm_explain_b
     if (s) return s;
     const fm_tune_choice *c = &e->choice;
     e->default_cfg = fm_kernel_config_default(key, T);
+    /* the wgmma kernels run on sm_90 only: on a GPU the datasheet names as
+     * another, the engine runs the mma.sync default instead (and says so) */
+    const int cc = x->gpu_info ? x->gpu_info->cc : 0;
+    if (cc && cc / 10 != 9) {
+        if (e->default_cfg.path == FM_PATH_WGMMA) e->default_cfg = fm_kernel_config_default_mma(key, T);
+        if (e->choice.cfg.path == FM_PATH_WGMMA) {
+            e->choice.cfg = fm_kernel_config_default_mma(key, T);
+            size_t n = strlen(e->choice.source);
+            snprintf(e->choice.source + n, sizeof e->choice.source - n,
+                     " (wgmma path needs sm_90: the built-in mma.sync default used)");
+        }
+    }
     fm_tune_provenance_line(key, T, c, e->provenance, sizeof e->provenance);
     e->mean_tokens_per_expert = (double)T * d->topk / d->n_experts;
     /* the router logits' shape (src/cuda/route_shape.c, as the engine decides) */
@@ -84,7 +96,6 @@ static fm_status decide_gpu(fm_explanation *x, const fm_sched *sch, fm_explain_b
     /* the layer's schedule (src/cuda/schedule.c, as the engine decides): on
      * sm_90 with the wgmma path chosen, where the datasheet names the
      * compute capability */
-    const int cc = x->gpu_info ? x->gpu_info->cc : 0;
     const int wg = cc == 90 && c->cfg.path == FM_PATH_WGMMA;
     const int nt = c->cfg.tile_n <= 8 ? 1 : c->cfg.tile_n <= 16 ? 2 : 4;
     e->shared_fork = sch->sh_fork && d->n_shared > 0;
@@ -348,6 +359,8 @@ fm_status fm_explain_render_json(const fm_explanation *x, FILE *f) {
             json_object_set_new(tj, "bandwidth_gbs", json_real(x->gpu_info->bandwidth_gbs));
             json_object_set_new(tj, "l2_mb", json_real(x->gpu_info->l2_mb));
             json_object_set_new(tj, "cc", json_integer(x->gpu_info->cc));
+            json_object_set_new(tj, "memory_gb", json_real(x->gpu_info->memory_gb));
+            json_object_set_new(tj, "power_w", json_integer(x->gpu_info->power_w));
         }
         json_object_set_new(root, "config_file", json_string(x->config_file));
     } else {
