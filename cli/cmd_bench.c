@@ -16,7 +16,7 @@ static void bench_usage(FILE *f) {
             "usage: fp4moe bench [--model DIR | --preset NAME] [--format nvfp4|mxfp4|bf16]\n"
             "                    [--batch 1,4,16,64,256] [--layers N] [--device cpu|cuda] [--json FILE]\n"
             "                    [--threads N] [--isa auto|scalar|avx2|avx512] [--time-ms MS] [--seed S]\n"
-            "                    [--bw-mib MIB] [--sustain-ms MS]\n\n"
+            "                    [--bw-mib MIB] [--sustain-ms MS] [--shard tp:R[/r] | ep:R/r]\n\n"
             "Measures this machine's memory bandwidth (streaming read, all threads), then for each\n"
             "batch size times one MoE layer: us per layer, tokens/s, active experts, bytes of weights\n"
             "read (active routed experts + shared expert + router), achieved GB/s and %% of the\n"
@@ -77,6 +77,16 @@ static int write_json(const char *path, const fm_bench_report *r) {
     json_object_set_new(root, "topk", json_integer(d->topk));
     json_object_set_new(root, "n_shared", json_integer(d->n_shared));
     json_object_set_new(root, "layers_cycled", json_integer(r->layers));
+    if (r->shard.mode) {
+        json_t *sj = json_object();
+        json_object_set_new(sj, "mode", json_string(fm_dist_mode_name(r->shard.mode)));
+        json_object_set_new(sj, "ranks", json_integer(r->shard.ranks));
+        json_object_set_new(sj, "rank", json_integer(r->shard.rank));
+        json_object_set_new(sj, "describe", json_string(r->shard_desc));
+        json_object_set_new(sj, "full_moe_inter", json_integer(r->full_desc.moe_inter));
+        json_object_set_new(sj, "full_n_experts", json_integer(r->full_desc.n_experts));
+        json_object_set_new(root, "shard", sj);
+    }
     json_object_set_new(root, "bandwidth_gbps", json_real(r->bandwidth_Bps * 1e-9));
     json_object_set_new(root, "bandwidth_probe", json_string(r->bandwidth_probe));
     json_object_set_new(root, "sustain_ms", json_integer((json_int_t)r->sustain_ms));
@@ -140,6 +150,7 @@ static void print_row(void *ctx, const fm_bench_report *r, int row) {
     if (row < 0) {
         printf("fp4moe bench: %s (%s, %s), H=%d I=%d E=%d k=%d shared=%d\n", r->source, d->family,
                fm_qformat_name(r->fmt), d->hidden, d->moe_inter, d->n_experts, d->topk, d->n_shared);
+        if (r->shard.mode) printf("shard: %s; floor and %%bw count this rank's bytes only\n", r->shard_desc);
         if (r->device == FM_DEV_CUDA) {
             printf("device: %s\n", r->device_desc);
             if (r->sustain_ms > 0)
@@ -176,13 +187,21 @@ int fm_cmd_bench(int argc, char **argv) {
     long time_ms = 1000, bw_mib = 0, seed = 1, sustain_ms = -1;
     fm_cpu_isa isa = FM_CPU_AUTO;
     fm_cli_dist dist = {0};
+    fm_shard shard = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { bench_usage(stdout); fputs(fm_cli_dist_usage(), stdout); return 0; }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            bench_usage(stdout);
+            fputs(fm_cli_shard_usage(), stdout);
+            fputs(fm_cli_dist_usage(), stdout);
+            return 0;
+        }
         int dr = fm_cli_dist_parse("bench", argc, argv, &i, &dist);
         if (dr < 0) return 2;
+        if (dr) continue;
+        if ((dr = fm_cli_shard_parse("bench", argc, argv, &i, &shard)) < 0) return 2;
         if (dr) continue;
         if (!v) { fprintf(stderr, "fp4moe bench: error: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
@@ -234,6 +253,8 @@ int fm_cmd_bench(int argc, char **argv) {
     if (fm_cli_parse_format("bench", fmt_s, &fmt)) return 2;
 
     if (fm_cli_dist_validate("bench", &dist, cuda ? FM_DEV_CUDA : FM_DEV_CPU)) return 2;
+    if (fm_cli_shard_validate("bench", &shard, &dist)) return 2;
+    if (fm_cli_shard_check("bench", &shard, preset, model, fmt)) return 2;
     fm_dist_opts dop = fm_cli_dist_lib_opts(&dist);
     progress_state ps = {0};
     fm_bench_opts o = {.model_dir = model, .preset = preset, .fmt = fmt, .device = cuda ? FM_DEV_CUDA : FM_DEV_CPU,
@@ -241,6 +262,7 @@ int fm_cmd_bench(int argc, char **argv) {
                        .min_seconds = time_ms * 1e-3, .bw_probe_bytes = (size_t)bw_mib << 20,
                        .sustain_ms = (double)sustain_ms, .seed = (uint64_t)seed,
                        .dist = fm_cli_dist_active(&dist) ? &dop : NULL, .dist_mpi = dist.mpi,
+                       .shard = shard.mode ? &shard : NULL,
                        .progress = progress, .progress_ctx = &ps, .on_row = print_row, .row_ctx = (void *)model};
     fm_bench_report *r = calloc(1, sizeof *r);
     if (!r) return fm_cli_fail("bench", fm_error(FM_E_NOMEM, "out of memory"));

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "parallel/parallel_internal.h"
 #include "util/util.h"
 
 /* Timed steps of a sharded layer per batch size. */
@@ -16,6 +17,10 @@ typedef struct {
     fm_ckpt *ck;
     fm_moe_layer *hl[FM_BENCH_MAX_LAYERS];
     fm_cuda_layer *gl[FM_BENCH_MAX_LAYERS];
+    /* a TP shard on the host: hl[i] is views[i], a zero-copy view of full[i] */
+    fm_moe_layer *full[FM_BENCH_MAX_LAYERS];
+    fm_moe_layer views[FM_BENCH_MAX_LAYERS];
+    fm_qmatrix *arrays[FM_BENCH_MAX_LAYERS];
 } bench_run;
 
 static void progress(const fm_bench_opts *o, const char *what, double frac) {
@@ -68,6 +73,8 @@ static fm_status check_opts(const fm_bench_opts *o) {
         return fm_error(FM_E_RANGE, "bench: a minimum timing of %g s (0 to 3600)", o->min_seconds);
     if (!(o->sustain_ms >= 0 && o->sustain_ms <= 600000))
         return fm_error(FM_E_RANGE, "bench: sustained replays of %g ms (0 to 600000)", o->sustain_ms);
+    if (o->shard && o->shard->mode && o->dist)
+        return fm_error(FM_E_ARG, "bench: --shard runs one rank on one device; it does not go with --tp / --ep");
     if (o->sustain_ms > 0 && (o->device != FM_DEV_CUDA || o->dist))
         return fm_error(FM_E_ARG, "bench: sustained replays time one GPU's graph (not the CPU, not a sharded layer)");
     return FM_OK;
@@ -99,11 +106,53 @@ static fm_status measure_bandwidth(bench_run *b) {
     return FM_OK;
 }
 
+/* Slot `have` of a shard: the rank's share of the li-th MoE layer (preset)
+ * or of the next MoE layer from *layer present in the checkpoint. CUDA
+ * presets are generated as the share alone; otherwise the full layer is
+ * built or bound and the share is a view of it (uploaded on a GPU). */
+static fm_status build_shard_layer(bench_run *b, int li, int *layer, int have) {
+    const fm_bench_opts *o = b->o;
+    fm_bench_report *r = b->r;
+    const fm_model_desc *fd = &r->full_desc;
+    const fm_shard *sh = &r->shard;
+    const int cuda = o->device == FM_DEV_CUDA;
+    int L;
+    if (o->model_dir) {
+        while (*layer < fd->n_layers && !fm_model_is_moe_layer(fd, *layer)) (*layer)++;
+        if (*layer >= fd->n_layers) return FM_E_NOTFOUND;
+        L = (*layer)++;
+    } else {
+        L = nth_moe_layer(fd, li);
+    }
+    if (cuda && !o->model_dir) return fm_cuda_layer_random_shard(b->ge, fd, r->fmt, o->seed, L, sh, &b->gl[have]);
+    fm_moe_layer *full = NULL;
+    fm_status st = o->model_dir ? fm_moe_layer_bind(b->ck, fd, L, FM_QF_NONE, &full)
+                                : fm_moe_layer_random(fd, r->fmt, o->seed, L, &full);
+    if (st) return st;
+    fm_model_desc dv;
+    fm_moe_layer *v = &b->views[have];
+    if (sh->mode == FM_DIST_TP) {
+        st = fm_dist_tp_view(fd, full, sh->rank, sh->ranks, &dv, v, &b->arrays[have]);
+    } else {
+        st = fm_error(FM_E_UNSUPPORTED, "bench --shard ep: not in this build");
+    }
+    if (!st && cuda) st = fm_cuda_layer_upload(b->ge, &r->desc, v, &b->gl[have]);
+    if (st || cuda) { /* a GPU holds its copy; the host layer is not needed */
+        free(b->arrays[have]);
+        b->arrays[have] = NULL;
+        fm_moe_layer_free(full);
+        return st;
+    }
+    b->full[have] = full;
+    b->hl[have] = v;
+    return FM_OK;
+}
+
 /* Layers: seeded random (preset) or the MoE layers present (model). */
 static fm_status build_layers(bench_run *b) {
     const fm_bench_opts *o = b->o;
     fm_bench_report *r = b->r;
-    const fm_model_desc *d = &r->desc;
+    const fm_model_desc *d = &r->desc, *fd = &r->full_desc;
     const int cuda = o->device == FM_DEV_CUDA, want = r->layers_wanted;
     fm_status st = o->model_dir ? fm_ckpt_open(o->model_dir, &b->ck) : FM_OK;
     int have = 0;
@@ -111,7 +160,11 @@ static fm_status build_layers(bench_run *b) {
         char what[64];
         snprintf(what, sizeof what, "building layer %d/%d", have + 1, want);
         progress(o, what, (double)have / want);
-        if (o->model_dir) {
+        if (r->shard.mode) {
+            st = build_shard_layer(b, li, &layer, have);
+            if (st == FM_E_NOTFOUND && have > 0 && layer < fd->n_layers) { st = FM_OK; continue; }
+            if (st == FM_E_NOTFOUND && have > 0) { st = FM_OK; break; }
+        } else if (o->model_dir) {
             while (layer < d->n_layers && !fm_model_is_moe_layer(d, layer)) layer++;
             if (layer >= d->n_layers) break;
             st = fm_moe_layer_bind(b->ck, d, layer, FM_QF_NONE, &b->hl[have]);
@@ -274,11 +327,19 @@ fm_status fm_bench_run(const fm_bench_opts *o, fm_bench_report *r) {
     st = o->model_dir ? fm_model_desc_load(o->model_dir, &r->desc) : fm_preset_desc(o->preset, o->fmt, &r->desc);
     if (st) return st;
     r->fmt = o->fmt != FM_QF_NONE ? o->fmt : r->desc.expert_format;
+    r->full_desc = r->desc;
+    if (o->shard && o->shard->mode) {
+        r->shard = *o->shard;
+        if ((st = fm_shard_desc(&r->full_desc, r->fmt, &r->shard, &r->desc))) return st;
+        fm_shard_describe(&r->shard, &r->full_desc, r->shard_desc, sizeof r->shard_desc);
+    }
     snprintf(r->source, sizeof r->source, "%s %s", o->model_dir ? "model" : "preset", o->model_dir ? o->model_dir : o->preset);
     r->device = o->device;
     r->n_batches = o->n_batches;
     r->sustain_ms = o->sustain_ms;
-    r->layers_wanted = o->layers ? o->layers : fm_cpu_bench_default_layers(&r->desc, r->fmt);
+    /* a host shard keeps its full layers: as many as the full model allows */
+    const int host_full = r->shard.mode && (o->device == FM_DEV_CPU || o->model_dir);
+    r->layers_wanted = o->layers ? o->layers : fm_cpu_bench_default_layers(host_full ? &r->full_desc : &r->desc, r->fmt);
     if (r->layers_wanted > FM_BENCH_MAX_LAYERS) r->layers_wanted = FM_BENCH_MAX_LAYERS;
     if (o->dist) return bench_sharded(o, r);
 
@@ -289,7 +350,12 @@ fm_status fm_bench_run(const fm_bench_opts *o, fm_bench_report *r) {
     st = bench_device(&b);
     for (int i = 0; i < FM_BENCH_MAX_LAYERS; i++) {
         if (b.gl[i]) fm_cuda_layer_free(b.gl[i]);
-        fm_moe_layer_free(b.hl[i]);
+        if (b.full[i]) { /* a shard's view: the full layer owns the weights */
+            fm_moe_layer_free(b.full[i]);
+            free(b.arrays[i]);
+        } else {
+            fm_moe_layer_free(b.hl[i]);
+        }
     }
     fm_ckpt_close(b.ck);
     fm_cpu_engine_free(b.ce);

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# --shard on the command line: bad values and combinations fail with a clear
+# error naming the flag (exit 2, nothing on stdout); a TP / EP rank of a tiny
+# preset runs on the CPU and its output names the shard.
+set -u
+BIN=${FM_CLI:-}
+if [ -z "$BIN" ] || [ ! -x "$BIN" ]; then echo "SKIPPED: FM_CLI not set (run through ctest)"; exit 77; fi
+. "$(dirname "$0")/tool_args.inc.sh"
+LEFT=$T/out.json
+
+for cmd in bench; do
+    ARGS_PRE="$cmd --preset tiny-qwen3"
+    bad "--shard 'xp:2': expected tp:R, tp:R/r or ep:R/r" --shard xp:2
+    bad "--shard 'tp:': the rank count R" --shard tp:
+    bad "--shard 'tp:2/': the rank r after '/'" --shard tp:2/
+    bad "--shard 'tp:2x': unexpected 'x'" --shard tp:2x
+    bad "--shard 'tp:2/2': rank 2 is not below the rank count 2" --shard tp:2/2
+    bad "--shard 'tp:0': 0 ranks" --shard tp:0
+    bad "--shard 'ep:4': EP ranks differ, give the rank" --shard ep:4
+    bad "--shard needs a value" --shard
+    # tiny-qwen3: I = 64, E = 16 (nvfp4: 16-element blocks)
+    bad "--shard tp:3: expert intermediate size I=64 is not divisible by 3" --shard tp:3
+    bad "--shard tp:8: slice I/R=8 is not a multiple of the nvfp4 scale block (16)" --shard tp:8
+    bad "--shard ep:3/0: E=16 experts are not divisible by 3" --shard ep:3/0
+done
+ARGS_PRE="bench --preset tiny-qwen3"
+bad "--shard (one rank on one device) and --tp / --ep" --shard tp:2 --tp 2
+bad "--shard (one rank on one device) and --tp / --ep" --shard ep:2/1 --ep 2
+ARGS_PRE=""
+
+run_ok() { # name args...: exit 0, stdout in $T/$1
+    local n=$1; shift
+    timeout 60 "$BIN" "$@" >"$T/$n" 2>"$T/$n.err" || fail "$*: exit $?: $(cat "$T/$n.err")"
+}
+C="--device cpu --threads 2 --time-ms 20 --bw-mib 16 --layers 2 --batch 1,8"
+run_ok tp bench --preset tiny-deepseek --shard tp:2/1 $C --json "$T/tp.json"
+grep -qF "shard: tp 2 rank 1 (I 32 of 64, shared 32 of 64)" "$T/tp" || fail "bench tp: no shard line: $(cat "$T/tp")"
+grep -qF "H=128 I=32 E=16 k=4" "$T/tp" || fail "bench tp: not the rank's shape: $(head -2 "$T/tp")"
+python3 - "$T/tp.json" <<'PY' || fail "bench tp JSON"
+import json, sys
+j = json.load(open(sys.argv[1]))
+s = j["shard"]
+assert (s["mode"], s["ranks"], s["rank"], j["moe_inter"], s["full_moe_inter"]) == ("tp", 2, 1, 32, 64), s
+PY
+finish shard
