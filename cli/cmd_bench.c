@@ -105,6 +105,25 @@ static int write_json(const char *path, const fm_bench_report *r) {
         json_object_set_new(j, "kernel", json_string(w->kernel));
         if (w->provenance[0]) json_object_set_new(j, "provenance", json_string(w->provenance));
         if (w->decision[0]) json_object_set_new(j, "decision", json_string(w->decision));
+        if (r->shard.mode)
+            json_object_set_new(j, "shard_floor_us", json_real((double)w->bytes_per_layer / r->bandwidth_Bps * 1e6));
+        if (r->shard.mode == FM_DIST_EP) {
+            const fm_shard_load *ld = &r->shard_load[i];
+            const double n = r->layers;
+            json_t *lj = json_object(), *pa = json_array(), *ac = json_array(), *by = json_array();
+            for (int p = 0; p < ld->ranks; p++) {
+                json_array_append_new(pa, json_real(ld->pairs[p] / n));
+                json_array_append_new(ac, json_real(ld->active[p] / n));
+                json_array_append_new(by, json_real(ld->bytes[p] / n));
+            }
+            json_object_set_new(lj, "pairs", pa);
+            json_object_set_new(lj, "active", ac);
+            json_object_set_new(lj, "bytes", by);
+            json_object_set_new(lj, "max_rank", json_integer(ld->max_rank));
+            json_object_set_new(lj, "max_rank_floor_us", json_real(ld->bytes[ld->max_rank] / n / r->bandwidth_Bps * 1e6));
+            if (r->shard_max_us[i] >= 0) json_object_set_new(lj, "max_rank_us", json_real(r->shard_max_us[i]));
+            json_object_set_new(j, "shard_load", lj);
+        }
         json_array_append_new(arr, j);
     }
     json_object_set_new(root, "results", arr);
@@ -177,6 +196,24 @@ static void print_row(void *ctx, const fm_bench_report *r, int row) {
     printf("%6d %11.1f %21s %11.0f %8.1f %10.2f %8.2f %6.1f%%\n", w->T, w->us_per_layer, mm, w->tokens_per_s,
            w->active_experts, (double)w->bytes_per_layer / 1e6, w->gbps, w->pct_bandwidth);
     if (w->provenance[0]) printf("       %s\n", w->provenance);
+    if (r->shard.mode) {
+        const double bw = r->bandwidth_Bps;
+        printf("       shard floor: %.1f us (this rank's %.2f MB at the measured bandwidth)\n",
+               (double)w->bytes_per_layer / bw * 1e6, (double)w->bytes_per_layer / 1e6);
+    }
+    if (r->shard.mode == FM_DIST_EP) {
+        const fm_shard_load *ld = &r->shard_load[row];
+        const double n = r->layers, bw = r->bandwidth_Bps;
+        const int m = ld->max_rank;
+        printf("       ranks (pairs/active/MB per layer):");
+        for (int p = 0; p < ld->ranks; p++)
+            printf(" %d:%.1f/%.1f/%.2f", p, ld->pairs[p] / n, ld->active[p] / n, ld->bytes[p] / n / 1e6);
+        printf("\n       most loaded: rank %d%s, %.1f pairs, %.1f active, %.2f MB, floor %.1f us", m,
+               m == r->shard.rank ? " (this one)" : "", ld->pairs[m] / n, ld->active[m] / n, ld->bytes[m] / n / 1e6,
+               ld->bytes[m] / n / bw * 1e6);
+        if (r->shard_max_us[row] >= 0) printf(", timed %.1f us (the step waits for it)", r->shard_max_us[row]);
+        printf("\n");
+    }
     fflush(stdout);
 }
 

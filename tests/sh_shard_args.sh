@@ -42,4 +42,21 @@ j = json.load(open(sys.argv[1]))
 s = j["shard"]
 assert (s["mode"], s["ranks"], s["rank"], j["moe_inter"], s["full_moe_inter"]) == ("tp", 2, 1, 32, 64), s
 PY
+run_ok ep bench --preset tiny-deepseek --shard ep:4/1 $C --json "$T/ep.json"
+grep -qF "shard: ep 4 rank 1 (experts 4..7 of 16; shared expert on the rank's token chunk)" "$T/ep" ||
+    fail "bench ep: no shard line: $(cat "$T/ep")"
+grep -qF "H=128 I=64 E=4 k=4" "$T/ep" || fail "bench ep: not the rank's shape: $(head -2 "$T/ep")"
+grep -q "most loaded: rank [0-3]" "$T/ep" || fail "bench ep: no most loaded rank"
+python3 - "$T/ep.json" <<'PY' || fail "bench ep JSON"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["shard"]["mode"] == "ep" and j["n_experts"] == 4, j["shard"]
+for row in j["results"]:
+    ld = row["shard_load"]
+    # every (token, expert) pair lands on exactly one rank
+    assert abs(sum(ld["pairs"]) - row["batch"] * 4) < 1e-3, ld
+    assert ld["bytes"][ld["max_rank"]] == max(ld["bytes"]), ld
+    assert abs(ld["bytes"][1] - row["bytes_per_layer"]) <= 1, (ld, row["bytes_per_layer"])
+    assert ("max_rank_us" in ld) == (ld["max_rank"] != 1), ld
+PY
 finish shard

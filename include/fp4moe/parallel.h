@@ -230,6 +230,15 @@ int64_t fm_shard_local_ids(const fm_shard *sh, int E, int k, int T, const int32_
 fm_status fm_cuda_layer_random_shard(fm_cuda_engine *e, const fm_model_desc *d, fm_qformat fmt, uint64_t seed,
                                      int layer, const fm_shard *sh, fm_cuda_layer **out);
 
+/* An EP rank's step on the GPU, timed: per layer the pre-routed experts
+ * call (fm_cuda_experts) on x [T, H] F32 with ids / w [n_layers][T][k]
+ * local to the rank (fm_shard_local_ids), then the shared expert alone on
+ * tokens [t0, t0+n_chunk), in one CUDA graph; median, min and max us per
+ * layer over reps replays after three warm-up replays. Host buffers in. */
+fm_status fm_cuda_bench_ep_rank(fm_cuda_engine *e, fm_cuda_layer *const *layers, int n_layers, int T,
+                                const float *x, const int32_t *ids, const float *w, int t0, int n_chunk, int reps,
+                                double *us_med, double *us_min, double *us_max);
+
 /* reps steps at batch T with seeded random activations. */
 fm_status fm_dist_bench(fm_dist *ds, int T, uint64_t seed, int reps,
                         fm_dist_bench_result *r);

@@ -68,6 +68,12 @@ typedef struct fm_bench_report {
     fm_shard shard;           /* mode 0: none                                  */
     fm_model_desc full_desc;  /* the whole model                               */
     char shard_desc[192];     /* fm_shard_describe                             */
+    /* EP: per batch size the load of every rank under the measured routing,
+     * summed over the layers cycled (divide by layers for one layer), and
+     * the most loaded rank's us per layer (its own timing; -1 when it is
+     * this rank) */
+    fm_shard_load shard_load[FM_BENCH_MAX_BATCH];
+    double shard_max_us[FM_BENCH_MAX_BATCH];
     /* sharded runs only */
     char dist_desc[512];      /* fm_dist_describe                              */
     fm_dist_bench_result dist_rows[FM_BENCH_MAX_BATCH];
