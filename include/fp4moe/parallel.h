@@ -168,7 +168,7 @@ fm_status fm_dist_run(const fm_dist_opts *o, fm_device dev, int mpi, fm_cpu_engi
  * [rank*E/R, (rank+1)*E/R) on the pairs the full routing sends to them
  * (pre-routed call), the shared expert on the rank's token chunk (as the
  * sharded layer places it: replicated, data-parallel). */
-typedef struct {
+typedef struct fm_shard { /* tagged: tune.h's explain options point to it */
     fm_dist_mode mode;  /* 0: no shard                                      */
     int ranks, rank;
 } fm_shard;

@@ -130,6 +130,9 @@ typedef struct {
     int json;                 /* 1: one JSON document instead of text          */
     char *warnings;           /* optional: receives the ignored-file lines     */
     size_t warnings_cap;
+    /* optional: one rank's share of desc (fm_shard, parallel.h): the shape,
+     * key and bytes are the rank's */
+    const struct fm_shard *shard;
 } fm_explain_opts;
 
 /* One directory of the config lookup, as fm_tune_choose saw it. */
@@ -180,6 +183,9 @@ typedef struct {
     char config_file[512];         /* the key's config file name               */
     int has_schedule;              /* the compute capability is known          */
     char warnings[4096];           /* ignored config files, one a line, each once */
+    int shard_mode, shard_ranks, shard_rank; /* the shard (mode 0: none)   */
+    char shard_desc[192];          /* fm_shard_describe                        */
+    fm_model_desc full_desc;       /* the whole model (desc is the rank's)     */
     int n_batches;
     fm_explain_batch *batches;
 } fm_explanation;
