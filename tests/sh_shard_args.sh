@@ -8,7 +8,7 @@ if [ -z "$BIN" ] || [ ! -x "$BIN" ]; then echo "SKIPPED: FM_CLI not set (run thr
 . "$(dirname "$0")/tool_args.inc.sh"
 LEFT=$T/out.json
 
-for cmd in bench; do
+for cmd in bench explain tune; do
     ARGS_PRE="$cmd --preset tiny-qwen3"
     bad "--shard 'xp:2': expected tp:R, tp:R/r or ep:R/r" --shard xp:2
     bad "--shard 'tp:': the rank count R" --shard tp:
@@ -23,6 +23,8 @@ for cmd in bench; do
     bad "--shard tp:8: slice I/R=8 is not a multiple of the nvfp4 scale block (16)" --shard tp:8
     bad "--shard ep:3/0: E=16 experts are not divisible by 3" --shard ep:3/0
 done
+ARGS_PRE="tune"
+bad "--shard tunes one model's rank" --all-presets --shard tp:2
 ARGS_PRE="bench --preset tiny-qwen3"
 bad "--shard (one rank on one device) and --tp / --ep" --shard tp:2 --tp 2
 bad "--shard (one rank on one device) and --tp / --ep" --shard ep:2/1 --ep 2
@@ -58,5 +60,16 @@ for row in j["results"]:
     assert ld["bytes"][ld["max_rank"]] == max(ld["bytes"]), ld
     assert abs(ld["bytes"][1] - row["bytes_per_layer"]) <= 1, (ld, row["bytes_per_layer"])
     assert ("max_rank_us" in ld) == (ld["max_rank"] != 1), ld
+PY
+# explain names the shard and keys the config file by the rank's shape
+run_ok ex explain --preset glm-5 --gpu H200 --shard tp:8 --batch 1
+grep -qF "shard: tp 8 rank 0 (I 256 of 2048, shared 256 of 2048)" "$T/ex" || fail "explain tp: no shard line"
+grep -qF "NVIDIA_H200-132sm-nvfp4-E256-H6144-I256-k8.json" "$T/ex" || fail "explain tp: not the rank's key"
+run_ok exj explain --preset glm-5 --gpu H200 --shard ep:8/2 --batch 1,16 --json
+python3 - "$T/exj" <<'PY' || fail "explain ep JSON"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["shard"]["mode"] == "ep" and j["shard"]["rank"] == 2, j["shard"]
+assert (j["shape"]["E"], j["shape"]["k"], j["shape"]["I"]) == (32, 8, 2048), j["shape"]
 PY
 finish shard
