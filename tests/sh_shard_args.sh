@@ -8,7 +8,7 @@ if [ -z "$BIN" ] || [ ! -x "$BIN" ]; then echo "SKIPPED: FM_CLI not set (run thr
 . "$(dirname "$0")/tool_args.inc.sh"
 LEFT=$T/out.json
 
-for cmd in bench explain tune; do
+for cmd in bench profile explain tune; do
     ARGS_PRE="$cmd --preset tiny-qwen3"
     bad "--shard 'xp:2': expected tp:R, tp:R/r or ep:R/r" --shard xp:2
     bad "--shard 'tp:': the rank count R" --shard tp:
@@ -23,6 +23,8 @@ for cmd in bench explain tune; do
     bad "--shard tp:8: slice I/R=8 is not a multiple of the nvfp4 scale block (16)" --shard tp:8
     bad "--shard ep:3/0: E=16 experts are not divisible by 3" --shard ep:3/0
 done
+ARGS_PRE="profile --preset tiny-qwen3"
+bad "--shard ep: an EP rank runs pre-routed" --shard ep:2/1
 ARGS_PRE="tune"
 bad "--shard tunes one model's rank" --all-presets --shard tp:2
 ARGS_PRE="bench --preset tiny-qwen3"
@@ -61,6 +63,11 @@ for row in j["results"]:
     assert abs(ld["bytes"][1] - row["bytes_per_layer"]) <= 1, (ld, row["bytes_per_layer"])
     assert ("max_rank_us" in ld) == (ld["max_rank"] != 1), ld
 PY
+run_ok pr profile --preset tiny-deepseek --shard tp:2/1 --batch 4 --threads 2 --quiet --bw-mib 16 --steps 1 \
+    --json "$T/pr.json"
+grep -qF "shard tp 2 rank 1 (I 32 of 64, shared 32 of 64)" "$T/pr" || fail "profile tp: no shard: $(head -2 "$T/pr")"
+grep -qF "H=128 I=32" "$T/pr" || fail "profile tp: not the rank's shape"
+
 # explain names the shard and keys the config file by the rank's shape
 run_ok ex explain --preset glm-5 --gpu H200 --shard tp:8 --batch 1
 grep -qF "shard: tp 8 rank 0 (I 256 of 2048, shared 256 of 2048)" "$T/ex" || fail "explain tp: no shard line"

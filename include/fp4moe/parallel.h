@@ -189,6 +189,12 @@ void fm_shard_describe(const fm_shard *sh, const fm_model_desc *full, char *buf,
  * tokens whose shared expert the rank computes. */
 void fm_shard_token_chunk(const fm_shard *sh, int T, int *t0, int *n);
 
+/* TP: the slice of rank sh of the whole layer *full (d its description)
+ * as a layer of its own, freed by fm_moe_layer_free; it takes *full over
+ * (zero-copy: the matrices are full's; *full is NULL afterwards). dv (may
+ * be NULL) receives the slice's description. */
+fm_status fm_shard_tp_layer(const fm_model_desc *d, fm_moe_layer **full, const fm_shard *sh, fm_model_desc *dv,
+                            fm_moe_layer **out);
 /* What each rank of the split does in one step of a routing: (token,
  * routed expert) pairs, routed experts with >= 1 token, and the weight bytes
  * it reads (its active experts -- TP: their slices -- plus the shared

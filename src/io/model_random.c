@@ -209,6 +209,27 @@ void *fm_io_layer_alloc(fm_moe_layer *l, size_t n) {
     return p;
 }
 
+fm_status fm_io_layer_adopt(fm_moe_layer *dst, fm_moe_layer *src) {
+    owned_list *d = dst->owned_, *o = src->owned_;
+    for (size_t i = 0; o && i < o->n; i++) {
+        if (d->n == d->cap) {
+            size_t nc = d->cap ? 2 * d->cap : 64;
+            void **np = realloc(d->p, nc * sizeof *np);
+            if (!np) return fm_error(FM_E_NOMEM, "out of memory");
+            d->p = np;
+            d->cap = nc;
+        }
+        d->p[d->n++] = o->p[i];
+        o->p[i] = NULL;
+    }
+    if (o) {
+        free(o->p);
+        free(o);
+    }
+    free(src);
+    return FM_OK;
+}
+
 void fm_moe_layer_free(fm_moe_layer *l) {
     if (!l) return;
     owned_list *o = l->owned_;

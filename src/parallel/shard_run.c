@@ -4,6 +4,7 @@
  * The views are the sharded layer's own (shard.c), so that a rank here
  * computes what it computes in src/parallel's split.
  */
+#include "io/io_internal.h"
 #include "parallel/parallel_internal.h"
 #include "util/util.h"
 #include <stdio.h>
@@ -163,4 +164,42 @@ done:
     if (w != weights) free(w);
     free(xf);
     return s;
+}
+
+fm_status fm_shard_tp_layer(const fm_model_desc *d, fm_moe_layer **full, const fm_shard *sh, fm_model_desc *dv,
+                            fm_moe_layer **out) {
+    if (!d || !full || !*full || !sh || !out || sh->mode != FM_DIST_TP)
+        return fm_error(FM_E_ARG, "fm_shard_tp_layer: bad argument");
+    *out = NULL;
+    fm_model_desc v;
+    fm_status s = fm_shard_desc(d, (*full)->fmt, sh, &v);
+    if (s) return s;
+    fm_moe_layer *l = fm_io_layer_new(&v, (*full)->layer, (*full)->fmt), lv;
+    if (!l) return FM_E_NOMEM;
+    fm_qmatrix *arrays = NULL;
+    fm_model_desc dd;
+    if ((s = fm_dist_tp_view(d, *full, sh->rank, sh->ranks, &dd, &lv, &arrays))) {
+        fm_moe_layer_free(l);
+        return s;
+    }
+    const int E = lv.n_experts;
+    memcpy(l->gate, lv.gate, sizeof(fm_qmatrix) * (size_t)E);
+    memcpy(l->up, lv.up, sizeof(fm_qmatrix) * (size_t)E);
+    memcpy(l->down, lv.down, sizeof(fm_qmatrix) * (size_t)E);
+    free(arrays);
+    void *owned = l->owned_;
+    fm_qmatrix *g = l->gate, *u = l->up, *dn = l->down;
+    *l = lv;
+    l->owned_ = owned;
+    l->gate = g;
+    l->up = u;
+    l->down = dn;
+    if ((s = fm_io_layer_adopt(l, *full))) {
+        fm_moe_layer_free(l);
+        return s;
+    }
+    *full = NULL;
+    if (dv) *dv = dd;
+    *out = l;
+    return FM_OK;
 }
