@@ -31,7 +31,29 @@ typedef struct {
     /* Files that were found but ignored (malformed, other SM count, ...),
      * one per line; "" if none. Callers print these on stderr. */
     char warnings[2048];
+    /* No file for this shape, tuned = 0: nearest = 1 when the choice is
+     * borrowed from the nearest tuned shape of the same GPU and format
+     * (fm_tune_shape_distance; source is that file): its shape, the
+     * distance and its batch of equal tokens per expert. nearest = 0 and
+     * tuned = 0: the built-in default; no_gpu_files says no tuned file of
+     * this GPU and format exists at all. */
+    int nearest;
+    int nearest_E, nearest_H, nearest_I, nearest_k, nearest_batch;
+    double nearest_distance;
+    int no_gpu_files;
+    int nearest_too_far; /* the nearest shape (nearest_*) is farther than
+                            FM_TUNE_NEAREST_MAX: the built-in default ran */
 } fm_tune_choice;
+/* Beyond this distance a shape's choice is not borrowed (H 2x off, I 2x
+ * off and E 4x off make 8). */
+#define FM_TUNE_NEAREST_MAX 8.0
+
+/* Distance between two shapes, for borrowing a tuned config:
+ *   4*|log2(H/H')| + 2*|log2(I/I')| + |log2(E/E')| + |log2(k/k')|
+ * (0: the same shape). H and I are the K dimensions of the expert GEMVs,
+ * which the kernel parameters follow most; E and k mostly move the tokens
+ * per expert, which the borrowed batch is matched on. */
+double fm_tune_shape_distance(int E, int H, int I, int k, int E2, int H2, int I2, int k2);
 
 /* Lookup (fm_tune_search_dirs): $FP4MOE_CONFIG_DIR, the user cache, the
  * shipped configs, then the copies of them built into the library; nearest

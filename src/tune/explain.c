@@ -248,8 +248,19 @@ static void text_gpu_batch(const fm_explanation *x, const fm_explain_batch *e, F
                    "                   from %s\n",
                 c->bucket, T, ccs, c->tuned_us, c->default_us, c->date, c->version,
                 memcmp(&c->cfg, def, sizeof *def) ? "" : "; the default held there", c->source);
+    else if (c->nearest)
+        fprintf(f, "  chosen           borrowed from the nearest tuned shape (no file for this one): %s\n"
+                   "                   E=%d H=%d I=%d k=%d, distance %.2f (4|log2 H/H'| + 2|log2 I/I'| +\n"
+                   "                   |log2 E/E'| + |log2 k/k'|); its bucket %d, nearest to its batch %d of the same\n"
+                   "                   tokens per expert as batch %d here\n"
+                   "                   from %s\n",
+                ccs, c->nearest_E, c->nearest_H, c->nearest_I, c->nearest_k, c->nearest_distance, c->bucket,
+                c->nearest_batch, T, c->source);
     else
-        fprintf(f, "  chosen           built-in default: %s\n", ccs);
+        fprintf(f, "  chosen           built-in default: %s%s\n", ccs,
+                c->no_gpu_files      ? " (no tuned config file of this GPU and format at all)"
+                : c->nearest_too_far ? " (the nearest tuned shape is too far to borrow from)"
+                                     : "");
     if (c->warnings[0]) {
         fprintf(f, "  ignored files\n");
         const char *p = c->warnings;
