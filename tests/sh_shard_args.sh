@@ -68,6 +68,14 @@ run_ok pr profile --preset tiny-deepseek --shard tp:2/1 --batch 4 --threads 2 --
 grep -qF "shard tp 2 rank 1 (I 32 of 64, shared 32 of 64)" "$T/pr" || fail "profile tp: no shard: $(head -2 "$T/pr")"
 grep -qF "H=128 I=32" "$T/pr" || fail "profile tp: not the rank's shape"
 
+# a checkpoint's layers: the shard is a view of each bound layer
+"$BIN" gen --preset tiny-deepseek --out "$T/ck" --layers 2 --quiet || fail "gen tiny-deepseek"
+run_ok mtp bench --model "$T/ck" --shard tp:4/3 $C
+grep -qF "shard: tp 4 rank 3 (I 16 of 64, shared 16 of 64)" "$T/mtp" || fail "bench --model tp: $(head -3 "$T/mtp")"
+run_ok mep bench --model "$T/ck" --shard ep:2/1 $C
+grep -qF "shard: ep 2 rank 1 (experts 8..15 of 16" "$T/mep" || fail "bench --model ep: $(head -3 "$T/mep")"
+grep -q "most loaded: rank [01]" "$T/mep" || fail "bench --model ep: no most loaded rank"
+
 # explain names the shard and keys the config file by the rank's shape
 run_ok ex explain --preset glm-5 --gpu H200 --shard tp:8 --batch 1
 grep -qF "shard: tp 8 rank 0 (I 256 of 2048, shared 256 of 2048)" "$T/ex" || fail "explain tp: no shard line"

@@ -65,6 +65,48 @@ static void test_desc(void **st) {
     assert_int_equal(v.topk, 1);
 }
 
+/* The bytes a rank reads for a hand-made routing of GLM-5 (E 256, k 8,
+ * H 6144, I 2048, one shared expert of 2048), counted from the shapes. */
+static void test_load_bytes(void **st) {
+    (void)st;
+    fm_model_desc d;
+    assert_int_equal(fm_preset_desc("glm-5", FM_QF_NVFP4, &d), FM_OK);
+    const int32_t ids[2 * 8] = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 40, 41, 42, 250};
+    const int64_t H = 6144;
+    fm_shard_load ld;
+    fm_shard tp = {FM_DIST_TP, 8, 5};
+    assert_int_equal(fm_shard_load_of(&d, FM_QF_NVFP4, &tp, ids, 2, &ld), FM_OK);
+    const int64_t slice = 3 * (256 * H / 2 + 256 * H / 16); /* gate, up, down of I/8 = 256, with scales */
+    for (int p = 0; p < 8; p++) {
+        assert_int_equal(ld.active[p], 12);
+        assert_int_equal(ld.pairs[p], 16);
+        assert_int_equal(ld.bytes[p], 12 * slice + slice); /* + the shared expert's slice */
+    }
+    assert_int_equal(ld.router_bytes, 256 * H * 4);
+    fm_shard ep = {FM_DIST_EP, 8, 1};
+    assert_int_equal(fm_shard_load_of(&d, FM_QF_NVFP4, &ep, ids, 2, &ld), FM_OK);
+    const int64_t whole = 3 * (2048 * H / 2 + 2048 * H / 16);
+    /* chunks of ceil(2/8) = 1 token: the shared expert on ranks 0 and 1 */
+    const int64_t want_pairs[8] = {12, 3, 0, 0, 0, 0, 0, 1}, want_active[8] = {8, 3, 0, 0, 0, 0, 0, 1};
+    for (int p = 0; p < 8; p++) {
+        assert_int_equal(ld.pairs[p], want_pairs[p]);
+        assert_int_equal(ld.active[p], want_active[p]);
+        assert_int_equal(ld.bytes[p], want_active[p] * whole + (p < 2 ? whole : 0));
+    }
+    assert_int_equal(ld.max_rank, 0);
+    /* the bench's floor for the rank is its bytes over the bandwidth: the
+     * local ids of rank 1 hold exactly its 3 pairs */
+    int32_t lids[2 * 8];
+    float w[2 * 8], lw[2 * 8];
+    for (int i = 0; i < 16; i++) w[i] = 1.0f / 8;
+    assert_int_equal(fm_shard_local_ids(&ep, 256, 8, 2, ids, w, 8, lids, lw), 3);
+    assert_int_equal(lids[8], 40 - 32);
+    assert_int_equal(lids[9], 41 - 32);
+    assert_int_equal(lids[10], 42 - 32);
+    assert_int_equal(lids[11], -1);
+    assert_int_equal(lids[0], -1);
+}
+
 /* The float64 reference of the whole layer against the sum over ranks of
  * fm_shard_forward_cpu. */
 static void check_sum(const char *preset, fm_qformat fmt, fm_dist_mode mode, int R, int T) {
@@ -127,6 +169,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_desc),
+        cmocka_unit_test(test_load_bytes),
         cmocka_unit_test(test_tp_sum),
         cmocka_unit_test(test_ep_sum),
     };
