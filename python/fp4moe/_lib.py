@@ -108,8 +108,10 @@ class TuneKey(Structure):
 class TuneChoice(Structure):
     _fields_ = [("cfg", KernelConfig), ("tuned", c_int), ("bucket", c_int), ("source", c_char * 512),
                 ("reason", c_char * 2048), ("tuned_us", c_double), ("default_us", c_double), ("date", c_char * 32),
-                ("version", c_char * 32), ("warnings", c_char * 2048), ("never_measured", c_int),
-                ("_pad", c_int), ("_spare", c_char * 4096)]
+                ("version", c_char * 32), ("warnings", c_char * 2048), ("never_measured", c_int), ("nearest", c_int),
+                ("nearest_E", c_int), ("nearest_H", c_int), ("nearest_I", c_int), ("nearest_k", c_int),
+                ("nearest_batch", c_int), ("nearest_distance", c_double), ("no_gpu_files", c_int),
+                ("nearest_too_far", c_int), ("_spare", c_char * 4096)]
 
 
 # ---------------------------------------------------------------- prototypes

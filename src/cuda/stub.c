@@ -28,6 +28,16 @@ fm_status fm_cuda_layer_upload(fm_cuda_engine *e, const fm_model_desc *d, const 
 fm_status fm_cuda_layer_random(fm_cuda_engine *e, const fm_model_desc *d, fm_qformat fmt, uint64_t seed, int layer, fm_cuda_layer **out) {
     (void)e; (void)d; (void)fmt; (void)seed; (void)layer; *out = NULL; return NOCUDA;
 }
+fm_status fm_cuda_layer_random_shard(fm_cuda_engine *e, const fm_model_desc *d, fm_qformat fmt, uint64_t seed,
+                                     int layer, const fm_shard *sh, fm_cuda_layer **out) {
+    (void)e; (void)d; (void)fmt; (void)seed; (void)layer; (void)sh; *out = NULL; return NOCUDA;
+}
+fm_status fm_cuda_bench_ep_rank(fm_cuda_engine *e, fm_cuda_layer *const *layers, int n_layers, int T,
+                                const float *x, const int32_t *ids, const float *w, int t0, int n_chunk, int reps,
+                                double *us_med, double *us_min, double *us_max) {
+    (void)e; (void)layers; (void)n_layers; (void)T; (void)x; (void)ids; (void)w; (void)t0; (void)n_chunk;
+    (void)reps; (void)us_med; (void)us_min; (void)us_max; return NOCUDA;
+}
 void fm_cuda_layer_free(fm_cuda_layer *l) { (void)l; }
 fm_status fm_cuda_forward(fm_cuda_engine *e, const fm_model_desc *d, const fm_cuda_layer *l, const void *x, fm_dtype xdt,
                           int T, const int32_t *token_ids, fm_moe_out *o) {

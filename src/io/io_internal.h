@@ -55,6 +55,12 @@ void fm_io_gen_tid2eid_row(uint64_t seed, int layer, int E, int k, int64_t t, in
 int fm_io_is_hash_layer(const fm_model_desc *d, int layer);
 int fm_io_has_score_bias(const fm_model_desc *d, int layer);
 int fm_io_has_expert_bias(const fm_model_desc *d);
+/* A layer holding only fm_moe_layer_random's router tensors (the experts'
+ * matrices empty): the full routing of a shard whose experts live elsewhere. */
+/* dst takes over what src owns (src is freed, its matrices stay valid):
+ * a view layer that outlives the layer it views. On failure src is kept. */
+fm_status fm_io_layer_adopt(fm_moe_layer *dst, fm_moe_layer *src);
+fm_status fm_io_router_random(const fm_model_desc *d, fm_qformat fmt, uint64_t seed, int layer, fm_moe_layer **out);
 /* The tensors of one MoE layer in a checkpoint layout: one list drives gen
  * (what to write), bind (what to check and wire) and inspect. */
 typedef enum {
