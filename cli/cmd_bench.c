@@ -16,7 +16,7 @@ static void bench_usage(FILE *f) {
             "usage: fp4moe bench [--model DIR | --preset NAME] [--format nvfp4|mxfp4|bf16]\n"
             "                    [--batch 1,4,16,64,256] [--layers N] [--device cpu|cuda] [--json FILE]\n"
             "                    [--threads N] [--isa auto|scalar|avx2|avx512] [--time-ms MS] [--seed S]\n"
-            "                    [--bw-mib MIB] [--sustain-ms MS]\n\n"
+            "                    [--bw-mib MIB] [--sustain-ms MS] [--shard tp:R[/r] | ep:R/r]\n\n"
             "Measures this machine's memory bandwidth (streaming read, all threads), then for each\n"
             "batch size times one MoE layer: us per layer, tokens/s, active experts, bytes of weights\n"
             "read (active routed experts + shared expert + router), achieved GB/s and %% of the\n"
@@ -77,6 +77,16 @@ static int write_json(const char *path, const fm_bench_report *r) {
     json_object_set_new(root, "topk", json_integer(d->topk));
     json_object_set_new(root, "n_shared", json_integer(d->n_shared));
     json_object_set_new(root, "layers_cycled", json_integer(r->layers));
+    if (r->shard.mode) {
+        json_t *sj = json_object();
+        json_object_set_new(sj, "mode", json_string(fm_dist_mode_name(r->shard.mode)));
+        json_object_set_new(sj, "ranks", json_integer(r->shard.ranks));
+        json_object_set_new(sj, "rank", json_integer(r->shard.rank));
+        json_object_set_new(sj, "describe", json_string(r->shard_desc));
+        json_object_set_new(sj, "full_moe_inter", json_integer(r->full_desc.moe_inter));
+        json_object_set_new(sj, "full_n_experts", json_integer(r->full_desc.n_experts));
+        json_object_set_new(root, "shard", sj);
+    }
     json_object_set_new(root, "bandwidth_gbps", json_real(r->bandwidth_Bps * 1e-9));
     json_object_set_new(root, "bandwidth_probe", json_string(r->bandwidth_probe));
     json_object_set_new(root, "sustain_ms", json_integer((json_int_t)r->sustain_ms));
@@ -95,6 +105,25 @@ static int write_json(const char *path, const fm_bench_report *r) {
         json_object_set_new(j, "kernel", json_string(w->kernel));
         if (w->provenance[0]) json_object_set_new(j, "provenance", json_string(w->provenance));
         if (w->decision[0]) json_object_set_new(j, "decision", json_string(w->decision));
+        if (r->shard.mode)
+            json_object_set_new(j, "shard_floor_us", json_real((double)w->bytes_per_layer / r->bandwidth_Bps * 1e6));
+        if (r->shard.mode == FM_DIST_EP) {
+            const fm_shard_load *ld = &r->shard_load[i];
+            const double n = r->layers;
+            json_t *lj = json_object(), *pa = json_array(), *ac = json_array(), *by = json_array();
+            for (int p = 0; p < ld->ranks; p++) {
+                json_array_append_new(pa, json_real(ld->pairs[p] / n));
+                json_array_append_new(ac, json_real(ld->active[p] / n));
+                json_array_append_new(by, json_real(ld->bytes[p] / n));
+            }
+            json_object_set_new(lj, "pairs", pa);
+            json_object_set_new(lj, "active", ac);
+            json_object_set_new(lj, "bytes", by);
+            json_object_set_new(lj, "max_rank", json_integer(ld->max_rank));
+            json_object_set_new(lj, "max_rank_floor_us", json_real(ld->bytes[ld->max_rank] / n / r->bandwidth_Bps * 1e6));
+            if (r->shard_max_us[i] >= 0) json_object_set_new(lj, "max_rank_us", json_real(r->shard_max_us[i]));
+            json_object_set_new(j, "shard_load", lj);
+        }
         json_array_append_new(arr, j);
     }
     json_object_set_new(root, "results", arr);
@@ -140,6 +169,7 @@ static void print_row(void *ctx, const fm_bench_report *r, int row) {
     if (row < 0) {
         printf("fp4moe bench: %s (%s, %s), H=%d I=%d E=%d k=%d shared=%d\n", r->source, d->family,
                fm_qformat_name(r->fmt), d->hidden, d->moe_inter, d->n_experts, d->topk, d->n_shared);
+        if (r->shard.mode) printf("shard: %s; floor and %%bw count this rank's bytes only\n", r->shard_desc);
         if (r->device == FM_DEV_CUDA) {
             printf("device: %s\n", r->device_desc);
             if (r->sustain_ms > 0)
@@ -166,6 +196,24 @@ static void print_row(void *ctx, const fm_bench_report *r, int row) {
     printf("%6d %11.1f %21s %11.0f %8.1f %10.2f %8.2f %6.1f%%\n", w->T, w->us_per_layer, mm, w->tokens_per_s,
            w->active_experts, (double)w->bytes_per_layer / 1e6, w->gbps, w->pct_bandwidth);
     if (w->provenance[0]) printf("       %s\n", w->provenance);
+    if (r->shard.mode) {
+        const double bw = r->bandwidth_Bps;
+        printf("       shard floor: %.1f us (this rank's %.2f MB at the measured bandwidth)\n",
+               (double)w->bytes_per_layer / bw * 1e6, (double)w->bytes_per_layer / 1e6);
+    }
+    if (r->shard.mode == FM_DIST_EP) {
+        const fm_shard_load *ld = &r->shard_load[row];
+        const double n = r->layers, bw = r->bandwidth_Bps;
+        const int m = ld->max_rank;
+        printf("       ranks (pairs/active/MB per layer):");
+        for (int p = 0; p < ld->ranks; p++)
+            printf(" %d:%.1f/%.1f/%.2f", p, ld->pairs[p] / n, ld->active[p] / n, ld->bytes[p] / n / 1e6);
+        printf("\n       most loaded: rank %d%s, %.1f pairs, %.1f active, %.2f MB, floor %.1f us", m,
+               m == r->shard.rank ? " (this one)" : "", ld->pairs[m] / n, ld->active[m] / n, ld->bytes[m] / n / 1e6,
+               ld->bytes[m] / n / bw * 1e6);
+        if (r->shard_max_us[row] >= 0) printf(", timed %.1f us (the step waits for it)", r->shard_max_us[row]);
+        printf("\n");
+    }
     fflush(stdout);
 }
 
@@ -176,13 +224,21 @@ int fm_cmd_bench(int argc, char **argv) {
     long time_ms = 1000, bw_mib = 0, seed = 1, sustain_ms = -1;
     fm_cpu_isa isa = FM_CPU_AUTO;
     fm_cli_dist dist = {0};
+    fm_shard shard = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { bench_usage(stdout); fputs(fm_cli_dist_usage(), stdout); return 0; }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            bench_usage(stdout);
+            fputs(fm_cli_shard_usage(), stdout);
+            fputs(fm_cli_dist_usage(), stdout);
+            return 0;
+        }
         int dr = fm_cli_dist_parse("bench", argc, argv, &i, &dist);
         if (dr < 0) return 2;
+        if (dr) continue;
+        if ((dr = fm_cli_shard_parse("bench", argc, argv, &i, &shard)) < 0) return 2;
         if (dr) continue;
         if (!v) { fprintf(stderr, "fp4moe bench: error: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
@@ -234,6 +290,8 @@ int fm_cmd_bench(int argc, char **argv) {
     if (fm_cli_parse_format("bench", fmt_s, &fmt)) return 2;
 
     if (fm_cli_dist_validate("bench", &dist, cuda ? FM_DEV_CUDA : FM_DEV_CPU)) return 2;
+    if (fm_cli_shard_validate("bench", &shard, &dist)) return 2;
+    if (fm_cli_shard_check("bench", &shard, preset, model, fmt)) return 2;
     fm_dist_opts dop = fm_cli_dist_lib_opts(&dist);
     progress_state ps = {0};
     fm_bench_opts o = {.model_dir = model, .preset = preset, .fmt = fmt, .device = cuda ? FM_DEV_CUDA : FM_DEV_CPU,
@@ -241,6 +299,7 @@ int fm_cmd_bench(int argc, char **argv) {
                        .min_seconds = time_ms * 1e-3, .bw_probe_bytes = (size_t)bw_mib << 20,
                        .sustain_ms = (double)sustain_ms, .seed = (uint64_t)seed,
                        .dist = fm_cli_dist_active(&dist) ? &dop : NULL, .dist_mpi = dist.mpi,
+                       .shard = shard.mode ? &shard : NULL,
                        .progress = progress, .progress_ctx = &ps, .on_row = print_row, .row_ctx = (void *)model};
     fm_bench_report *r = calloc(1, sizeof *r);
     if (!r) return fm_cli_fail("bench", fm_error(FM_E_NOMEM, "out of memory"));

@@ -1,5 +1,6 @@
 /* fp4moe profile: parsing and printing; the work is fm_profile_run. */
 #include "cli.h"
+#include "dist_opts.h"
 
 #include <errno.h>
 #include <libgen.h>
@@ -27,6 +28,8 @@ static void help(FILE *f) {
             "  --batch LIST         batch sizes, comma-separated (default 32,80; at most %d)\n"
             "  --device cpu|cuda    engine (default cpu)\n"
             "  --format F           nvfp4 | mxfp4 | bf16 (presets; BF16 checkpoints are quantized to F)\n"
+            "  --shard tp:R[/r]     one TP rank's share: the I/R slices of every expert (and of the\n"
+            "                       shared expert), the full router; bytes and floor are the rank's\n"
             "  --steps N            measured steps per batch size (default 3)\n"
             "  --warmup N           warm-up steps per batch size (default 1)\n"
             "  --layers N           distinct layers held in memory and cycled (default 2)\n"
@@ -87,6 +90,7 @@ int fm_cmd_profile(int argc, char **argv) {
     fm_prof_opts_default(&o);
     const char *json = NULL, *trace = NULL, *report = NULL, *batch = "32,80";
     int quiet = 0;
+    fm_shard shard = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -97,6 +101,9 @@ int fm_cmd_profile(int argc, char **argv) {
             quiet = 1;
             continue;
         }
+        int sr = fm_cli_shard_parse(k_cmd, argc, argv, &i, &shard);
+        if (sr < 0) return 2;
+        if (sr) continue;
         if (strncmp(a, "--", 2) != 0) {
             fprintf(stderr, "fp4moe %s: error: unexpected argument '%s' (see --help)\n", k_cmd, a);
             return 2;
@@ -181,6 +188,13 @@ int fm_cmd_profile(int argc, char **argv) {
         fprintf(stderr, "fp4moe %s: error: give exactly one of --model DIR or --preset NAME\n", k_cmd);
         return 2;
     }
+    if (fm_cli_shard_check(k_cmd, &shard, o.preset, o.model_dir, o.fmt)) return 2;
+    if (shard.mode == FM_DIST_EP) {
+        fprintf(stderr, "fp4moe %s: error: --shard ep: an EP rank runs pre-routed, which the profile's phases do not "
+                        "cover; measure it with fp4moe bench --shard ep:R/r\n", k_cmd);
+        return 2;
+    }
+    o.shard = shard.mode ? &shard : NULL;
     o.n_batch = fm_cli_parse_int_list(k_cmd, batch, o.batches, FM_PROF_MAX_BATCH);
     if (o.n_batch < 0) return 2;
     if (check_out_path("--json", json) || check_out_path("--trace", trace) || check_out_path("--report", report))

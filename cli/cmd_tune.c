@@ -1,5 +1,6 @@
 /* fp4moe tune: sweep kernel configs on this GPU and write config files. */
 #include "cli.h"
+#include "dist_opts.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@ static void tune_usage(FILE *f) {
     fprintf(f,
             "usage: fp4moe tune (--model DIR | --preset NAME | --all-presets) [--batch LIST]\n"
             "                   [--format LIST] [--out DIR] [--budget-s S] [--layers N] [--seed S]\n"
+            "                   [--shard tp:R[/r] | ep:R/r]\n"
             "       fp4moe tune --summary DIR\n\n"
             "For each batch bucket (default 1,2,4,8,16,32,64,128,256,512), times the built-in\n"
             "default and candidate kernel configs on this GPU under CUDA-graph replay, checks a\n"
@@ -26,6 +28,9 @@ static void tune_usage(FILE *f) {
             "--layers N      distinct layers in the timed graph (default: enough to defeat L2)\n"
             "--tolerance X   max relative error of a candidate vs the reference (default 5e-3)\n"
             "--all-presets   every preset except the tiny test ones\n"
+            "--shard S       tune one rank's shape (tp:R[/r]: I/R; ep:R/r: E/R experts, the\n"
+            "                model's k): the file is keyed by it, and bench / profile with the\n"
+            "                same --shard find it (docs/tuning.md)\n"
             "--summary DIR   print a Markdown table of the config files in DIR (gain over the\n"
             "                defaults per bucket; for docs/perf.md); needs no GPU\n");
 }
@@ -50,7 +55,7 @@ static int parse_formats(const char *s, fm_qformat *out, int max) {
 static int tune_one(const fm_model_desc *d, const char *label, fm_qformat fmt, const int *batches, int nb,
                     const char *out_dir, double budget, double tol, int layers, uint64_t seed) {
     uint64_t t0 = fm_now_ns();
-    char tag[1280]; /* the model's label (a path, up to 1200) and the format */
+    char tag[1500]; /* the model's label (a path, up to 1200, and a shard) and the format */
     snprintf(tag, sizeof tag, "%s %s", label, fm_qformat_name(fmt));
     fprintf(stderr, "fp4moe tune: %s: preparing %s layers of random weights and the reference...\n", tag,
             layers > 0 ? "the" : "enough");
@@ -89,12 +94,16 @@ int fm_cmd_tune(int argc, char **argv) {
     int all = 0, layers = 0;
     double budget = 30, tol = 5e-3;
     uint64_t seed = 1;
+    fm_shard shard = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { tune_usage(stdout); return 0; }
         if (!strcmp(a, "--all-presets")) { all = 1; continue; }
+        int sr = fm_cli_shard_parse("tune", argc, argv, &i, &shard);
+        if (sr < 0) return 2;
+        if (sr) continue;
         if (!v) { fprintf(stderr, "fp4moe tune: error: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--preset")) preset = v;
@@ -143,6 +152,14 @@ int fm_cmd_tune(int argc, char **argv) {
         tune_usage(stderr);
         return 2;
     }
+    if (shard.mode && all) {
+        fprintf(stderr, "fp4moe tune: error: --shard tunes one model's rank: give --model DIR or --preset NAME, "
+                        "not --all-presets\n");
+        return 2;
+    }
+    fm_qformat fmt0 = FM_QF_NONE;
+    if (shard.mode && fmt_s && parse_formats(fmt_s, &fmt0, 1) < 0) fmt0 = FM_QF_NONE;
+    if (fm_cli_shard_check("tune", &shard, preset, model, fmt0)) return 2;
     int batches[MAX_BATCHES];
     int nb = fm_cli_parse_int_list("tune", batch_s, batches, MAX_BATCHES);
     if (nb < 0) return 2;
@@ -179,7 +196,15 @@ int fm_cmd_tune(int argc, char **argv) {
         for (int fi = 0; fi < n; fi++) {
             fm_qformat f = nf ? fmts[fi] : own;
             if (!model && f != d.expert_format && (s = fm_preset_desc(name, f, &d))) { rc = fm_cli_fail("tune", s); continue; }
-            if (tune_one(&d, label, f, batches, nb, out, budget, tol, layers, seed)) rc = 1;
+            fm_model_desc ds = d;
+            char sl[1400];
+            if (shard.mode) { /* the rank's shape: its config file is keyed by it */
+                if ((s = fm_shard_desc(&d, f, &shard, &ds))) { rc = fm_cli_fail("tune", s); continue; }
+                char sd[192];
+                fm_shard_describe(&shard, &d, sd, sizeof sd);
+                snprintf(sl, sizeof sl, "%s, shard %s", label, sd);
+            }
+            if (tune_one(&ds, shard.mode ? sl : label, f, batches, nb, out, budget, tol, layers, seed)) rc = 1;
         }
     }
     return rc;

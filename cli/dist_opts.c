@@ -86,3 +86,50 @@ fm_dist_opts fm_cli_dist_lib_opts(const fm_cli_dist *o) {
                           .layout = o->layout,
                           .compress = o->compress};
 }
+
+const char *fm_cli_shard_usage(void) {
+    return "  --shard tp:R[/r]       run on this one device what rank r (default 0) of an R-way\n"
+           "                         tensor-parallel split computes: the I/R slice of every expert\n"
+           "                         (and of the shared expert), the full router\n"
+           "  --shard ep:R/r         rank r of R-way expert parallelism: experts r*E/R..(r+1)*E/R-1\n"
+           "                         on the pairs the full routing sends them (pre-routed call),\n"
+           "                         the shared expert on the rank's token chunk\n";
+}
+
+int fm_cli_shard_parse(const char *cmd, int argc, char **argv, int *i, fm_shard *sh) {
+    if (strcmp(argv[*i], "--shard")) return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "fp4moe %s: error: --shard needs a value (tp:R, tp:R/r or ep:R/r)\n", cmd);
+        return -1;
+    }
+    fm_status s = fm_shard_parse(argv[*i + 1], sh);
+    if (s) {
+        fprintf(stderr, "fp4moe %s: error: %s\n", cmd, fm_last_error());
+        return -1;
+    }
+    *i += 1;
+    return 1;
+}
+
+int fm_cli_shard_validate(const char *cmd, const fm_shard *sh, const fm_cli_dist *o) {
+    if (sh->mode && o && fm_cli_dist_active(o)) {
+        fprintf(stderr,
+                "fp4moe %s: error: --shard (one rank on one device) and --tp / --ep (all ranks over several "
+                "devices) exclude each other\n",
+                cmd);
+        return -1;
+    }
+    return 0;
+}
+
+int fm_cli_shard_check(const char *cmd, const fm_shard *sh, const char *preset, const char *model, fm_qformat fmt) {
+    if (!sh->mode) return 0;
+    fm_model_desc d, v;
+    fm_status s = model ? fm_model_desc_load(model, &d) : fm_preset_desc(preset, fmt, &d);
+    if (!s) s = fm_shard_desc(&d, fmt, sh, &v);
+    if (s) {
+        fprintf(stderr, "fp4moe %s: error: %s\n", cmd, fm_last_error());
+        return -1;
+    }
+    return 0;
+}

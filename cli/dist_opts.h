@@ -24,6 +24,18 @@ int fm_cli_dist_parse(const char *cmd, int argc, char **argv, int *i, fm_cli_dis
 int fm_cli_dist_active(const fm_cli_dist *o);
 int fm_cli_dist_validate(const char *cmd, const fm_cli_dist *o, fm_device dev);
 
+/* --shard tp:R[/r] | ep:R/r (bench, profile, explain, tune): consumes it as
+ * fm_cli_dist_parse does; -1 on a bad value (the message names the flag). */
+int fm_cli_shard_parse(const char *cmd, int argc, char **argv, int *i, fm_shard *sh);
+/* Help lines for --shard. */
+const char *fm_cli_shard_usage(void);
+/* --shard with --tp / --ep: -1 with a message. */
+int fm_cli_shard_validate(const char *cmd, const fm_shard *sh, const fm_cli_dist *o);
+
+/* The model splits so (fm_shard_desc): loads the preset's / checkpoint's
+ * description; -1 with a message. Nothing to check without a shard. */
+int fm_cli_shard_check(const char *cmd, const fm_shard *sh, const char *preset, const char *model, fm_qformat fmt);
+
 /* The library's options for the parsed flags (fm_forward_file, fm_bench_run). */
 fm_dist_opts fm_cli_dist_lib_opts(const fm_cli_dist *o);
 #endif

@@ -1,6 +1,8 @@
 # Writes OUT, a C source holding a copy of each file in FILES (a list), for
-# the config lookup's built-in fallback (src/tune/builtin_internal.h).
-#   cmake -DOUT=file.c "-DFILES=a.json;b.json" -P embed_configs.cmake
+# the config lookup's built-in fallback (src/tune/builtin_internal.h), and
+# the names of the files in NAMES (all of configs/, copied or not: the GPUs
+# the project measured).
+#   cmake -DOUT=file.c "-DFILES=a.json;b.json" "-DNAMES=a.json;b.json" -P embed_configs.cmake
 cmake_policy(SET CMP0007 NEW)
 if(NOT OUT)
   message(FATAL_ERROR "embed_configs.cmake: OUT not set")
@@ -31,6 +33,24 @@ else()
   string(APPEND body "\nconst fm_builtin_config fm_builtin_configs[] = {\n${table}};\n")
 endif()
 string(APPEND body "const size_t fm_builtin_config_count = ${n};\n")
+list(REMOVE_ITEM NAMES "")
+list(SORT NAMES)
+set(names "")
+set(nn 0)
+foreach(f IN LISTS NAMES)
+  get_filename_component(name "${f}" NAME)
+  if(NOT name MATCHES "^[A-Za-z0-9._-]+$")
+    message(FATAL_ERROR "embed_configs.cmake: ${f}: a config file name takes letters, digits, '.', '_' and '-' only")
+  endif()
+  string(APPEND names "    \"${name}\",\n")
+  math(EXPR nn "${nn} + 1")
+endforeach()
+if(nn EQUAL 0)
+  string(APPEND body "const char *const fm_shipped_config_names[1] = {0};\n")
+else()
+  string(APPEND body "\nconst char *const fm_shipped_config_names[] = {\n${names}};\n")
+endif()
+string(APPEND body "const size_t fm_shipped_config_name_count = ${nn};\n")
 # Rewritten only when it changes, so an unchanged set compiles nothing.
 file(WRITE "${OUT}.tmp" "${body}")
 file(COPY_FILE "${OUT}.tmp" "${OUT}" ONLY_IF_DIFFERENT)

@@ -257,8 +257,11 @@ def bench_model(torch, name, args, out):
     runs, traces = [], {}
     g = torch.Generator(device=args.device).manual_seed(1)
     probe = torch.randint(0, model.config.vocab_size, (2, PROMPT), device=args.device, generator=g)
+    blocks = record_blocks(torch, model)
     with torch.no_grad():
         ref_logits = model(input_ids=probe).logits.float()
+    for h in blocks.pop("_hooks"):
+        h.remove()
     if "transformers" in args.variants:
         run_variant(torch, model, f"{name}/transformers", args, runs, traces)
     if "fp4moe" in args.variants:
@@ -282,6 +285,12 @@ def bench_model(torch, name, args, out):
         rel = float((lg - ref_logits).abs().max() / ref_logits.abs().max())
         out.setdefault("logits_vs_bf16", {})[name] = {"cosine": cos, "max_rel": rel}
         log(f"{name}: prefill logits on fp4moe vs BF16 experts: cosine {cos:.5f}, max |d| / max {rel:.3g}")
+        per_block = compare_blocks(torch, model, blocks)
+        out["logits_vs_bf16"][name].update(per_block)
+        log(f"{name}: each MoE block on the BF16 run's inputs: cosine min {per_block['block_cosine_min']:.5f} "
+            f"(layers {' '.join(f'{c:.4f}' for c in per_block['block_cosine'])}), top-k choices differing "
+            f"{100 * per_block['routing_changed']:.2f} %")
+        del blocks
         run_variant(torch, model, f"{name}/fp4moe", args, runs, traces)
     del model
     gc.collect()
@@ -292,6 +301,47 @@ def bench_model(torch, name, args, out):
         r["variant"] = r["label"].split("/", 1)[1]
     out["runs"].extend(runs)
     return traces
+
+
+def record_blocks(torch, model):
+    """Hooks that keep, for each MoE block, the input and output of the next
+    forward and its router's top-k ids (the BF16 reference prefill)."""
+    import fp4moe.hf
+    rec = {"_hooks": []}
+    for name, _, blk in fp4moe.hf._moe_blocks(model):
+        r = rec.setdefault(name, {})
+        router = blk.gate if hasattr(blk, "gate") else blk.router
+
+        def keep_io(mod, args, out, r=r):
+            r["x"], r["y"] = args[0].detach().clone(), (out[0] if isinstance(out, tuple) else out).detach().clone()
+
+        def keep_ids(mod, args, out, r=r):
+            r["ids"] = out[2].detach().clone()
+
+        rec["_hooks"] += [blk.register_forward_hook(keep_io), router.register_forward_hook(keep_ids)]
+    return rec
+
+
+def compare_blocks(torch, model, rec):
+    """Each swapped block on the input its transformers block had in the
+    reference prefill: the cosine of the outputs (NVFP4 against BF16
+    experts, the same routing but for near ties) and the share of top-k
+    choices that differ. A block that computed something else than
+    transformers' would stand out here, whatever the layers before it did."""
+    cos, changed, total = [], 0, 0
+    for name, r in rec.items():
+        blk = model.get_submodule(name)
+        x = r["x"]
+        with torch.no_grad():
+            y = blk(x)
+            y = y[0] if isinstance(y, tuple) else y
+            _, ids, _ = blk.moe(x.reshape(-1, x.shape[-1]).contiguous(), return_routing=True)
+        cos.append(float(torch.nn.functional.cosine_similarity(y.float().flatten(), r["y"].float().flatten(), dim=0)))
+        a, b = ids.long().sort(-1).values.cpu(), r["ids"].long().sort(-1).values.cpu()
+        for t in range(a.shape[0]):
+            changed += a.shape[1] - len(set(a[t].tolist()) & set(b[t].tolist()))
+            total += a.shape[1]
+    return {"block_cosine": cos, "block_cosine_min": min(cos), "routing_changed": changed / max(1, total)}
 
 
 def analyze(cli, traces, args, out):
@@ -309,6 +359,13 @@ def analyze(cli, traces, args, out):
         d = subprocess.run([cli, "trace", "diff", fa, fb, "--format", "csv"], check=True, capture_output=True,
                            text=True).stdout
         rows = list(csv.DictReader(io.StringIO(d)))
+        coverage = []
+        for B, f in ((a_b, fa), (b_b, fb)):
+            j = json.loads(subprocess.run([cli, "trace", "summary", f, "--format", "json"], check=True,
+                                          capture_output=True, text=True).stdout)["combined"]["steps"]
+            timed = next((r["ms_per_step"] for r in out["runs"] if r["label"] == label and r["batch"] == B), None)
+            coverage.append({"batch": B, "steps": j["count"], "wall_ms": j["wall_ms"], "busy_ms": j["busy_ms"],
+                             "outside_events": j["outside_events"], "timed_ms": timed, "method": j["method"]})
         other = []
         for B, f in ((a_b, fa), (b_b, fb)):
             s = subprocess.run([cli, "trace", "summary", f, "--format", "csv"], check=True, capture_output=True,
@@ -320,7 +377,7 @@ def analyze(cli, traces, args, out):
             {"category": r["category"], "a_ms": float(r["a_ms_per_step"]), "b_ms": float(r["b_ms_per_step"]),
              "delta_ms": float(r["delta_ms"]),
              "share": float(r["share_of_delta"]) if r["share_of_delta"] not in ("nan", "") else None}
-            for r in rows], "uncategorized": other, "diff_text": f"{base}.diff.txt"})
+            for r in rows], "uncategorized": other, "coverage": coverage, "diff_text": f"{base}.diff.txt"})
     out["breakdown"] = tables
     return tables
 
@@ -336,7 +393,8 @@ def print_tables(out, tables):
         print()
     for name, v in out.get("logits_vs_bf16", {}).items():
         print(f"{name}: prefill logits with fp4moe's NVFP4 experts vs transformers' BF16 experts: "
-              f"cosine {v['cosine']:.5f}, max |d| / max |logit| {v['max_rel']:.3g}")
+              f"cosine {v['cosine']:.5f}, max |d| / max |logit| {v['max_rel']:.3g}; each block on the same "
+              f"input: cosine >= {v['block_cosine_min']:.5f}, top-k choices differing {100 * v['routing_changed']:.2f} %")
     print(f"\ndecode throughput ({out['device']}; {out['context']}-position static cache; "
           f"torch {out['torch']}, transformers {out['transformers']})")
     print(f"{'model':15s} {'layers':>6s} {'batch':>5s} {'tok/s fp4moe':>13s} {'tok/s transformers':>19s} "
@@ -360,6 +418,12 @@ def print_tables(out, tables):
                 continue
             share = f"{100 * c['share']:6.1f}%" if c["share"] is not None else f"{'-':>7s}"
             print(f"{c['category']:14s} {c['a_ms']:9.3f} {c['b_ms']:9.3f} {c['delta_ms']:+9.3f} {share}")
+        # the profiled steps against the timed ones: a trace that misses part of a step shows here
+        for c in t.get("coverage", []):
+            timed = f"{c['timed_ms']:.3f}" if c["timed_ms"] else "-"
+            frac = f" ({100 * c['wall_ms'] / c['timed_ms']:.0f} % of it)" if c["timed_ms"] else ""
+            print(f"  B={c['batch']}: {c['steps']} profiled steps, GPU window {c['wall_ms']:.3f} ms/step{frac}, busy "
+                  f"{c['busy_ms']:.3f} ms; timed step {timed} ms; {c['outside_events']} GPU events outside the steps")
 
 
 def main():

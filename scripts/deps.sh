@@ -26,3 +26,16 @@ if [ "${FM_WITH_PY:-1}" = 1 ] && command -v python3 >/dev/null; then
     python3 -m pip install -q numpy ml_dtypes safetensors 2>&1 | grep -v "Running pip as the 'root'" || true
   fi
 fi
+# cuobjdump, which tests/sh_cuda_arch.sh reads the CUDA build's device code
+# with, where the CUDA toolkit came without it (the pip-installed toolkit):
+# NVIDIA's wheel of the same CUDA major version.
+NVCC=$(command -v nvcc 2>/dev/null || true)
+[ -n "$NVCC" ] || { [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc; } || true
+if [ "${FM_WITH_PY:-1}" = 1 ] && [ -n "$NVCC" ] && command -v python3 >/dev/null &&
+   [ ! -x "$(dirname "$NVCC")/cuobjdump" ] && ! command -v cuobjdump >/dev/null; then
+  major=$("$NVCC" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+  if [ -n "$major" ] && ! python3 -c "import glob, sysconfig, sys; sys.exit(not glob.glob(sysconfig.get_paths()['purelib'] + '/nvidia/cu$major/bin/cuobjdump'))" 2>/dev/null; then
+    echo "deps: installing cuobjdump (nvidia-cuda-cuobjdump, CUDA $major)"
+    python3 -m pip install -q "nvidia-cuda-cuobjdump>=$major,<$((major + 1))" 2>&1 | grep -v "Running pip as the 'root'" || true
+  fi
+fi

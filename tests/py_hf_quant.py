@@ -7,7 +7,12 @@ the layer tensors it builds from transformers' MoE blocks.
    against ModelOpt and the OCP rule by py_formats_ml_dtypes) on matrices
    with outliers, zero blocks, E2M1 midpoints and block scales clamped at
    2^-9; their inverses match E2M1 * (E4M3 * scale_2) in float32 from the
-   library's decode table.
+   library's decode table. NVFP4 also against the NumPy quantizer of
+   tests/np_nvfp4.py (from the format's definition), on those matrices and
+   on a stack of 64 small ones, on the CPU and, where torch sees a GPU, on
+   the GPU: the stack tells apart scale_2 = amax / 2688 from amax times the
+   float32 reciprocal of 2688 (checked), the rounding CUDA torch applies to
+   a division by a Python number.
 2. layer_tensors on tiny random Qwen3-MoE, DeepSeek-V3 and gpt-oss blocks:
    every fm_layer_tensors field has the shape and dtype of include/fp4moe/engine.h,
    and each expert row, dequantized from those tensors with an independent
@@ -21,6 +26,7 @@ import subprocess
 import sys
 
 from fmtest import Checks, env_path, fmt_dump_quant, skip
+import np_nvfp4
 
 try:
     import numpy as np
@@ -92,6 +98,9 @@ for trial in range(7):
     check(s.view(torch.uint8).numpy().tobytes() == bytes.fromhex(o["scales"]),
           f"nvfp4 trial {trial}: block scales differ from the library's")
     check(p.numpy().tobytes() == bytes.fromhex(o["packed"]), f"nvfp4 trial {trial}: codes differ from the library's")
+    rp, rs, rs2 = np_nvfp4.quantize_nvfp4(w)
+    check(np.array_equal(p.numpy(), rp) and np.array_equal(s.view(torch.uint8).numpy(), rs)
+          and np.float32(s2.item()) == rs2, f"nvfp4 trial {trial}: torch's bytes differ from the NumPy quantizer's")
     deq = fh.dequantize_nvfp4(p, s, s2).numpy()
     want = np_dequant(p.numpy(), s.view(torch.uint8).numpy(), 16, s2.item())
     check(np.array_equal(deq.view(np.uint32), want.view(np.uint32)), f"nvfp4 trial {trial}: dequantized values differ")
@@ -115,6 +124,29 @@ for i in range(3):
         pi, si, s2i = fh.quantize_nvfp4(w[i, j])
         check(torch.equal(pi, p[i, j]) and torch.equal(si.view(torch.uint8), s[i, j].view(torch.uint8))
               and s2i.item() == s2[i, j].item(), f"stacked matrix [{i}, {j}] differs from its own quantization")
+
+def same_as_numpy(stack, p, s, s2, reciprocal=False):
+    """Matrices of the torch quantizer's stack output equal to the NumPy quantizer's, of each."""
+    n = 0
+    for i in range(stack.shape[0]):
+        rp, rs, rs2 = np_nvfp4.quantize_nvfp4(stack[i], reciprocal=reciprocal)
+        n += bool(np.array_equal(p[i], rp) and np.array_equal(s[i], rs) and np.float32(s2[i]) == rs2)
+    return n
+
+
+# 64 matrices with amax spread over decades: about a quarter of them get another scale_2 from the reciprocal
+stack = (rng.standard_normal((64, 16, 64)) * np.exp(rng.uniform(-6, 3, (64, 1, 1)))).astype(np.float32)
+devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+for dev in devices:
+    p, s, s2 = fh.quantize_nvfp4(torch.from_numpy(stack).to(dev))
+    p, s, s2 = p.cpu().numpy(), s.cpu().view(torch.uint8).numpy(), s2.cpu().numpy()
+    ok = same_as_numpy(stack, p, s, s2)
+    check(ok == 64, f"nvfp4 on {dev}: {64 - ok} of 64 matrices differ from the NumPy quantizer")
+    recip = same_as_numpy(stack, p, s, s2, reciprocal=True)
+    check(recip < 64, f"nvfp4 on {dev}: the reciprocal variant of scale_2 agrees on all 64 matrices: "
+                      "this stack could not catch it")
+print(f"nvfp4 stack of 64 matrices equals the NumPy quantizer on {', '.join(devices)}")
+
 for bad in (torch.zeros(4, 24), torch.zeros(4)):
     try:
         fh.quantize_nvfp4(bad)

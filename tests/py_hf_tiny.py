@@ -28,7 +28,9 @@ decode steps of 2 tokens):
     accepted only where A's two best logits lie closer than twice the
     measured logit difference at that step (a tie that rounding may break).
   - on CUDA: the NVFP4 / MXFP4 bytes quantized on the GPU equal those
-    quantized on the CPU for the same weights.
+    quantized on the CPU for the same weights (every expert matrix of the
+    first MoE block), and NVFP4's those of the NumPy quantizer of
+    tests/np_nvfp4.py.
 Runs on the CUDA engine where a GPU is there, else on the CPU engine when
 the library builds layers from tensors; otherwise skipped (exit 77). Needs
 torch and transformers (else skipped).
@@ -38,8 +40,10 @@ import os
 import sys
 
 from fmtest import Checks, skip
+import np_nvfp4
 
 try:
+    import numpy as np
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, DeepseekV3Config, DynamicCache, GptOssConfig, Qwen3MoeConfig
@@ -143,19 +147,40 @@ def rel(a, b):
 
 
 def same_quant_on_gpu(check, fam, model):
-    """The quantizers give the same bytes on the GPU as on the CPU."""
+    """The quantizers give the same bytes on the GPU as on the CPU, for every
+    expert matrix of the first MoE block; NVFP4 also those of the NumPy
+    quantizer (tests/np_nvfp4.py, from the format's definition)."""
     _, _, blk = fh._moe_blocks(model)[0]
-    w = blk.experts.gate_up_proj.detach()[:2]
+    ex = blk.experts
+    bad = []
     if fam == "gpt_oss":
-        pg, sg = fh.quantize_mxfp4(w.transpose(1, 2))
-        pc, sc = fh.quantize_mxfp4(w.cpu().transpose(1, 2))
-        same = torch.equal(pg.cpu(), pc) and torch.equal(sg.cpu(), sc)
+        for name in ("gate_up_proj", "down_proj"):
+            w = getattr(ex, name).detach().transpose(1, 2)
+            pg, sg = fh.quantize_mxfp4(w)
+            pc, sc = fh.quantize_mxfp4(w.cpu())
+            if not (torch.equal(pg.cpu(), pc) and torch.equal(sg.cpu(), sc)):
+                bad.append(name)
     else:
-        pg, sg, tg = fh.quantize_nvfp4(w)
-        pc, sc, tc = fh.quantize_nvfp4(w.cpu())
-        same = torch.equal(pg.cpu(), pc) and torch.equal(sg.cpu().view(torch.uint8), sc.view(torch.uint8)) \
-            and torch.equal(tg.cpu(), tc)
-    check(same, f"{fam}: the GPU's quantized bytes differ from the CPU's")
+        E, R, K = ex.gate_up_proj.shape
+        mats = {"gate_up_proj": ex.gate_up_proj.detach().reshape(E * 2, R // 2, K),  # gate and up apart
+                "down_proj": ex.down_proj.detach()}
+        for name, w in mats.items():
+            pg, sg, tg = (x.cpu() for x in fh.quantize_nvfp4(w))
+            pc, sc, tc = fh.quantize_nvfp4(w.cpu())
+            sg, sc = sg.view(torch.uint8), sc.view(torch.uint8)
+            if not (torch.equal(pg, pc) and torch.equal(sg, sc) and torch.equal(tg, tc)):
+                n = sum(not (torch.equal(pg[i], pc[i]) and torch.equal(sg[i], sc[i]) and tg[i] == tc[i])
+                        for i in range(w.shape[0]))
+                bad.append(f"{name} ({n} of {w.shape[0]} matrices differ from the CPU's)")
+            wn = w.cpu().numpy()
+            n = 0
+            for i in range(w.shape[0]):
+                rp, rs, rs2 = np_nvfp4.quantize_nvfp4(wn[i])
+                n += not (np.array_equal(pg[i].numpy(), rp) and np.array_equal(sg[i].numpy(), rs)
+                          and np.float32(tg[i].item()) == rs2)
+            if n:
+                bad.append(f"{name} ({n} of {w.shape[0]} matrices differ from the NumPy quantizer's)")
+    check(not bad, f"{fam}: the GPU's quantized bytes differ: {'; '.join(bad)}")
 
 
 def main():

@@ -100,6 +100,39 @@ run h100 explain --preset deepseek-v4-flash --batch 16 --gpu H100
 has "$T/h100.out" "WARNING: no tuned config for NVIDIA H100 80GB HBM3 (132 SMs)" "other GPU"
 has "$T/h100.out" "NVIDIA_H100_80GB_HBM3-132sm-nvfp4-E256-H4096-I2048-k6.json" "other GPU file name"
 
+# 5b. GPUs that no config file names, for any shape (nothing shipped, nothing
+#     tuned): the provenance says the kernels were never measured there. The
+#     H200 has shipped configs: untuned for a shape, it is still measured,
+#     and so is a GPU whose file for another shape is in a lookup directory.
+never="fp4moe's kernels have never been measured on"
+run b200 explain --preset deepseek-v4-flash --batch 16 --gpu "NVIDIA B200"
+[ $rc -eq 0 ] || fail "explain --gpu B200 exited $rc: $(cat "$T/b200.err")"
+has "$T/b200.out" "WARNING: no tuned config for NVIDIA B200 (148 SMs) nvfp4 E=256 H=4096 I=2048 k=6; $never NVIDIA B200: " "B200"
+has "$T/b200.out" "NVIDIA B200: 148 SMs, 8000 GB/s, 126 MB L2, 180 GB, 1000 W, sm_100" "B200 datasheet"
+# where the H200 takes the wgmma default (B = 16), sm_100 runs the mma.sync one
+has "$T/none.out" "chosen           built-in default: path=wgmma" "H200 wgmma default"
+has "$T/b200.out" "chosen           built-in default: path=large" "B200 mma.sync default"
+hasnt "$T/b200.out" "kernel=wgmma" "B200 never wgmma"
+run r5090 explain --preset qwen3-30b-a3b --batch 1 --gpu "RTX 5090"
+[ $rc -eq 0 ] || fail "explain --gpu 'RTX 5090' exited $rc: $(cat "$T/r5090.err")"
+has "$T/r5090.out" "$never NVIDIA GeForce RTX 5090: " "RTX 5090"
+has "$T/r5090.out" "NVIDIA GeForce RTX 5090: 170 SMs, 1792 GB/s, 96 MB L2, 32 GB, 575 W, sm_120" "RTX 5090 datasheet"
+run pro explain --preset qwen3-30b-a3b --batch 1 --gpu "RTX PRO 6000 Server" --json
+has "$T/pro.out" "$never NVIDIA RTX PRO 6000 Blackwell Server Edition: " "RTX PRO 6000 Server Edition (JSON)"
+has "$T/none.out" "WARNING: no tuned config for NVIDIA H200" "H200 untuned"
+hasnt "$T/none.out" "$never" "H200 untuned"
+run h200q explain --preset qwen3-30b-a3b --batch 1 --gpu H200
+has "$T/h200q.out" "WARNING: no tuned config for NVIDIA H200" "H200, another shape"
+hasnt "$T/h200q.out" "$never" "H200, another shape"
+B200_NAME=NVIDIA_B200-148sm-nvfp4-E256-H4096-I2048-k6.json
+sed 's/"gpu": "NVIDIA H200"/"gpu": "NVIDIA B200"/; s/"sm_count": 132/"sm_count": 148/' "$DATA/$NAME" >"$T/env/$B200_NAME"
+run b200q explain --preset qwen3-30b-a3b --batch 1 --gpu B200
+has "$T/b200q.out" "WARNING: no tuned config for NVIDIA B200" "B200 tuned for another shape"
+hasnt "$T/b200q.out" "$never" "B200 tuned for another shape"
+run b200t explain --preset deepseek-v4-flash --batch 16 --gpu B200
+has "$T/b200t.out" "config=$T/env/$B200_NAME bucket=16" "B200 tuned"
+rm -f "$T/env/$B200_NAME"
+
 # 6. JSON output.
 run json explain --preset deepseek-v4-flash --batch 1,16 --gpu "NVIDIA H200" --json
 [ $rc -eq 0 ] || fail "--json exited $rc"

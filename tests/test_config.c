@@ -308,8 +308,9 @@ static void test_load_dir(void **st) {
 
 static void test_presets_round_trip(void **st) {
     (void)st;
-    assert_true(fm_preset_count() >= 13);
-    const char *must[] = {"deepseek-v3", "kimi-k2", "glm-5", "glm-4.5", "deepseek-v4-flash", "qwen3-30b-a3b", "gpt-oss-120b",
+    assert_true(fm_preset_count() >= 14);
+    const char *must[] = {"deepseek-v3", "kimi-k2", "glm-5", "glm-4.5", "deepseek-v4-flash", "qwen3-30b-a3b",
+                          "qwen3-235b-a22b", "gpt-oss-120b",
                           "mixtral-8x7b", "tiny-deepseek", "tiny-deepseek-v4", "tiny-qwen3", "tiny-mixtral", "tiny-gptoss"};
     fm_model_desc d, back;
     for (size_t i = 0; i < sizeof must / sizeof must[0]; i++) assert_int_equal(fm_preset_desc(must[i], FM_QF_NONE, &d), FM_OK);
@@ -322,6 +323,21 @@ static void test_presets_round_trip(void **st) {
     assert_int_equal(d.topk, 6);
     assert_int_equal(d.n_layers, 43);
     assert_int_equal(fm_model_expert_bytes(&d, FM_QF_NVFP4), 3LL * 4096 * 2048 / 2 + 3LL * 4096 * 2048 / 16);
+    /* Qwen3-235B-A22B's config.json: hidden_size 4096, moe_intermediate_size
+     * 1536, num_experts 128, num_experts_per_tok 8, 94 layers, all MoE,
+     * norm_topk_prob, no shared expert, vocab 151936 */
+    assert_int_equal(fm_preset_desc("qwen3-235b-a22b", FM_QF_NONE, &d), FM_OK);
+    assert_int_equal(d.hidden, 4096);
+    assert_int_equal(d.moe_inter, 1536);
+    assert_int_equal(d.n_experts, 128);
+    assert_int_equal(d.topk, 8);
+    assert_int_equal(d.n_layers, 94);
+    assert_int_equal(d.first_dense, 0);
+    assert_int_equal(d.n_shared, 0);
+    assert_int_equal(d.norm_topk_prob, 1);
+    assert_int_equal(d.route, FM_ROUTE_SOFTMAX);
+    assert_int_equal(d.vocab_size, 151936);
+    assert_int_equal(d.expert_format, FM_QF_NVFP4);
     assert_int_equal(fm_preset_desc("kimi-k2", FM_QF_NONE, &d), FM_OK);
     assert_int_equal(d.n_experts, 384);
     assert_int_equal(fm_preset_desc("gpt-oss-120b", FM_QF_NONE, &d), FM_OK);

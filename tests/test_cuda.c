@@ -1046,6 +1046,84 @@ static double rel_diff(const float *a, const float *b, size_t n) {
  * by an id of -1 or one past the experts (the same as a zero weight), without
  * the shared expert; both captured in a CUDA graph and replayed; and the
  * refusals (no reserved workspace, T above it, misaligned buffers). */
+/* A rank's share generated on the GPU (fm_cuda_layer_random_shard) computes
+ * what the CPU engine computes for that rank of the full host layer
+ * (fm_shard_forward_cpu): TP through the normal forward (full router), EP
+ * through the pre-routed call on the rank's pairs of the full routing plus
+ * the shared expert on its token chunk. */
+static void test_shard_layers(void **state) {
+    (void)state;
+    NEED_GPU();
+#ifdef FM_HAVE_CUDA
+    const char *presets[] = {"tiny-deepseek", "tiny-gptoss", "tiny-qwen3"};
+    const fm_shard shards[] = {{FM_DIST_TP, 2, 1}, {FM_DIST_TP, 4, 0}, {FM_DIST_EP, 4, 1}, {FM_DIST_EP, 2, 0}};
+    fm_cpu_engine *ce;
+    assert_int_equal(fm_cpu_engine_new(FM_CPU_AUTO, 0, &ce), FM_OK);
+    for (int pi = 0; pi < 3; pi++)
+        for (size_t si = 0; si < sizeof shards / sizeof shards[0]; si++) {
+            const fm_shard *sh = &shards[si];
+            fm_model_desc d, v;
+            assert_int_equal(fm_preset_desc(presets[pi], FM_QF_NONE, &d), FM_OK);
+            if (fm_shard_desc(&d, FM_QF_NONE, sh, &v) != FM_OK) continue; /* e.g. an MXFP4 slice below a block */
+            const int L = first_moe_layer(&d, 0), H = d.hidden, k = d.topk, T = 9;
+            fm_moe_layer *hl;
+            fm_cuda_layer *cl;
+            assert_int_equal(fm_moe_layer_random(&d, d.expert_format, 777, L, &hl), FM_OK);
+            if (fm_cuda_layer_random_shard(g_eng, &d, d.expert_format, 777, L, sh, &cl))
+                fail_msg("shard layer: %s", fm_last_error());
+            float *x = fm_test_normal_new((size_t)T * H, 9, 1);
+            float *ref = calloc((size_t)T * H, sizeof(float)), *got = calloc((size_t)T * H, sizeof(float));
+            int32_t *ids = calloc((size_t)T * k, sizeof(int32_t));
+            float *w = calloc((size_t)T * k, sizeof(float));
+            if (fm_shard_forward_cpu(ce, &d, hl, sh, x, FM_DT_F32, T, NULL, ref, ids, w, NULL))
+                fail_msg("cpu shard: %s", fm_last_error());
+            if (sh->mode == FM_DIST_TP) {
+                fm_moe_out o = {got, NULL, NULL};
+                if (fm_cuda_forward(g_eng, &v, cl, x, FM_DT_F32, T, NULL, &o)) fail_msg("forward: %s", fm_last_error());
+            } else {
+                const int kl = v.topk;
+                int32_t *lids = calloc((size_t)T * kl, sizeof(int32_t)), *none = malloc(sizeof(int32_t) * T * kl);
+                float *lw = calloc((size_t)T * kl, sizeof(float)), *sh_out = calloc((size_t)T * H, sizeof(float));
+                for (int i = 0; i < T * kl; i++) none[i] = -1;
+                fm_shard_local_ids(sh, d.n_experts, k, T, ids, w, kl, lids, lw);
+                int t0, nc;
+                fm_shard_token_chunk(sh, T, &t0, &nc);
+                float *dx, *dout;
+                int32_t *di, *dn;
+                float *dw;
+                CU_OK(cudaMalloc((void **)&dx, sizeof(float) * T * H));
+                CU_OK(cudaMalloc((void **)&dout, sizeof(float) * T * H));
+                CU_OK(cudaMalloc((void **)&di, sizeof(int32_t) * T * kl));
+                CU_OK(cudaMalloc((void **)&dn, sizeof(int32_t) * T * kl));
+                CU_OK(cudaMalloc((void **)&dw, sizeof(float) * T * kl));
+                CU_OK(cudaMemcpy(dx, x, sizeof(float) * T * H, cudaMemcpyHostToDevice));
+                CU_OK(cudaMemcpy(di, lids, sizeof(int32_t) * T * kl, cudaMemcpyHostToDevice));
+                CU_OK(cudaMemcpy(dn, none, sizeof(int32_t) * T * kl, cudaMemcpyHostToDevice));
+                CU_OK(cudaMemcpy(dw, lw, sizeof(float) * T * kl, cudaMemcpyHostToDevice));
+                assert_int_equal(fm_cuda_engine_reserve(g_eng, cl, T), FM_OK);
+                assert_int_equal(fm_cuda_experts(g_eng, cl, dx, FM_DT_F32, T, di, dw, 0, dout, NULL), FM_OK);
+                CU_OK(cudaMemcpy(got, dout, sizeof(float) * T * H, cudaMemcpyDeviceToHost));
+                if (nc > 0 && d.n_shared > 0) {
+                    assert_int_equal(fm_cuda_experts(g_eng, cl, dx + (size_t)t0 * H, FM_DT_F32, nc, dn, dw, 1, dout, NULL),
+                                     FM_OK);
+                    CU_OK(cudaMemcpy(sh_out, dout, sizeof(float) * nc * H, cudaMemcpyDeviceToHost));
+                    for (int i = 0; i < nc * H; i++) got[(size_t)t0 * H + i] += sh_out[i];
+                }
+                cudaFree(dx); cudaFree(dout); cudaFree(di); cudaFree(dn); cudaFree(dw);
+                free(lids); free(none); free(lw); free(sh_out);
+            }
+            double err = fm_test_rel_err(got, ref, (size_t)T * H);
+            printf("# %-14s %s %d rank %d: GPU shard vs CPU rank, rel. error %.2e\n", presets[pi],
+                   fm_dist_mode_name(sh->mode), sh->ranks, sh->rank, err);
+            if (!(err <= 2e-3)) fail_msg("%s: GPU shard differs from the CPU rank (%.3g)", presets[pi], err);
+            free(x); free(ref); free(got); free(ids); free(w);
+            fm_cuda_layer_free(cl);
+            fm_moe_layer_free(hl);
+        }
+    fm_cpu_engine_free(ce);
+#endif
+}
+
 static void test_device_calls(void **state) {
     (void)state;
     NEED_GPU();
@@ -1178,6 +1256,7 @@ int main(void) {
         cmocka_unit_test(test_grouping_k8),      cmocka_unit_test(test_route_many_experts),
         cmocka_unit_test(test_router_not_bf16),  cmocka_unit_test(test_sel_spread),
         cmocka_unit_test(test_device_calls),     cmocka_unit_test(test_splitk),
+        cmocka_unit_test(test_shard_layers),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     /* without a usable GPU every test above skipped itself: exit 77 so that

@@ -379,6 +379,66 @@ static void test_steps_gpu_and_sglang(void **state) {
     fm_trace_free(t);
 }
 
+/* A CUDA-graph replay whose branches ran on several streams: Kineto writes
+ * one gpu_user_annotation per stream that ran the step's work, each
+ * covering only its stream's kernels, all with the CPU span's External id.
+ * Each step is the union of its spans; a kernel of the main stream after a
+ * side stream's span (here the elementwise one) is still inside its step. */
+static const char *k_graph_streams =
+    "{\"traceEvents\": [\n"
+    " {\"ph\":\"X\",\"cat\":\"user_annotation\",\"name\":\"ProfilerStep#3\",\"pid\":1,\"tid\":1,\"ts\":0,\"dur\":100,\"args\":{\"External id\":11}},\n"
+    " {\"ph\":\"X\",\"cat\":\"user_annotation\",\"name\":\"ProfilerStep#4\",\"pid\":1,\"tid\":1,\"ts\":100,\"dur\":100,\"args\":{\"External id\":12}},\n"
+    " {\"ph\":\"X\",\"cat\":\"cuda_runtime\",\"name\":\"cudaGraphLaunch\",\"pid\":1,\"tid\":1,\"ts\":5,\"dur\":1,\"args\":{\"correlation\":10}},\n"
+    " {\"ph\":\"X\",\"cat\":\"cuda_runtime\",\"name\":\"cudaGraphLaunch\",\"pid\":1,\"tid\":1,\"ts\":105,\"dur\":1,\"args\":{\"correlation\":20}},\n"
+    " {\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"fmha_cutlassF_bf16\",\"pid\":0,\"tid\":7,\"ts\":50,\"dur\":10,\"args\":{\"correlation\":10}},\n"
+    " {\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"fm_expert_gateup\",\"pid\":0,\"tid\":7,\"ts\":62,\"dur\":10,\"args\":{\"correlation\":10}},\n"
+    " {\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"fm_expert_gateup\",\"pid\":0,\"tid\":30,\"ts\":63,\"dur\":5,\"args\":{\"correlation\":10}},\n"
+    " {\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"elementwise_kernel\",\"pid\":0,\"tid\":7,\"ts\":90,\"dur\":10,\"args\":{\"correlation\":10}},\n"
+    " {\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"fmha_cutlassF_bf16\",\"pid\":0,\"tid\":7,\"ts\":150,\"dur\":10,\"args\":{\"correlation\":20}},\n"
+    " {\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"fm_expert_gateup\",\"pid\":0,\"tid\":7,\"ts\":162,\"dur\":10,\"args\":{\"correlation\":20}},\n"
+    " {\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"fm_expert_gateup\",\"pid\":0,\"tid\":31,\"ts\":163,\"dur\":5,\"args\":{\"correlation\":20}},\n"
+    " {\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"elementwise_kernel\",\"pid\":0,\"tid\":7,\"ts\":190,\"dur\":10,\"args\":{\"correlation\":20}},\n"
+    " {\"ph\":\"X\",\"cat\":\"gpu_user_annotation\",\"name\":\"ProfilerStep#3\",\"pid\":0,\"tid\":7,\"ts\":50,\"dur\":50,\"args\":{\"External id\":11}},\n"
+    " {\"ph\":\"X\",\"cat\":\"gpu_user_annotation\",\"name\":\"ProfilerStep#3\",\"pid\":0,\"tid\":30,\"ts\":63,\"dur\":5,\"args\":{\"External id\":\"11\"}},\n"
+    " {\"ph\":\"X\",\"cat\":\"gpu_user_annotation\",\"name\":\"ProfilerStep#4\",\"pid\":0,\"tid\":7,\"ts\":150,\"dur\":50,\"args\":{\"External id\":12}},\n"
+    " {\"ph\":\"X\",\"cat\":\"gpu_user_annotation\",\"name\":\"ProfilerStep#4\",\"pid\":0,\"tid\":31,\"ts\":163,\"dur\":5,\"args\":{\"External id\":12}}\n"
+    "]}";
+
+static void test_steps_graph_streams(void **state) {
+    (void)state;
+    fm_trace *t = open_doc(k_graph_streams, NULL);
+    fm_trace_step_info si;
+    assert_int_equal(fm_trace_step_summary(t, -1, &si), FM_OK);
+    assert_int_equal(si.n_steps, 2);
+    assert_non_null(strstr(si.method, "GPU timeline"));
+    assert_int_equal(si.outside_events, 0);
+    assert_float_equal(fm_trace_category_ms(t, -1, "attention"), 0.010, 1e-12);
+    assert_float_equal(fm_trace_category_ms(t, -1, "moe_gemm"), 0.015, 1e-12);
+    assert_float_equal(fm_trace_category_ms(t, -1, "glue"), 0.010, 1e-12);
+    assert_float_equal(si.wall_ms, 0.050, 1e-12);
+    assert_float_equal(si.busy_ms, 0.030, 1e-12);
+    fm_trace_free(t);
+
+    /* without External ids: overlapping spans of one step fold, two steps of
+     * the same name (SGLang's bs) that follow each other stay two */
+    const char *doc =
+        "[\n"
+        " {\"ph\":\"X\",\"cat\":\"gpu_user_annotation\",\"name\":\"step[DECODE bs=8]\",\"pid\":0,\"tid\":7,\"ts\":0,\"dur\":100},\n"
+        " {\"ph\":\"X\",\"cat\":\"gpu_user_annotation\",\"name\":\"step[DECODE bs=8]\",\"pid\":0,\"tid\":9,\"ts\":20,\"dur\":10},\n"
+        " {\"ph\":\"X\",\"cat\":\"gpu_user_annotation\",\"name\":\"step[DECODE bs=8]\",\"pid\":0,\"tid\":7,\"ts\":100,\"dur\":100},\n"
+        " {\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"fused_moe_kernel\",\"pid\":0,\"tid\":7,\"ts\":10,\"dur\":10},\n"
+        " {\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"fused_moe_kernel\",\"pid\":0,\"tid\":9,\"ts\":20,\"dur\":10},\n"
+        " {\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"fused_moe_kernel\",\"pid\":0,\"tid\":7,\"ts\":50,\"dur\":10},\n"
+        " {\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"fused_moe_kernel\",\"pid\":0,\"tid\":7,\"ts\":150,\"dur\":30}\n"
+        "]";
+    t = open_doc(doc, NULL);
+    assert_int_equal(fm_trace_step_summary(t, -1, &si), FM_OK);
+    assert_int_equal(si.n_steps, 2);
+    assert_int_equal(si.outside_events, 0);
+    assert_float_equal(fm_trace_category_ms(t, -1, "moe_gemm"), 0.030, 1e-12);
+    fm_trace_free(t);
+}
+
 static void test_steps_marker(void **state) {
     (void)state;
     const char *doc =
@@ -651,6 +711,7 @@ int main(void) {
         cmocka_unit_test(test_user_rules),
         cmocka_unit_test(test_steps_correlation),
         cmocka_unit_test(test_steps_gpu_and_sglang),
+        cmocka_unit_test(test_steps_graph_streams),
         cmocka_unit_test(test_steps_marker),
         cmocka_unit_test(test_begin_end_and_escapes),
         cmocka_unit_test(test_chunk_boundaries),

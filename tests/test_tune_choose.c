@@ -124,6 +124,120 @@ static void test_default_when_nothing(void **state) {
     assert_int_equal(fm_tune_choose(&bad, 1, &c), FM_E_ARG);
 }
 
+/* No file for the shape: the nearest tuned shape of the same GPU, SM count
+ * and format lends its choice, at the batch of equal tokens per expert;
+ * nothing near enough, or nothing of this GPU, keeps the default and says
+ * which case it is. */
+static void test_nearest_shape(void **state) {
+    dirs *d = *state;
+    const fm_tune_key k = fm_test_key_h200(); /* E256 H4096 I2048 k6 */
+    const int bs[] = {1, 4, 16, 64};
+    assert_true(fabs(fm_tune_shape_distance(256, 4096, 2048, 6, 256, 4096, 2048, 6)) < 1e-12);
+    assert_true(fabs(fm_tune_shape_distance(256, 4096, 2048, 6, 256, 2048, 2048, 6) - 4) < 1e-12);
+    assert_true(fabs(fm_tune_shape_distance(256, 4096, 2048, 6, 256, 4096, 1024, 6) - 2) < 1e-12);
+    assert_true(fabs(fm_tune_shape_distance(256, 4096, 2048, 6, 128, 4096, 2048, 6) - 1) < 1e-12);
+    fm_tune_key a = k, b = k, c = k, far = k, other_gpu = k, other_sm = k;
+    a.I = 1024;                 /* distance 2 */
+    b.E = 128; b.k = 8;         /* distance 1 + log2(8/6) = 1.415 */
+    c.H = 2048;                 /* distance 4 */
+    far.H = 512;                /* distance 12 */
+    snprintf(other_gpu.gpu_name, sizeof other_gpu.gpu_name, "NVIDIA H100 80GB HBM3");
+    other_sm.sm_count = 114;
+    /* only files of another GPU and of another SM count: nothing to borrow */
+    write_cfg(d->a, &other_gpu, bs, 4, 90, other_gpu.sm_count);
+    write_cfg(d->a, &other_sm, bs, 4, 91, other_sm.sm_count);
+    fm_tune_cache_clear();
+    fm_tune_choice ch;
+    char line[1024];
+    assert_int_equal(fm_tune_choose(&k, 16, &ch), FM_OK);
+    assert_int_equal(ch.tuned, 0);
+    assert_int_equal(ch.nearest, 0);
+    assert_int_equal(ch.no_gpu_files, 1);
+    assert_string_equal(ch.source, "built-in default");
+    fm_tune_provenance_line(&k, 16, &ch, line, sizeof line);
+    assert_non_null(strstr(line, "no tuned config file of this GPU and format at all"));
+
+    write_cfg(d->c, &a, bs, 4, 11, a.sm_count);
+    write_cfg(d->b, &b, bs, 4, 22, b.sm_count);
+    write_cfg(d->a, &c, bs, 4, 33, c.sm_count);
+    fm_tune_cache_clear();
+    assert_int_equal(fm_tune_choose(&k, 16, &ch), FM_OK);
+    assert_int_equal(ch.tuned, 0);
+    assert_int_equal(ch.nearest, 1);
+    assert_int_equal(ch.cfg.rows_per_block, 22);
+    assert_int_equal(ch.nearest_E, 128);
+    assert_int_equal(ch.nearest_k, 8);
+    /* 16 tokens x 6 / 256 = 0.375 per expert here: 6 tokens at E=128, k=8 */
+    assert_int_equal(ch.nearest_batch, 6);
+    assert_int_equal(ch.bucket, 4);
+    assert_true(fabs(ch.nearest_distance - (1 + log2(8.0 / 6.0))) < 1e-9);
+    char nb[256];
+    assert_int_equal(fm_tune_key_filename(&b, nb, sizeof nb), FM_OK);
+    assert_non_null(strstr(ch.source, d->b));
+    assert_non_null(strstr(ch.source, nb));
+    fm_tune_provenance_line(&k, 16, &ch, line, sizeof line);
+    assert_ptr_equal(strstr(line, "WARNING: no tuned config for NVIDIA H200 (132 SMs) nvfp4 E=256 H=4096 I=2048 k=6; "
+                                  "borrowing the nearest tuned shape's choice: E=128 H=4096 I=2048 k=8"),
+                     line);
+    assert_non_null(strstr(line, nb));
+    char *js = fm_tune_choice_to_json(&k, 16, &ch);
+    assert_non_null(js);
+    assert_non_null(strstr(js, "\"nearest\":{\"E\":128"));
+    free(js);
+    /* the explanation says where the choice came from */
+    fm_model_desc md;
+    assert_int_equal(fm_preset_desc("deepseek-v4-flash", FM_QF_NVFP4, &md), FM_OK);
+    const int eb[] = {16};
+    fm_explain_opts eo = {.desc = &md, .model_label = "--preset deepseek-v4-flash", .fmt = FM_QF_NVFP4,
+                          .batches = eb, .n_batches = 1, .gpu = "NVIDIA H200"};
+    char *text = NULL;
+    assert_int_equal(fm_explain(&eo, &text), FM_OK);
+    assert_non_null(strstr(text, "borrowed from the nearest tuned shape"));
+    assert_non_null(strstr(text, nb));
+    free(text);
+
+    /* without it the next nearest; equal distances go to the earlier directory */
+    rm_cfg(d->b, &b);
+    fm_tune_cache_clear();
+    assert_int_equal(fm_tune_choose(&k, 16, &ch), FM_OK);
+    assert_int_equal(ch.nearest, 1);
+    assert_int_equal(ch.cfg.rows_per_block, 11);
+    fm_tune_key a2 = k;
+    a2.I = 4096; /* distance 2 as well, in $FP4MOE_CONFIG_DIR (searched first) */
+    write_cfg(d->a, &a2, bs, 4, 44, a2.sm_count);
+    fm_tune_cache_clear();
+    assert_int_equal(fm_tune_choose(&k, 16, &ch), FM_OK);
+    assert_int_equal(ch.cfg.rows_per_block, 44);
+    /* a malformed nearest file is passed over for the next one */
+    write_raw(d->a, &a2, "{ not json");
+    fm_tune_cache_clear();
+    assert_int_equal(fm_tune_choose(&k, 16, &ch), FM_OK);
+    assert_int_equal(ch.cfg.rows_per_block, 11);
+
+    /* too far: the default, and the line says which shape was too far */
+    rm_cfg(d->a, &a2);
+    rm_cfg(d->c, &a);
+    rm_cfg(d->a, &c);
+    write_cfg(d->a, &far, bs, 4, 55, far.sm_count);
+    fm_tune_cache_clear();
+    assert_int_equal(fm_tune_choose(&k, 16, &ch), FM_OK);
+    assert_int_equal(ch.nearest, 0);
+    assert_int_equal(ch.nearest_too_far, 1);
+    assert_int_equal(ch.no_gpu_files, 0);
+    fm_kernel_config def = fm_kernel_config_default(&k, 16);
+    assert_memory_equal(&ch.cfg, &def, sizeof def);
+    fm_tune_provenance_line(&k, 16, &ch, line, sizeof line);
+    assert_non_null(strstr(line, "E=256 H=512 I=2048 k=6, is too far to borrow from: distance 12.00 > 8"));
+
+    /* a file of the very shape wins over any neighbour */
+    write_cfg(d->c, &k, bs, 4, 66, k.sm_count);
+    fm_tune_cache_clear();
+    assert_int_equal(fm_tune_choose(&k, 16, &ch), FM_OK);
+    assert_int_equal(ch.tuned, 1);
+    assert_int_equal(ch.nearest, 0);
+    assert_int_equal(ch.cfg.rows_per_block, 66);
+}
+
 static void test_lookup_order(void **state) {
     dirs *d = *state;
     fm_tune_key k = fm_test_key_h200();
@@ -666,6 +780,7 @@ int main(int argc, char **argv) {
     snprintf(g_argv0, sizeof g_argv0, "%s", argv[0]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_default_when_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_nearest_shape, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lookup_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unset_dirs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_other_sm_file_named, setup, teardown),

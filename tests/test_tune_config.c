@@ -430,6 +430,20 @@ static void test_gpu_table(void **st) {
     assert_int_equal(fm_gpu_lookup("RTX 4090")->sm_count, 128);
     assert_int_equal(fm_gpu_lookup("RTX PRO 6000")->sm_count, 188);
     assert_int_equal(fm_gpu_lookup("B200")->sm_count, 148);
+    assert_int_equal(fm_gpu_lookup("B200")->cc, 100);
+    assert_int_equal(fm_gpu_lookup("RTX 5090")->sm_count, 170);
+    assert_int_equal(fm_gpu_lookup("RTX 5090")->cc, 120);
+    /* the three RTX PRO 6000 boards are three CUDA names (three config keys) */
+    const fm_gpu_info *ws = fm_gpu_lookup("NVIDIA RTX PRO 6000 Blackwell Workstation Edition");
+    const fm_gpu_info *se = fm_gpu_lookup("NVIDIA RTX PRO 6000 Blackwell Server Edition");
+    const fm_gpu_info *mq = fm_gpu_lookup("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition");
+    assert_non_null(ws);
+    assert_non_null(se);
+    assert_non_null(mq);
+    assert_true(ws != se && se != mq && ws != mq);
+    assert_ptr_equal(fm_gpu_lookup("RTX PRO 6000"), ws);
+    assert_ptr_equal(fm_gpu_lookup("RTX PRO 6000 Server"), se);
+    assert_true(se->bandwidth_gbs < ws->bandwidth_gbs && mq->power_w < ws->power_w);
     assert_null(fm_gpu_lookup("H2000"));
     assert_null(fm_gpu_lookup(""));
     assert_null(fm_gpu_lookup(NULL));
@@ -437,6 +451,9 @@ static void test_gpu_table(void **st) {
         const fm_gpu_info *x = fm_gpu_at(i);
         assert_ptr_equal(fm_gpu_lookup(x->name), x);
         assert_true(x->bandwidth_gbs > 0 && x->l2_mb > 0 && x->sm_count > 0);
+        assert_true(x->memory_gb > 0 && x->power_w > 0 && x->cc >= 80);
+        /* Blackwell (sm_100 and later) and only it has FP4 tensor cores */
+        assert_int_equal(x->fp4_tensor_cores, x->cc >= 100);
     }
     assert_null(fm_gpu_at(fm_gpu_count()));
 }

@@ -8,6 +8,9 @@
 #   bash dev/gpu/python.sh [run]   on the GPU machine, from a checkout that
 #                                  has .devbuild/bin and .devbuild/lib: the
 #                                  checks, then the B = 1 benchmark table
+#                                  and the per-call timing
+#   bash dev/gpu/python.sh percall on the GPU machine: only the eager vs
+#                                  CUDA-graph µs per call of the ops
 # The log goes to $OUT/python_tests.log (default ./gpu_out).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,7 +29,7 @@ build)
     strip --strip-unneeded .devbuild/bin/fp4moe .devbuild/lib/libfp4moe.so 2>/dev/null || true
     du -sh .devbuild/bin .devbuild/lib
     ;;
-run)
+run|percall)
     OUT=${OUT:-./gpu_out}
     mkdir -p "$OUT"
     for f in .devbuild/lib/libfp4moe.so .devbuild/bin/fp4moe; do
@@ -34,11 +37,13 @@ run)
     done
     export LD_LIBRARY_PATH="$PWD/.devbuild/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export FP4MOE_LIBRARY="$PWD/.devbuild/lib/libfp4moe.so" FM_CLI="$PWD/.devbuild/bin/fp4moe" PYTHONUNBUFFERED=1
-    python3 dev/gpu/python_tests.py 2>&1 | tee "$OUT/python_tests.log"
+    args=()
+    [ "$mode" = percall ] && args=(--per-call)
+    python3 dev/gpu/python_tests.py "${args[@]}" 2>&1 | tee "$OUT/python_tests.log"
     exit "${PIPESTATUS[0]}"
     ;;
 *)
-    echo "usage: bash dev/gpu/python.sh [build|run]" >&2
+    echo "usage: bash dev/gpu/python.sh [build|run|percall]" >&2
     exit 2
     ;;
 esac

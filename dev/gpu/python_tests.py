@@ -22,7 +22,9 @@ Checks, each printed as it runs, then a summary and the benchmark table last:
 Benchmark: DeepSeek-V4-Flash at B = 1, 8 layers of seeded random weights
 (the ones `fp4moe bench` builds), the op called 8 times inside one CUDA graph,
 against `fp4moe bench --device cuda --preset deepseek-v4-flash --batch 1
---layers 8` (µs per layer, median of replays).
+--layers 8` (µs per layer, median of replays); then the per-call timing
+(per_call: eager µs per call of each op and of the C call, against a graph
+replay; `--per-call` runs it alone).
 
 Environment: FP4MOE_LIBRARY (libfp4moe.so with CUDA), FM_CLI (the fp4moe
 CLI). Exit 0 when every check passed, 1 otherwise, 77 without torch or GPU.
@@ -54,6 +56,8 @@ REF_ONLY = "--reference-only" in sys.argv[1:]
 # apply (graphs, the C path and the benchmark need the GPU), to try the
 # script itself where there is no GPU
 DRY = "--cpu-dry-run" in sys.argv[1:]
+# --per-call: only the eager / graph per-call timing (per_call)
+PER_CALL = "--per-call" in sys.argv[1:]
 if not REF_ONLY and not DRY and not torch.cuda.is_available():
     print("SKIPPED: torch sees no CUDA device")
     sys.exit(77)
@@ -492,6 +496,92 @@ def bench(tmp, preset="deepseek-v4-flash", n_layers=8, reps=50):
     return rows, c_us, op_us
 
 
+def per_call(n=2000):
+    """Eager µs per call of the torch ops (and of the C entry point through
+    ctypes) against the same call replayed in a CUDA graph, B = 1, one layer:
+    DeepSeek-V4-Flash (the GPU work is ~40 µs, so eager shows whether the
+    host keeps ahead of it) and tiny-deepseek (a few µs of GPU work: eager is
+    the host's cost per call). "issue" is the host's time to queue n calls
+    (before the synchronization), "eager" the wall time of n calls and the
+    synchronization, "graph" a replay of a one-call graph, all per call."""
+    rows = []
+    L = _lib.lib()
+    for preset in ("deepseek-v4-flash", "tiny-deepseek"):
+        desc = _lib.ModelDesc()
+        _lib.call("fm_preset_desc", preset.encode(), 0, ctypes.byref(desc))
+        li = moe_layers(desc, 1)[0]
+        m = fp4moe.MoE.random(preset, li, device="cuda", max_tokens=64, seed=1)
+        g = torch.Generator().manual_seed(2)
+        x = torch.randn(1, m.hidden, generator=g).to(DEV).to(torch.bfloat16)
+        ids, w = random_routing(1, m.n_experts, m.topk, g, neg=False)
+        ids, w = ids.to(torch.int32).to(DEV), w.to(torch.float32).to(DEV)
+        tok = torch.zeros(1, dtype=torch.int32, device=DEV)
+        out = torch.empty(1, m.hidden, dtype=torch.float32, device=DEV)
+        stream = torch.cuda.current_stream().cuda_stream
+        c_exp = L.fm_cuda_experts
+
+        def c_call():
+            c_exp(m._cuda, m._clayer, x.data_ptr(), _lib.DT["BF16"], 1, ids.data_ptr(), w.data_ptr(), 0,
+                  out.data_ptr(), stream)
+
+        calls = [("fp4moe::experts op", lambda: m.experts(x, ids, w, include_shared=False, check=False)),
+                 ("fp4moe::moe op", lambda: m(x, token_ids=tok if m.needs_token_ids else None, check=False)),
+                 ("fm_cuda_experts (C, ctypes)", c_call)]
+        print(m.describe(1))
+        for name, f in calls:
+            for _ in range(20):
+                f()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                f()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            issue_us, eager_us = (t1 - t0) * 1e6 / n, (t2 - t0) * 1e6 / n
+            gr = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                f()
+            torch.cuda.current_stream().wait_stream(side)
+            if name.startswith("fm_cuda"):
+                with torch.cuda.graph(gr):
+                    stream = torch.cuda.current_stream().cuda_stream
+                    c_call()
+                stream = torch.cuda.current_stream().cuda_stream
+            else:
+                with torch.cuda.graph(gr):
+                    f()
+            for _ in range(10):
+                gr.replay()
+            torch.cuda.synchronize()
+            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            ev0.record()
+            for _ in range(200):
+                gr.replay()
+            ev1.record()
+            ev1.synchronize()
+            graph_us = ev0.elapsed_time(ev1) * 1e3 / 200
+            rows.append((preset, name, issue_us, eager_us, graph_us))
+            print(f"{preset:<18} {name:<30} issue {issue_us:8.2f}  eager {eager_us:8.2f}  graph {graph_us:8.2f} us/call",
+                  flush=True)
+            del gr
+        m.close()
+    record("per-call timing ran", bool(rows) and all(r[3] == r[3] and r[3] > 0 for r in rows))
+    return rows
+
+
+def print_per_call(rows):
+    if not rows:
+        return
+    print("\nB = 1, one layer, us per call (issue: host time to queue the calls; eager: wall time per call; "
+          "graph: a one-call graph's replay)")
+    print(f"{'preset':<18} {'call':<30} {'issue':>9} {'eager':>9} {'graph':>9}")
+    for preset, name, a, b, c in rows:
+        print(f"{preset:<18} {name:<30} {a:9.2f} {b:9.2f} {c:9.2f}")
+
+
 def _find_us(doc):
     """us_per_layer of the first batch row in `fp4moe bench --json`."""
     stack = [doc]
@@ -515,6 +605,16 @@ def main():
             return summary([])
     fp4moe.register_torch_ops()
     rows = []
+    if PER_CALL:
+        pc = []
+        try:
+            pc = per_call()
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            record("per-call timing ran", False, f"{type(e).__name__}: {e}")
+        r = summary([])
+        print_per_call(pc)
+        return r
     with tempfile.TemporaryDirectory() as tmp:
         for preset, fmt in (("tiny-deepseek", "nvfp4"), ("tiny-gptoss", "mxfp4")):
             check_reference(tmp, preset, fmt, 1, 5)
@@ -537,7 +637,15 @@ def main():
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             record("benchmark ran", False, f"{type(e).__name__}: {e}")
-    return summary(rows)
+        pc = []
+        try:
+            pc = per_call()
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            record("per-call timing ran", False, f"{type(e).__name__}: {e}")
+    r = summary(rows)
+    print_per_call(pc)
+    return r
 
 
 def summary(rows):

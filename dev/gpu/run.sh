@@ -54,6 +54,15 @@ if has test; then
     grep -E "^# tiny-deepseek-v4|clamped vs|^\[ *(PASSED|FAILED|  FAILED|  PASSED)" "$OUT/test_cuda.log" | tail -n 12
     tail -n 8 "$OUT/test_cuda.log"
     echo "test_cuda exit $rc" | tee -a "$SUMMARY"
+    # the device-side repack of engine tensors (byte-identical to the host
+    # path) and the calls' config table; the tensors round trip on the GPU
+    for t in test_cuda_repack test_tensors; do
+        [ -x "$BIN/$t" ] || continue
+        (cd "$OUT" && timeout "${TEST_TIMEOUT:-120}" "$BIN/$t") > "$OUT/$t.log" 2>&1
+        rc=$?
+        grep -E "^# |^\[ *(PASSED|FAILED|  FAILED|  SKIPPED)" "$OUT/$t.log" | tail -n 24
+        echo "$t exit $rc" | tee -a "$SUMMARY"
+    done
     if [[ $QUICK == 0 ]]; then run_sanitizers; fi
 fi
 

@@ -83,6 +83,16 @@ double fm_cuda_sustained_read(fm_cuda_engine *e, size_t bytes, double seconds);
  * for the largest T (fm_cuda_engine_reserve); a larger T fails with
  * FM_E_RANGE. One call at a time per engine: calls share its workspace. */
 fm_status fm_cuda_engine_reserve(fm_cuda_engine *e, const fm_cuda_layer *l, int max_T);
+/* The kernel config those calls run at T tokens: cfg, the kernels' names and
+ * where the config came from (the tuned file, "built-in default", or "set
+ * by caller"). Each layer keeps a table of them by batch, looked up once for
+ * every T up to max_T by fm_cuda_engine_reserve (or by the layer's first
+ * call, or the first after fm_cuda_engine_set_config), so a call makes no
+ * config lookup, file access or allocation; a tuned-config file edited
+ * later takes effect for layers made or reserved afterwards. Any of cfg,
+ * kernel, source may be NULL. */
+fm_status fm_cuda_layer_call_config(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kernel_config *cfg,
+                                    char *kernel, size_t kernel_cap, char *source, size_t source_cap);
 /* Routing included: out [T][H] F32; topk_ids / topk_weights [T][k] (may be
  * NULL); token_ids [T] for hash-routed layers (else NULL). */
 fm_status fm_cuda_moe(fm_cuda_engine *e, const fm_cuda_layer *l, const void *x, fm_dtype xdt, int T,

@@ -162,6 +162,89 @@ fm_status fm_dist_run(const fm_dist_opts *o, fm_device dev, int mpi, fm_cpu_engi
                       const fm_moe_layer *l, const void *x, fm_dtype xdt, int T, const int32_t *token_ids,
                       fm_moe_out *out, fm_dist_stats *st);
 
+/* One rank's share of the layer, run on one device (`--shard`): what rank
+ * `rank` of a `ranks`-way split computes. TP: the I/R slice of every expert
+ * (and of the shared expert) with the full router. EP: experts
+ * [rank*E/R, (rank+1)*E/R) on the pairs the full routing sends to them
+ * (pre-routed call), the shared expert on the rank's token chunk (as the
+ * sharded layer places it: replicated, data-parallel). */
+typedef struct fm_shard { /* tagged: tune.h's explain options point to it */
+    fm_dist_mode mode;  /* 0: no shard                                      */
+    int ranks, rank;
+} fm_shard;
+/* "tp:R", "tp:R/r" (r defaults to 0) or "ep:R/r" (r required); 0 <= r < R
+ * <= FM_DIST_MAX_RANKS. FM_E_ARG naming the problem. */
+fm_status fm_shard_parse(const char *s, fm_shard *out);
+/* Checks that the model splits so (fm_dist_check's rules: R divides I into
+ * multiples of fmt's block, and the shared width, for TP; R divides E for
+ * EP) and writes the rank's shape into *out: TP moe_inter I/R and
+ * shared_inter SI/R; EP n_experts E/R, topk min(k, E/R), the whole shared
+ * expert (replicated; the rank runs it on its token chunk only), routing
+ * fields of a plain softmax (the rank is pre-routed by the full router).
+ * fmt FM_QF_NONE: the model's own. */
+fm_status fm_shard_desc(const fm_model_desc *d, fm_qformat fmt, const fm_shard *sh, fm_model_desc *out);
+/* "tp 8 rank 0 (I 256 of 2048)" / "ep 8 rank 3 (experts 96..127 of 256)". */
+void fm_shard_describe(const fm_shard *sh, const fm_model_desc *full, char *buf, size_t cap);
+/* EP: tokens [t0, t0+n) of the rank's chunk of T (C = ceil(T/R)), the
+ * tokens whose shared expert the rank computes. */
+void fm_shard_token_chunk(const fm_shard *sh, int T, int *t0, int *n);
+
+/* TP: the slice of rank sh of the whole layer *full (d its description)
+ * as a layer of its own, freed by fm_moe_layer_free; it takes *full over
+ * (zero-copy: the matrices are full's; *full is NULL afterwards). dv (may
+ * be NULL) receives the slice's description. */
+fm_status fm_shard_tp_layer(const fm_model_desc *d, fm_moe_layer **full, const fm_shard *sh, fm_model_desc *dv,
+                            fm_moe_layer **out);
+/* What each rank of the split does in one step of a routing: (token,
+ * routed expert) pairs, routed experts with >= 1 token, and the weight bytes
+ * it reads (its active experts -- TP: their slices -- plus the shared
+ * expert as placed: TP its slice, EP whole on ranks with a non-empty token
+ * chunk). The router ([E, H] F32 on the CPU path, read by every rank:
+ * routing is replicated) is not in bytes; router_bytes says how much it is.
+ * max_rank: the most loaded rank (most bytes, then most pairs, then the
+ * lowest index), the one the step waits for. */
+typedef struct {
+    int ranks, max_rank;
+    int64_t pairs[FM_DIST_MAX_RANKS];
+    int active[FM_DIST_MAX_RANKS];
+    int64_t bytes[FM_DIST_MAX_RANKS];
+    int64_t router_bytes;
+} fm_shard_load;
+/* ids [T][k] of the full routing (k = full->topk; ids < 0 ignored). */
+fm_status fm_shard_load_of(const fm_model_desc *full, fm_qformat fmt, const fm_shard *sh, const int32_t *ids, int T,
+                           fm_shard_load *out);
+/* Rank sh's output of the whole layer l (d its description) through the
+ * CPU engine: its partial sum, so that the R ranks' outputs add up to the
+ * layer's. TP: fm_cpu_forward of the slice (fm_dist_tp_view). EP: the full
+ * routing (fm_route), then fm_cpu_experts on the rank's experts with the
+ * pairs they own, plus the shared expert on the rank's token chunk. out
+ * F32 [T, H]; ids / weights [T][k] (may be NULL) receive the full routing;
+ * load (may be NULL) that routing's fm_shard_load_of. */
+fm_status fm_shard_forward_cpu(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_layer *l, const fm_shard *sh,
+                               const void *x, fm_dtype xdt, int T, const int32_t *token_ids, float *out,
+                               int32_t *ids, float *weights, fm_shard_load *load);
+/* EP: ids [T][k] of the full routing (and weights) to the rank's view of
+ * kl = min(k, E/R) slots: its experts' ids made local (id - r*E/R), packed
+ * to the front of each row, the rest -1 with weight 0. Returns the pairs. */
+int64_t fm_shard_local_ids(const fm_shard *sh, int E, int k, int T, const int32_t *ids, const float *w,
+                           int kl, int32_t *lids, float *lw);
+
+/* The rank's share of fm_cuda_layer_random's layer (d is the full model),
+ * generated on the GPU with the full layer's values: TP the slice with the
+ * full router; EP the rank's experts without a router (fm_cuda_experts
+ * runs it, with ids local to the rank). */
+fm_status fm_cuda_layer_random_shard(fm_cuda_engine *e, const fm_model_desc *d, fm_qformat fmt, uint64_t seed,
+                                     int layer, const fm_shard *sh, fm_cuda_layer **out);
+
+/* An EP rank's step on the GPU, timed: per layer the pre-routed experts
+ * call (fm_cuda_experts) on x [T, H] F32 with ids / w [n_layers][T][k]
+ * local to the rank (fm_shard_local_ids), then the shared expert alone on
+ * tokens [t0, t0+n_chunk), in one CUDA graph; median, min and max us per
+ * layer over reps replays after three warm-up replays. Host buffers in. */
+fm_status fm_cuda_bench_ep_rank(fm_cuda_engine *e, fm_cuda_layer *const *layers, int n_layers, int T,
+                                const float *x, const int32_t *ids, const float *w, int t0, int n_chunk, int reps,
+                                double *us_med, double *us_min, double *us_max);
+
 /* reps steps at batch T with seeded random activations. */
 fm_status fm_dist_bench(fm_dist *ds, int T, uint64_t seed, int reps,
                         fm_dist_bench_result *r);

@@ -252,6 +252,8 @@ typedef struct {
     double read_power_s;      /* seconds of the sustained streaming read for
                                  the power baseline (GPU with NVML; 0: none) */
     FILE *progress;           /* progress lines (NULL: none)                */
+    const struct fm_shard *shard; /* TP: one rank's slices (parallel.h); NULL:
+                                 the whole layer                            */
 } fm_prof_opts;
 
 void fm_prof_opts_default(fm_prof_opts *o);

@@ -64,6 +64,16 @@ typedef struct fm_bench_report {
     int n_batches;            /* batch sizes asked for: rows[i].T and .decision */
     int n_rows;               /* batch sizes measured so far                   */
     fm_bench_row rows[FM_BENCH_MAX_BATCH];
+    /* one rank's share (opts.shard): desc above is the rank's shape       */
+    fm_shard shard;           /* mode 0: none                                  */
+    fm_model_desc full_desc;  /* the whole model                               */
+    char shard_desc[192];     /* fm_shard_describe                             */
+    /* EP: per batch size the load of every rank under the measured routing,
+     * summed over the layers cycled (divide by layers for one layer), and
+     * the most loaded rank's us per layer (its own timing; -1 when it is
+     * this rank) */
+    fm_shard_load shard_load[FM_BENCH_MAX_BATCH];
+    double shard_max_us[FM_BENCH_MAX_BATCH];
     /* sharded runs only */
     char dist_desc[512];      /* fm_dist_describe                              */
     fm_dist_bench_result dist_rows[FM_BENCH_MAX_BATCH];
@@ -86,6 +96,9 @@ typedef struct {
     uint64_t seed;
     const fm_dist_opts *dist; /* non-NULL: the sharded layer                   */
     int dist_mpi;             /* one GPU per MPI process                       */
+    /* non-NULL with a mode: one rank's share on this one device (fm_shard);
+     * excludes dist */
+    const fm_shard *shard;
     /* Progress of each long operation (may be NULL); every operation ends
      * with a call at frac 1. */
     fm_progress_fn progress;

@@ -31,7 +31,32 @@ typedef struct {
     /* Files that were found but ignored (malformed, other SM count, ...),
      * one per line; "" if none. Callers print these on stderr. */
     char warnings[2048];
+    /* 1: no config file names this GPU, for any shape (untuned only): its
+     * defaults were set on other GPUs (the provenance line says so). */
+    int never_measured;
+    /* No file for this shape, tuned = 0: nearest = 1 when the choice is
+     * borrowed from the nearest tuned shape of the same GPU and format
+     * (fm_tune_shape_distance; source is that file): its shape, the
+     * distance and its batch of equal tokens per expert. nearest = 0 and
+     * tuned = 0: the built-in default; no_gpu_files says no tuned file of
+     * this GPU and format exists at all. */
+    int nearest;
+    int nearest_E, nearest_H, nearest_I, nearest_k, nearest_batch;
+    double nearest_distance;
+    int no_gpu_files;
+    int nearest_too_far; /* the nearest shape (nearest_*) is farther than
+                            FM_TUNE_NEAREST_MAX: the built-in default ran */
 } fm_tune_choice;
+/* Beyond this distance a shape's choice is not borrowed (H 2x off, I 2x
+ * off and E 4x off make 8). */
+#define FM_TUNE_NEAREST_MAX 8.0
+
+/* Distance between two shapes, for borrowing a tuned config:
+ *   4*|log2(H/H')| + 2*|log2(I/I')| + |log2(E/E')| + |log2(k/k')|
+ * (0: the same shape). H and I are the K dimensions of the expert GEMVs,
+ * which the kernel parameters follow most; E and k mostly move the tokens
+ * per expert, which the borrowed batch is matched on. */
+double fm_tune_shape_distance(int E, int H, int I, int k, int E2, int H2, int I2, int k2);
 
 /* Lookup (fm_tune_search_dirs): $FP4MOE_CONFIG_DIR, the user cache, the
  * shipped configs, then the copies of them built into the library; nearest
@@ -113,6 +138,8 @@ typedef struct {
     double l2_mb;           /* L2 cache, MB                                */
     int cc;                 /* compute capability, e.g. 90                 */
     int fp4_tensor_cores;   /* 1 on Blackwell                              */
+    double memory_gb;       /* device memory, GB                           */
+    int power_w;            /* board power (TDP / TGP), W                  */
 } fm_gpu_info;
 size_t fm_gpu_count(void);
 const fm_gpu_info *fm_gpu_at(size_t i);
@@ -130,6 +157,9 @@ typedef struct {
     int json;                 /* 1: one JSON document instead of text          */
     char *warnings;           /* optional: receives the ignored-file lines     */
     size_t warnings_cap;
+    /* optional: one rank's share of desc (fm_shard, parallel.h): the shape,
+     * key and bytes are the rank's */
+    const struct fm_shard *shard;
 } fm_explain_opts;
 
 /* One directory of the config lookup, as fm_tune_choose saw it. */
@@ -180,6 +210,9 @@ typedef struct {
     char config_file[512];         /* the key's config file name               */
     int has_schedule;              /* the compute capability is known          */
     char warnings[4096];           /* ignored config files, one a line, each once */
+    int shard_mode, shard_ranks, shard_rank; /* the shard (mode 0: none)   */
+    char shard_desc[192];          /* fm_shard_describe                        */
+    fm_model_desc full_desc;       /* the whole model (desc is the rank's)     */
     int n_batches;
     fm_explain_batch *batches;
 } fm_explanation;

@@ -108,7 +108,10 @@ class TuneKey(Structure):
 class TuneChoice(Structure):
     _fields_ = [("cfg", KernelConfig), ("tuned", c_int), ("bucket", c_int), ("source", c_char * 512),
                 ("reason", c_char * 2048), ("tuned_us", c_double), ("default_us", c_double), ("date", c_char * 32),
-                ("version", c_char * 32), ("warnings", c_char * 2048), ("_spare", c_char * 4096)]
+                ("version", c_char * 32), ("warnings", c_char * 2048), ("never_measured", c_int), ("nearest", c_int),
+                ("nearest_E", c_int), ("nearest_H", c_int), ("nearest_I", c_int), ("nearest_k", c_int),
+                ("nearest_batch", c_int), ("nearest_distance", c_double), ("no_gpu_files", c_int),
+                ("nearest_too_far", c_int), ("_spare", c_char * 4096)]
 
 
 # ---------------------------------------------------------------- prototypes
@@ -148,6 +151,7 @@ _PROTOS = {
     "fm_cuda_moe": (c_int, [P, P, P, c_int, c_int, P, P, P, P, P]),
     "fm_cuda_experts": (c_int, [P, P, P, c_int, c_int, P, P, c_int, P, P]),
     "fm_cuda_layer_from_tensors": (c_int, [P, POINTER(ModelDesc), c_int, POINTER(LayerTensors), POINTER(P)]),
+    "fm_cuda_layer_call_config": (c_int, [P, P, c_int, POINTER(KernelConfig), c_char_p, c_size_t, c_char_p, c_size_t]),
     "fm_cuda_forward": (c_int, [P, POINTER(ModelDesc), P, P, c_int, c_int, P, POINTER(MoeOut)]),
     "fm_tune_choose": (c_int, [POINTER(TuneKey), c_int, POINTER(TuneChoice)]),
     "fm_tune_provenance_line": (None, [POINTER(TuneKey), c_int, POINTER(TuneChoice), c_char_p, c_size_t]),

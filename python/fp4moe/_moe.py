@@ -9,8 +9,8 @@ import weakref
 
 from . import _lib, _torch_ops
 from ._lib import (CPU_ISA, FM_E_ARG, FM_E_RANGE, LAYOUTS, QF, QF_NAME,
-                   ROUTE_DSV4, DT, Error, LayerTensors, ModelDesc, MoeLayerHead, MoeOut, TuneChoice, TuneKey,
-                   call, fn, lib)
+                   ROUTE_DSV4, DT, Error, KernelConfig, LayerTensors, ModelDesc, MoeLayerHead, MoeOut, TuneChoice,
+                   TuneKey, call, fn, lib)
 from ._tensors import device_of, fm_dtype_of, is_numpy, is_torch, torch_module, view
 
 # handle (the int the torch ops take) -> open layer
@@ -395,6 +395,23 @@ class MoE:
         fn("fm_tune_provenance_line")(ctypes.byref(key), int(tokens), ctypes.byref(ch), buf, len(buf))
         return buf.value.decode(errors="replace"), ch
 
+    def call_config(self, tokens=1):
+        """CUDA: what the ops run at `tokens` tokens, from the layer's table
+        of configs by batch (looked up once, when the layer was reserved for
+        max_tokens): {"kernel", "source", "params"}; None on the CPU engine or
+        a library without the table."""
+        self._live()
+        if self._kind == "cpu" or not _lib.has("fm_cuda_layer_call_config"):
+            return None
+        cfg = KernelConfig()
+        kern = ctypes.create_string_buffer(640)
+        src = ctypes.create_string_buffer(512)
+        call("fm_cuda_layer_call_config", self._cuda, self._clayer, int(tokens), ctypes.byref(cfg), kern, len(kern),
+             src, len(src))
+        params = {n: getattr(cfg, n) for n, _ in KernelConfig._fields_}
+        return {"kernel": kern.value.decode(errors="replace"), "source": src.value.decode(errors="replace"),
+                "params": params}
+
     def describe(self, tokens=1):
         """Which engine, kernel and (CUDA) kernel config runs at `tokens`
         tokens, in lines of text."""
@@ -407,7 +424,9 @@ class MoE:
         if self._kind == "cpu":
             return f"{head}\nengine: {L.fm_cpu_engine_describe(self._cpu).decode()}"
         line, _ = self._provenance(tokens)
-        return f"{head}\nengine: cuda:{self.device_index} {L.fm_cuda_engine_describe(self._cuda).decode()}\n{line}"
+        cc = self.call_config(tokens)
+        calls = f"\ncalls at {tokens} tokens run: {cc['kernel']}; config from {cc['source']}" if cc else ""
+        return f"{head}\nengine: cuda:{self.device_index} {L.fm_cuda_engine_describe(self._cuda).decode()}\n{line}{calls}"
 
     @property
     def kernel_info(self):
@@ -422,7 +441,7 @@ class MoE:
         return {"backend": "cuda", "device": self.device, "format": self.format,
                 "engine": L.fm_cuda_engine_describe(self._cuda).decode(), "provenance": line,
                 "config_source": ch.source.decode(errors="replace"), "tuned": bool(ch.tuned),
-                "warnings": ch.warnings.decode(errors="replace")}
+                "warnings": ch.warnings.decode(errors="replace"), "call_config": self.call_config(1)}
 
     def __repr__(self):
         if self._closed:

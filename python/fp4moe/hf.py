@@ -96,7 +96,9 @@ def quantize_nvfp4(w):
         raise ValueError(f"NVFP4 quantization needs [..., R, K] with K a multiple of 16, got {list(w.shape)}")
     w = w.float()
     amax = w.abs().amax(dim=(-2, -1))
-    s2 = amax / (6.0 * _E4M3_MAX)
+    # divided by a tensor on amax's device, not by a Python number: CUDA torch turns a
+    # division by a CPU scalar into a product with its rounded reciprocal (1 ulp off, 1 in 4)
+    s2 = amax / torch.full_like(amax, 6.0 * _E4M3_MAX)
     if bool(((amax > 0) & (s2 < 2.0 ** -126)).any()):
         raise ValueError("NVFP4 quantization: a matrix's amax is too small for a normal FP32 tensor scale")
     # an all-zero matrix: scale_2 = 1, every block scale 1.0 (ModelOpt would divide 0 by 0)

@@ -6,6 +6,7 @@
 #include "fp4moe.h"
 #include "cuda_env.h"
 #include "fp4_bits.h" /* FM_HD, the NVFP4 scale bits */
+#include "cfg_cache.h"
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -259,6 +260,7 @@ struct fm_cuda_engine {
     cudaEvent_t fork_ev, join_ev;
     int forced;
     fm_kernel_config cfg;
+    uint64_t cfg_gen;  /* bumped by fm_cuda_engine_set_config: the layers' config tables refill */
     fm_phase_times *pt;
     int shared_enabled;
     fm_sched sched;    /* the debugging switches (schedule.c, shared with `fp4moe explain`) */
@@ -302,6 +304,9 @@ struct fm_cuda_layer {
     int hash;
     int no_router; /* made from tensors without a router: only fm_cuda_experts runs */
     int64_t expert_bytes, shared_bytes;
+    /* kernel configs of the calls on caller-owned memory by batch (engine.cu);
+     * a cache that calls on a const layer fill, hence mutable */
+    mutable fm_cfg_cache cc;
 };
 
 /* layer.cu: a layer's device matrices, allocated and zeroed (weights come

@@ -132,6 +132,7 @@ fm_status fm_cuda_engine_set_config(fm_cuda_engine *e, const fm_kernel_config *c
         return fm_error(FM_E_ARG, "kernel config refused: %s", why);
     e->forced = cfg != NULL;
     if (cfg) e->cfg = *cfg;
+    e->cfg_gen++;
     return FM_OK;
 }
 void fm_cuda_engine_set_phase_times(fm_cuda_engine *e, fm_phase_times *pt) {
@@ -710,6 +711,68 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
 
 /* ------------------------------------------- calls on caller-owned memory */
 
+/* What a call on caller-owned memory launches with at one batch size: an
+ * entry of the layer's table (cfg_cache.h), resolved by choose_cfg. */
+typedef struct {
+    fm_kernel_config cfg;
+    fm_launch_cfg lc;
+    char src[512];
+} call_cfg;
+
+typedef struct {
+    fm_cuda_engine *e;
+    const fm_cuda_layer *l;
+} call_ctx;
+
+static void resolve_call_cfg(void *ctx, int T, void *entry) {
+    const call_ctx *c = (const call_ctx *)ctx;
+    call_cfg *cc = (call_cfg *)entry;
+    choose_cfg(c->e, c->l, T, &cc->cfg, &cc->lc, cc->src, sizeof cc->src);
+}
+
+/* The table of batches 1 .. cap for the engine's current config. */
+static fm_status fill_call_cfgs(fm_cuda_engine *e, const fm_cuda_layer *l, int cap) {
+    call_ctx ctx = {e, l};
+    return fm_cfg_cache_fill(&l->cc, cap, sizeof(call_cfg), e->cfg_gen, resolve_call_cfg, &ctx);
+}
+
+/* The launch config of a call at T tokens: the layer's table, filled by
+ * fm_cuda_engine_reserve (or here, once, for a layer that was not reserved
+ * with, or after fm_cuda_engine_set_config). */
+static const call_cfg *call_config(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_status *s) {
+    *s = FM_OK;
+    if (l->cc.cap < T || l->cc.gen != e->cfg_gen) {
+        int cap = e->ws_T > T ? e->ws_T : T;
+        if (l->cc.cap > cap) cap = l->cc.cap;
+        if ((*s = fill_call_cfgs(e, l, cap))) return NULL;
+    }
+    return (const call_cfg *)fm_cfg_cache_get(&l->cc, T);
+}
+
+long fm_cuda_layer_config_lookups(const fm_cuda_layer *l) { return l ? l->cc.resolves : 0; }
+
+fm_status fm_cuda_layer_call_config(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kernel_config *cfg,
+                                    char *kernel, size_t kernel_cap, char *source, size_t source_cap) {
+    if (!e || !l) return fm_error(FM_E_ARG, "fm_cuda_layer_call_config: NULL argument");
+    if (l->eng != e) return fm_error(FM_E_ARG, "fm_cuda_layer_call_config: the layer belongs to another engine");
+    if (T < 1 || T > (1 << 20)) return fm_error(FM_E_RANGE, "fm_cuda_layer_call_config: %d tokens", T);
+    call_cfg one;
+    const call_cfg *c = NULL;
+    if (T <= (l->cc.cap > e->ws_T ? l->cc.cap : e->ws_T)) {
+        fm_status s;
+        if (!(c = call_config(e, l, T, &s))) return s;
+    } else { /* beyond what a call can take: resolved alone, the table untouched */
+        memset(&one, 0, sizeof one);
+        choose_cfg(e, l, T, &one.cfg, &one.lc, one.src, sizeof one.src);
+        c = &one;
+    }
+    if (cfg) *cfg = c->cfg;
+    if (kernel && kernel_cap) fm_cuda_kernel_names(&c->lc, l->fmt == FM_QF_MXFP4, kernel, kernel_cap);
+    if (source && source_cap) snprintf(source, source_cap, "%s", c->src);
+    return FM_OK;
+}
+
+
 static int layer_hstride(const fm_cuda_layer *l) { return l->Ip > l->SIp ? l->Ip : l->SIp; }
 
 fm_status fm_cuda_engine_reserve(fm_cuda_engine *e, const fm_cuda_layer *l, int max_T) {
@@ -722,6 +785,8 @@ fm_status fm_cuda_engine_reserve(fm_cuda_engine *e, const fm_cuda_layer *l, int 
     /* the splitk path's buffers for its largest call, where it can run */
     if (!s && l->Ip <= FM_SPLITK_MAX_I && (!l->has_shared || l->SIp == l->Ip))
         s = sk_ensure(e, l, max_T < FM_SPLITK_MAX_T ? max_T : FM_SPLITK_MAX_T, FM_SPLITK_MAX_C, e->stream);
+    /* the configs of every batch up to max_T, looked up now rather than per call */
+    if (!s && (l->cc.cap < max_T || l->cc.gen != e->cfg_gen)) s = fill_call_cfgs(e, l, max_T);
     return s;
 }
 
@@ -758,14 +823,12 @@ fm_status fm_cuda_moe(fm_cuda_engine *e, const fm_cuda_layer *l, const void *x, 
                                   "(fm_cuda_experts) runs it", l->layer);
     if ((topk_ids == NULL) != (topk_weights == NULL))
         return fm_error(FM_E_ARG, "fm_cuda_moe: topk_ids and topk_weights go together (both or neither)");
+    const call_cfg *cc = call_config(e, l, T, &s);
+    if (!cc) return s;
     FM_CU(cudaSetDevice(e->device));
-    fm_kernel_config cfg;
-    fm_launch_cfg lc;
-    char src[512];
-    choose_cfg(e, l, T, &cfg, &lc, src, sizeof src);
     const layer_io io = {x,       xdt, l->hash ? token_ids : NULL, NULL, NULL, out, topk_ids ? topk_ids : e->ids,
                          topk_ids ? topk_weights : e->wts, NULL, e->shared_enabled};
-    return run_layer(e, l, T, &io, &lc, NULL, FM_ROUTE_PARTS_ALL, (cudaStream_t)stream);
+    return run_layer(e, l, T, &io, &cc->lc, NULL, FM_ROUTE_PARTS_ALL, (cudaStream_t)stream);
 }
 
 fm_status fm_cuda_experts(fm_cuda_engine *e, const fm_cuda_layer *l, const void *x, fm_dtype xdt, int T,
@@ -774,11 +837,9 @@ fm_status fm_cuda_experts(fm_cuda_engine *e, const fm_cuda_layer *l, const void 
     fm_status s = device_call_check(e, l, x, xdt, T, out, "fm_cuda_experts");
     if (s) return s;
     if (!topk_ids || !topk_weights) return fm_error(FM_E_ARG, "fm_cuda_experts: NULL topk_ids or topk_weights");
+    const call_cfg *cc = call_config(e, l, T, &s);
+    if (!cc) return s;
     FM_CU(cudaSetDevice(e->device));
-    fm_kernel_config cfg;
-    fm_launch_cfg lc;
-    char src[512];
-    choose_cfg(e, l, T, &cfg, &lc, src, sizeof src);
     const layer_io io = {x, xdt, NULL, topk_ids, topk_weights, out, e->ids, e->wts, NULL, include_shared != 0};
-    return run_layer(e, l, T, &io, &lc, NULL, FM_ROUTE_PARTS_ALL, (cudaStream_t)stream);
+    return run_layer(e, l, T, &io, &cc->lc, NULL, FM_ROUTE_PARTS_ALL, (cudaStream_t)stream);
 }

@@ -28,6 +28,16 @@ fm_status fm_cuda_layer_upload(fm_cuda_engine *e, const fm_model_desc *d, const 
 fm_status fm_cuda_layer_random(fm_cuda_engine *e, const fm_model_desc *d, fm_qformat fmt, uint64_t seed, int layer, fm_cuda_layer **out) {
     (void)e; (void)d; (void)fmt; (void)seed; (void)layer; *out = NULL; return NOCUDA;
 }
+fm_status fm_cuda_layer_random_shard(fm_cuda_engine *e, const fm_model_desc *d, fm_qformat fmt, uint64_t seed,
+                                     int layer, const fm_shard *sh, fm_cuda_layer **out) {
+    (void)e; (void)d; (void)fmt; (void)seed; (void)layer; (void)sh; *out = NULL; return NOCUDA;
+}
+fm_status fm_cuda_bench_ep_rank(fm_cuda_engine *e, fm_cuda_layer *const *layers, int n_layers, int T,
+                                const float *x, const int32_t *ids, const float *w, int t0, int n_chunk, int reps,
+                                double *us_med, double *us_min, double *us_max) {
+    (void)e; (void)layers; (void)n_layers; (void)T; (void)x; (void)ids; (void)w; (void)t0; (void)n_chunk;
+    (void)reps; (void)us_med; (void)us_min; (void)us_max; return NOCUDA;
+}
 void fm_cuda_layer_free(fm_cuda_layer *l) { (void)l; }
 fm_status fm_cuda_forward(fm_cuda_engine *e, const fm_model_desc *d, const fm_cuda_layer *l, const void *x, fm_dtype xdt,
                           int T, const int32_t *token_ids, fm_moe_out *o) {
@@ -47,6 +57,11 @@ double fm_cuda_sustained_read(fm_cuda_engine *e, size_t bytes, double seconds) {
 }
 fm_status fm_cuda_engine_reserve(fm_cuda_engine *e, const fm_cuda_layer *l, int max_T) {
     (void)e; (void)l; (void)max_T; return NOCUDA;
+}
+fm_status fm_cuda_layer_call_config(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kernel_config *cfg,
+                                    char *kernel, size_t kernel_cap, char *source, size_t source_cap) {
+    (void)e; (void)l; (void)T; (void)cfg; (void)kernel; (void)kernel_cap; (void)source; (void)source_cap;
+    return NOCUDA;
 }
 fm_status fm_cuda_moe(fm_cuda_engine *e, const fm_cuda_layer *l, const void *x, fm_dtype xdt, int T,
                       const int32_t *token_ids, float *out, int32_t *topk_ids, float *topk_weights, void *stream) {

@@ -55,6 +55,12 @@ void fm_io_gen_tid2eid_row(uint64_t seed, int layer, int E, int k, int64_t t, in
 int fm_io_is_hash_layer(const fm_model_desc *d, int layer);
 int fm_io_has_score_bias(const fm_model_desc *d, int layer);
 int fm_io_has_expert_bias(const fm_model_desc *d);
+/* A layer holding only fm_moe_layer_random's router tensors (the experts'
+ * matrices empty): the full routing of a shard whose experts live elsewhere. */
+/* dst takes over what src owns (src is freed, its matrices stay valid):
+ * a view layer that outlives the layer it views. On failure src is kept. */
+fm_status fm_io_layer_adopt(fm_moe_layer *dst, fm_moe_layer *src);
+fm_status fm_io_router_random(const fm_model_desc *d, fm_qformat fmt, uint64_t seed, int layer, fm_moe_layer **out);
 /* The tensors of one MoE layer in a checkpoint layout: one list drives gen
  * (what to write), bind (what to check and wire) and inspect. */
 typedef enum {
@@ -93,5 +99,23 @@ uint64_t fm_io_tspec_bytes(const fm_io_tspec *t);
  * checking goes on) instead of stopping at the first. */
 fm_status fm_io_layer_bind(fm_ckpt *c, const fm_model_desc *d, int layer, fm_qformat quantize_bf16,
                          fm_io_problem_fn report, void *ud, fm_moe_layer **out);
+
+/* What fm_moe_layer_from_tensors checks of engine tensors, for the CUDA
+ * engine's repack on the device (src/io/tensors.c): the views' shapes,
+ * dtypes and strides (no data read), with the same messages. */
+typedef struct {
+    fm_qformat fmt;
+    int blk;
+    int64_t E, H, I, SI; /* SI: the shared expert's width, 0 without one */
+    int has_shared, has_router;
+} fm_io_tensors_info;
+fm_status fm_io_tensors_info_get(const fm_model_desc *d, int layer, const fm_layer_tensors *t,
+                                 fm_io_tensors_info *out);
+/* The NVFP4 per-tensor scales from host copies of the *_scale_2 views
+ * (s13: E or 2E floats as w13_weight_scale_2's shape says; s2: E; sh_raw:
+ * the shared expert's three, when it has one), checked positive and finite
+ * with the loader's messages: gate / up / down [E] and sh[3]. */
+fm_status fm_io_tensors_scale2(const fm_model_desc *d, int layer, const fm_layer_tensors *t, const float *s13,
+                               const float *s2, const float *sh_raw, float *gate, float *up, float *down, float *sh);
 
 #endif

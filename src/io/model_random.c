@@ -209,6 +209,27 @@ void *fm_io_layer_alloc(fm_moe_layer *l, size_t n) {
     return p;
 }
 
+fm_status fm_io_layer_adopt(fm_moe_layer *dst, fm_moe_layer *src) {
+    owned_list *d = dst->owned_, *o = src->owned_;
+    for (size_t i = 0; o && i < o->n; i++) {
+        if (d->n == d->cap) {
+            size_t nc = d->cap ? 2 * d->cap : 64;
+            void **np = realloc(d->p, nc * sizeof *np);
+            if (!np) return fm_error(FM_E_NOMEM, "out of memory");
+            d->p = np;
+            d->cap = nc;
+        }
+        d->p[d->n++] = o->p[i];
+        o->p[i] = NULL;
+    }
+    if (o) {
+        free(o->p);
+        free(o);
+    }
+    free(src);
+    return FM_OK;
+}
+
 void fm_moe_layer_free(fm_moe_layer *l) {
     if (!l) return;
     owned_list *o = l->owned_;
@@ -273,36 +294,10 @@ static fm_status random_matrix(fm_moe_layer *l, uint64_t seed, int e, int m, int
     return FM_OK;
 }
 
-fm_status fm_moe_layer_random(const fm_model_desc *d, fm_qformat fmt, uint64_t seed, int layer, fm_moe_layer **out) {
-    if (!d || !out) return fm_error(FM_E_ARG, "fm_moe_layer_random: NULL argument");
-    *out = NULL;
-    fm_status s = fm_model_desc_validate(d);
-    if (s != FM_OK) return s;
-    if (fmt == FM_QF_NONE) fmt = d->expert_format;
-    if (fmt != FM_QF_NVFP4 && fmt != FM_QF_MXFP4 && fmt != FM_QF_BF16)
-        return fm_error(FM_E_ARG, "fm_moe_layer_random: format %d is not nvfp4, mxfp4 or bf16", (int)fmt);
-    if (!fm_model_is_moe_layer(d, layer))
-        return fm_error(FM_E_ARG, "layer %d is not a MoE layer of this %s model (%d layers, first %d dense)", layer,
-                        d->family, d->n_layers, d->first_dense);
-    int blk = fmt == FM_QF_NVFP4 ? 16 : fmt == FM_QF_MXFP4 ? 32 : 2;
-    if (d->hidden % blk || d->moe_inter % blk)
-        return fm_error(FM_E_RANGE, "hidden %d / intermediate %d are not multiples of the %s block %d", d->hidden,
-                        d->moe_inter, fm_io_qformat_str(fmt), blk);
-    fm_moe_layer *l = fm_io_layer_new(d, layer, fmt);
-    if (!l) return FM_E_NOMEM;
-    int64_t H = d->hidden, I = d->moe_inter, E = d->n_experts;
-    int bias = fm_io_has_expert_bias(d);
-    for (int e = 0; e < E && s == FM_OK; e++) {
-        s = random_matrix(l, seed, e, 0, I, H, bias, &l->gate[e]);
-        if (s == FM_OK) s = random_matrix(l, seed, e, 1, I, H, bias, &l->up[e]);
-        if (s == FM_OK) s = random_matrix(l, seed, e, 2, H, I, bias, &l->down[e]);
-    }
-    if (s == FM_OK && l->has_shared) {
-        int64_t S = d->shared_inter;
-        s = random_matrix(l, seed, -1, 0, S, H, 0, &l->sh_gate);
-        if (s == FM_OK) s = random_matrix(l, seed, -1, 1, S, H, 0, &l->sh_up);
-        if (s == FM_OK) s = random_matrix(l, seed, -1, 2, H, S, 0, &l->sh_down);
-    }
+/* The router tensors of a layer (weights, biases, hash table) into l. */
+static fm_status random_router(fm_moe_layer *l, const fm_model_desc *d, uint64_t seed, int layer) {
+    fm_status s = FM_OK;
+    int64_t H = d->hidden, E = d->n_experts;
     float *rw = s == FM_OK ? fm_io_layer_alloc(l, sizeof(float) * (size_t)(E * H)) : NULL;
     if (s == FM_OK && !rw) s = FM_E_NOMEM;
     if (s == FM_OK) {
@@ -336,6 +331,50 @@ fm_status fm_moe_layer_random(const fm_model_desc *d, fm_qformat fmt, uint64_t s
             l->tid2eid_rows = V;
         }
     }
+    return s;
+}
+
+fm_status fm_io_router_random(const fm_model_desc *d, fm_qformat fmt, uint64_t seed, int layer, fm_moe_layer **out) {
+    *out = NULL;
+    fm_moe_layer *l = fm_io_layer_new(d, layer, fmt);
+    if (!l) return FM_E_NOMEM;
+    fm_status s = random_router(l, d, seed, layer);
+    if (s != FM_OK) { fm_moe_layer_free(l); return s; }
+    *out = l;
+    return FM_OK;
+}
+
+fm_status fm_moe_layer_random(const fm_model_desc *d, fm_qformat fmt, uint64_t seed, int layer, fm_moe_layer **out) {
+    if (!d || !out) return fm_error(FM_E_ARG, "fm_moe_layer_random: NULL argument");
+    *out = NULL;
+    fm_status s = fm_model_desc_validate(d);
+    if (s != FM_OK) return s;
+    if (fmt == FM_QF_NONE) fmt = d->expert_format;
+    if (fmt != FM_QF_NVFP4 && fmt != FM_QF_MXFP4 && fmt != FM_QF_BF16)
+        return fm_error(FM_E_ARG, "fm_moe_layer_random: format %d is not nvfp4, mxfp4 or bf16", (int)fmt);
+    if (!fm_model_is_moe_layer(d, layer))
+        return fm_error(FM_E_ARG, "layer %d is not a MoE layer of this %s model (%d layers, first %d dense)", layer,
+                        d->family, d->n_layers, d->first_dense);
+    int blk = fmt == FM_QF_NVFP4 ? 16 : fmt == FM_QF_MXFP4 ? 32 : 2;
+    if (d->hidden % blk || d->moe_inter % blk)
+        return fm_error(FM_E_RANGE, "hidden %d / intermediate %d are not multiples of the %s block %d", d->hidden,
+                        d->moe_inter, fm_io_qformat_str(fmt), blk);
+    fm_moe_layer *l = fm_io_layer_new(d, layer, fmt);
+    if (!l) return FM_E_NOMEM;
+    int64_t H = d->hidden, I = d->moe_inter, E = d->n_experts;
+    int bias = fm_io_has_expert_bias(d);
+    for (int e = 0; e < E && s == FM_OK; e++) {
+        s = random_matrix(l, seed, e, 0, I, H, bias, &l->gate[e]);
+        if (s == FM_OK) s = random_matrix(l, seed, e, 1, I, H, bias, &l->up[e]);
+        if (s == FM_OK) s = random_matrix(l, seed, e, 2, H, I, bias, &l->down[e]);
+    }
+    if (s == FM_OK && l->has_shared) {
+        int64_t S = d->shared_inter;
+        s = random_matrix(l, seed, -1, 0, S, H, 0, &l->sh_gate);
+        if (s == FM_OK) s = random_matrix(l, seed, -1, 1, S, H, 0, &l->sh_up);
+        if (s == FM_OK) s = random_matrix(l, seed, -1, 2, H, S, 0, &l->sh_down);
+    }
+    if (s == FM_OK) s = random_router(l, d, seed, layer);
     if (s != FM_OK) { fm_moe_layer_free(l); return s; }
     *out = l;
     return FM_OK;

@@ -29,6 +29,7 @@ static const preset k_presets[] = {
     {"glm-4.5", "glm4_moe", "glm4_moe", 5120, 1536, 160, 8, 1, 92, 3, 1, 1, 1, 2.5f, FM_ROUTE_NOAUX_TC, 0, 151552, 0, FM_QF_NVFP4},
     {"deepseek-v4-flash", "deepseek_v4", "deepseek_v4", 4096, 2048, 256, 6, 1, 43, 0, 1, 1, 1, 1.5f, FM_ROUTE_DSV4, 3, 129280, 10.0f, FM_QF_NVFP4},
     {"qwen3-30b-a3b", "qwen3_moe", "qwen3_moe", 2048, 768, 128, 8, 0, 48, 0, 1, 1, 1, 1.0f, FM_ROUTE_SOFTMAX, 0, 151936, 0, FM_QF_NVFP4},
+    {"qwen3-235b-a22b", "qwen3_moe", "qwen3_moe", 4096, 1536, 128, 8, 0, 94, 0, 1, 1, 1, 1.0f, FM_ROUTE_SOFTMAX, 0, 151936, 0, FM_QF_NVFP4},
     {"gpt-oss-120b", "gpt_oss", "gpt_oss", 2880, 2880, 128, 4, 0, 36, 0, 1, 1, 1, 1.0f, FM_ROUTE_GPTOSS, 0, 201088, 7.0f, FM_QF_MXFP4},
     {"mixtral-8x7b", "mixtral", "mixtral", 4096, 14336, 8, 2, 0, 32, 0, 1, 1, 1, 1.0f, FM_ROUTE_SOFTMAX, 0, 32000, 0, FM_QF_NVFP4},
     /* tiny ones: every routing family, dense prefixes, groups, hash layers */

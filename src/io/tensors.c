@@ -501,6 +501,20 @@ static float scale2_at(tcheck *c, const float *s2, int64_t i, const char *name, 
     return v;
 }
 
+/* The NVFP4 per-tensor scales, checked in the loader's order (per expert
+ * gate, up, down; then the shared expert's): s13 [E] or [E][2] (both),
+ * s2 [E], sh_raw[3] (when has_shared) into gate / up / down [E], sh[3]. */
+static void scale2_values(tcheck *c, const float *s13, int both, const float *s2, const float *sh_raw, float *gate,
+                          float *up, float *down, float *sh) {
+    for (int64_t e = 0; e < c->E; e++) {
+        gate[e] = scale2_at(c, s13, both ? 2 * e : e, "w13_weight_scale_2", e, both ? 0 : -1);
+        up[e] = both ? scale2_at(c, s13, 2 * e + 1, "w13_weight_scale_2", e, 1) : gate[e];
+        down[e] = scale2_at(c, s2, e, "w2_weight_scale_2", e, -1);
+    }
+    static const char *const name[3] = {"shared_gate_scale_2", "shared_up_scale_2", "shared_down_scale_2"};
+    for (int m = 0; m < 3 && c->has_shared; m++) sh[m] = scale2_at(c, sh_raw, m, name[m], -1, -1);
+}
+
 static fm_qmatrix nv_mat(int64_t R, int64_t K, const uint8_t *packed, const uint8_t *scales, int blk, float s2,
                          fm_qformat f) {
     fm_qmatrix q;
@@ -518,21 +532,28 @@ static fm_qmatrix nv_mat(int64_t R, int64_t K, const uint8_t *packed, const uint
 
 static fm_status build(tcheck *c, const fm_layer_tensors *t, fm_moe_layer *l) {
     const int64_t E = c->E, H = c->H, I = c->I, blk = c->blk;
+    float *sg = NULL, *su = NULL, *sd = NULL, ssh[3] = {1.0f, 1.0f, 1.0f};
+    if (c->fmt == FM_QF_NVFP4) {
+        float *s13 = f32_copy(l, &t->w13_weight_scale_2, t->w13_weight_scale_2.ndim == 2 ? 2 * E : E);
+        float *s2 = f32_copy(l, &t->w2_weight_scale_2, E);
+        sg = fm_io_layer_alloc(l, sizeof(float) * (size_t)E);
+        su = fm_io_layer_alloc(l, sizeof(float) * (size_t)E);
+        sd = fm_io_layer_alloc(l, sizeof(float) * (size_t)E);
+        if (!s13 || !s2 || !sg || !su || !sd) return FM_E_NOMEM;
+        float raw[3] = {1.0f, 1.0f, 1.0f};
+        const fm_tensor *sh2[3] = {&t->shared_gate_scale_2, &t->shared_up_scale_2, &t->shared_down_scale_2};
+        for (int m = 0; m < 3 && c->has_shared; m++) gather(sh2[m], (uint8_t *)&raw[m]);
+        scale2_values(c, s13, t->w13_weight_scale_2.ndim == 2, s2, raw, sg, su, sd, ssh);
+    }
     if (c->layout == FM_TL_MODELOPT_NVFP4) {
         uint8_t *w13 = owned_copy(l, &t->w13_weight), *w13s = owned_copy(l, &t->w13_weight_scale);
         uint8_t *w2 = owned_copy(l, &t->w2_weight), *w2s = owned_copy(l, &t->w2_weight_scale);
-        float *s13 = f32_copy(l, &t->w13_weight_scale_2, t->w13_weight_scale_2.ndim == 2 ? 2 * E : E);
-        float *s2 = f32_copy(l, &t->w2_weight_scale_2, E);
-        if (!w13 || !w13s || !w2 || !w2s || !s13 || !s2) return FM_E_NOMEM;
-        const int both = t->w13_weight_scale_2.ndim == 2; /* gate and up may differ */
+        if (!w13 || !w13s || !w2 || !w2s) return FM_E_NOMEM;
         for (int64_t e = 0; e < E; e++) {
             const uint8_t *p = w13 + e * 2 * I * (H / 2), *sc = w13s + e * 2 * I * (H / blk);
-            const float sg = scale2_at(c, s13, both ? 2 * e : e, "w13_weight_scale_2", e, both ? 0 : -1);
-            const float su = both ? scale2_at(c, s13, 2 * e + 1, "w13_weight_scale_2", e, 1) : sg;
-            l->gate[e] = nv_mat(I, H, p, sc, (int)blk, sg, c->fmt);
-            l->up[e] = nv_mat(I, H, p + I * (H / 2), sc + I * (H / blk), (int)blk, su, c->fmt);
-            l->down[e] = nv_mat(H, I, w2 + e * H * (I / 2), w2s + e * H * (I / blk), (int)blk,
-                                scale2_at(c, s2, e, "w2_weight_scale_2", e, -1), c->fmt);
+            l->gate[e] = nv_mat(I, H, p, sc, (int)blk, sg[e], c->fmt);
+            l->up[e] = nv_mat(I, H, p + I * (H / 2), sc + I * (H / blk), (int)blk, su[e], c->fmt);
+            l->down[e] = nv_mat(H, I, w2 + e * H * (I / 2), w2s + e * H * (I / blk), (int)blk, sd[e], c->fmt);
         }
     } else {
         uint8_t *gub = owned_copy(l, &t->gate_up_blocks), *gus = owned_copy(l, &t->gate_up_scales);
@@ -556,18 +577,11 @@ static fm_status build(tcheck *c, const fm_layer_tensors *t, fm_moe_layer *l) {
         const fm_tensor *v[3][3] = {{&t->shared_gate, &t->shared_gate_scale, &t->shared_gate_scale_2},
                                     {&t->shared_up, &t->shared_up_scale, &t->shared_up_scale_2},
                                     {&t->shared_down, &t->shared_down_scale, &t->shared_down_scale_2}};
-        static const char *const s2name[3] = {"shared_gate_scale_2", "shared_up_scale_2", "shared_down_scale_2"};
         fm_qmatrix *q[3] = {&l->sh_gate, &l->sh_up, &l->sh_down};
         for (int m = 0; m < 3; m++) {
             uint8_t *p = owned_copy(l, v[m][0]), *sc = owned_copy(l, v[m][1]);
             if (!p || !sc) return FM_E_NOMEM;
-            float s2 = 1.0f;
-            if (c->fmt == FM_QF_NVFP4) {
-                float raw;
-                gather(v[m][2], (uint8_t *)&raw);
-                s2 = scale2_at(c, &raw, 0, s2name[m], -1, -1);
-            }
-            *q[m] = nv_mat(m == 2 ? H : c->SI, m == 2 ? c->SI : H, p, sc, (int)blk, s2, c->fmt);
+            *q[m] = nv_mat(m == 2 ? H : c->SI, m == 2 ? c->SI : H, p, sc, (int)blk, ssh[m], c->fmt);
         }
     }
     if (c->has_router) {
@@ -603,4 +617,46 @@ fm_status fm_moe_layer_from_tensors(const fm_model_desc *d, int layer, const fm_
     }
     *out = l;
     return FM_OK;
+}
+
+/* ----------------------------------------------- device-side repacks */
+
+static fm_status check_layer(const fm_model_desc *d, int layer, const fm_layer_tensors *t, tcheck *c, char *prefix,
+                             size_t cap) {
+    fm_status s = check_all(d, layer, t, c);
+    if (s) return s;
+    if (!fm_model_is_moe_layer(d, layer))
+        return fm_error(FM_E_ARG, "layer %d is not a MoE layer of this %s model (%d layers, first %d dense)", layer,
+                        d->family, d->n_layers, d->first_dense);
+    snprintf(prefix, cap, "layer %d tensors: ", layer);
+    return c->p.n ? report(c, prefix) : FM_OK;
+}
+
+fm_status fm_io_tensors_info_get(const fm_model_desc *d, int layer, const fm_layer_tensors *t, fm_io_tensors_info *out) {
+    if (!d || !t || !out) return fm_error(FM_E_ARG, "fm_io_tensors_info_get: NULL argument");
+    memset(out, 0, sizeof *out);
+    tcheck c;
+    char prefix[48];
+    fm_status s = check_layer(d, layer, t, &c, prefix, sizeof prefix);
+    if (s) return s;
+    out->fmt = c.fmt;
+    out->blk = c.blk;
+    out->E = c.E;
+    out->H = c.H;
+    out->I = c.I;
+    out->SI = c.has_shared ? c.SI : 0;
+    out->has_shared = c.has_shared;
+    out->has_router = c.has_router;
+    return FM_OK;
+}
+
+fm_status fm_io_tensors_scale2(const fm_model_desc *d, int layer, const fm_layer_tensors *t, const float *s13,
+                               const float *s2, const float *sh_raw, float *gate, float *up, float *down, float *sh) {
+    tcheck c;
+    char prefix[48];
+    fm_status s = check_layer(d, layer, t, &c, prefix, sizeof prefix);
+    if (s) return s;
+    if (c.fmt != FM_QF_NVFP4) return fm_error(FM_E_ARG, "fm_io_tensors_scale2: not an NVFP4 layout");
+    scale2_values(&c, s13, t->w13_weight_scale_2.ndim == 2, s2, sh_raw, gate, up, down, sh);
+    return c.p.n ? report(&c, prefix) : FM_OK;
 }

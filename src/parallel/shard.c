@@ -9,6 +9,7 @@
  */
 #include "parallel/parallel_internal.h"
 #include "util/util.h"
+#include <stdio.h>
 #include <string.h>
 
 static int fmt_granule(fm_qformat f) {
@@ -172,4 +173,118 @@ void fm_dist_ep_view(const fm_model_desc *d, const fm_moe_layer *l, int e0, int 
                      fm_model_desc *dv, fm_moe_layer *lv) {
     plain_view(d, l, ne, d->moe_inter, l->inter, l->fmt, l->gate + e0, l->up + e0, l->down + e0, zero_router, dv,
                lv);
+}
+
+/* ------------------------------------------------ one rank on one device */
+
+fm_status fm_shard_parse(const char *s, fm_shard *out) {
+    if (!s || !out) return fm_error(FM_E_ARG, "--shard: NULL argument");
+    memset(out, 0, sizeof *out);
+    fm_dist_mode m;
+    if (!strncmp(s, "tp:", 3)) m = FM_DIST_TP;
+    else if (!strncmp(s, "ep:", 3)) m = FM_DIST_EP;
+    else
+        return fm_error(FM_E_ARG, "--shard '%s': expected tp:R, tp:R/r or ep:R/r (R ranks, rank r)", s);
+    const char *p = s + 3;
+    long R = 0, r = -1;
+    int nd = 0;
+    for (; *p >= '0' && *p <= '9' && nd < 6; p++, nd++) R = R * 10 + (*p - '0');
+    if (nd == 0 || nd >= 6)
+        return fm_error(FM_E_ARG, "--shard '%s': the rank count R after '%.3s' must be a number", s, s);
+    if (*p == '/') {
+        p++;
+        nd = 0;
+        r = 0;
+        for (; *p >= '0' && *p <= '9' && nd < 6; p++, nd++) r = r * 10 + (*p - '0');
+        if (nd == 0 || nd >= 6) return fm_error(FM_E_ARG, "--shard '%s': the rank r after '/' must be a number", s);
+    }
+    if (*p) return fm_error(FM_E_ARG, "--shard '%s': unexpected '%s' (expected tp:R, tp:R/r or ep:R/r)", s, p);
+    if (R < 1 || R > FM_DIST_MAX_RANKS)
+        return fm_error(FM_E_RANGE, "--shard '%s': %ld ranks (allowed 1..%d)", s, R, FM_DIST_MAX_RANKS);
+    if (r < 0) {
+        if (m == FM_DIST_EP)
+            return fm_error(FM_E_ARG, "--shard '%s': EP ranks differ, give the rank: ep:%ld/r with r in 0..%ld", s,
+                            R, R - 1);
+        r = 0; /* every TP rank has the same shape */
+    }
+    if (r >= R) return fm_error(FM_E_RANGE, "--shard '%s': rank %ld is not below the rank count %ld", s, r, R);
+    out->mode = m;
+    out->ranks = (int)R;
+    out->rank = (int)r;
+    return FM_OK;
+}
+
+fm_status fm_shard_desc(const fm_model_desc *d, fm_qformat fmt, const fm_shard *sh, fm_model_desc *out) {
+    if (!d || !sh || !out) return fm_error(FM_E_ARG, "fm_shard_desc: NULL argument");
+    const int R = sh->ranks;
+    if ((sh->mode != FM_DIST_TP && sh->mode != FM_DIST_EP) || R < 1 || R > FM_DIST_MAX_RANKS || sh->rank < 0 ||
+        sh->rank >= R)
+        return fm_error(FM_E_ARG, "--shard: mode %d, rank %d of %d is not a shard", (int)sh->mode, sh->rank, R);
+    if (fmt == FM_QF_NONE) fmt = d->expert_format;
+    fm_model_desc v = *d;
+    if (sh->mode == FM_DIST_TP) {
+        const int g = fmt_granule(fmt);
+        if (d->moe_inter % R != 0)
+            return fm_error(FM_E_ARG, "--shard tp:%d: expert intermediate size I=%d is not divisible by %d", R,
+                            d->moe_inter, R);
+        if ((d->moe_inter / R) % g != 0)
+            return fm_error(FM_E_ARG,
+                            "--shard tp:%d: slice I/R=%d is not a multiple of the %s scale block (%d); a block "
+                            "would straddle two ranks",
+                            R, d->moe_inter / R, fm_qformat_name(fmt), g);
+        if (d->n_shared > 0 && d->shared_inter > 0) {
+            if (d->shared_inter % R != 0 || (d->shared_inter / R) % g != 0)
+                return fm_error(FM_E_ARG,
+                                "--shard tp:%d: shared expert width %d does not split into %d multiples of the %s "
+                                "scale block (%d)",
+                                R, d->shared_inter, R, fm_qformat_name(fmt), g);
+            v.shared_inter = d->shared_inter / R;
+        }
+        v.moe_inter = d->moe_inter / R;
+    } else {
+        if (d->n_experts % R != 0)
+            return fm_error(FM_E_ARG, "--shard ep:%d/%d: E=%d experts are not divisible by %d", R, sh->rank,
+                            d->n_experts, R);
+        const int ne = d->n_experts / R;
+        v.n_experts = ne;
+        v.topk = d->topk < ne ? d->topk : ne;
+        /* the rank runs pre-routed: the full router picks; these only keep
+         * the description valid */
+        v.n_group = 1;
+        v.topk_group = 1;
+        v.route = d->route == FM_ROUTE_GPTOSS ? FM_ROUTE_GPTOSS : FM_ROUTE_SOFTMAX;
+        v.n_hash_layers = 0;
+    }
+    *out = v;
+    return FM_OK;
+}
+
+void fm_shard_describe(const fm_shard *sh, const fm_model_desc *full, char *buf, size_t cap) {
+    if (!cap) return;
+    if (!sh || !full || (sh->mode != FM_DIST_TP && sh->mode != FM_DIST_EP) || sh->ranks < 1) {
+        snprintf(buf, cap, "none");
+        return;
+    }
+    const int R = sh->ranks, r = sh->rank;
+    if (sh->mode == FM_DIST_TP) {
+        if (full->n_shared > 0 && full->shared_inter > 0)
+            snprintf(buf, cap, "tp %d rank %d (I %d of %d, shared %d of %d)", R, r, full->moe_inter / R,
+                     full->moe_inter, full->shared_inter / R, full->shared_inter);
+        else
+            snprintf(buf, cap, "tp %d rank %d (I %d of %d)", R, r, full->moe_inter / R, full->moe_inter);
+    } else {
+        const int ne = full->n_experts / R;
+        snprintf(buf, cap, "ep %d rank %d (experts %d..%d of %d%s)", R, r, r * ne, (r + 1) * ne - 1, full->n_experts,
+                 full->n_shared > 0 && full->shared_inter > 0 ? "; shared expert on the rank's token chunk" : "");
+    }
+}
+
+void fm_shard_token_chunk(const fm_shard *sh, int T, int *t0, int *n) {
+    const int R = sh && sh->ranks > 0 ? sh->ranks : 1, rank = sh ? sh->rank : 0;
+    const int C = (T + R - 1) / R;
+    int a = rank * C, b = a + C;
+    if (a > T) a = T;
+    if (b > T) b = T;
+    *t0 = a;
+    *n = b - a;
 }

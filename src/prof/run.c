@@ -186,7 +186,9 @@ static fm_status check_opts(const fm_prof_opts *o) {
  * profile being filled. */
 typedef struct {
     const fm_prof_opts *o;
-    fm_model_desc d;
+    fm_model_desc d;      /* the layer profiled: a TP shard's slice shape   */
+    fm_model_desc full;   /* the whole model                                */
+    const fm_shard *shard;
     fm_ckpt *ckpt;
     fm_profile *p;
     uint64_t t0;
@@ -227,9 +229,14 @@ static fm_status host_layers(run_ctx *c, int want, fm_moe_layer ***out, int *n_o
         if (c->ckpt) {
             if (!layer_present(c->ckpt, c->moe_idx[i])) continue;
             fm_qformat q = c->o->fmt == FM_QF_NVFP4 || c->o->fmt == FM_QF_MXFP4 ? c->o->fmt : FM_QF_NONE;
-            st = fm_moe_layer_bind(c->ckpt, &c->d, c->moe_idx[i], q, &ls[n]);
+            st = fm_moe_layer_bind(c->ckpt, &c->full, c->moe_idx[i], q, &ls[n]);
         } else {
-            st = fm_moe_layer_random(&c->d, c->p->fmt, c->o->seed, c->moe_idx[i], &ls[n]);
+            st = fm_moe_layer_random(&c->full, c->p->fmt, c->o->seed, c->moe_idx[i], &ls[n]);
+        }
+        if (st == FM_OK && c->shard) { /* the rank's slices, which own the full layer */
+            fm_moe_layer *full = ls[n];
+            st = fm_shard_tp_layer(&c->full, &full, c->shard, NULL, &ls[n]);
+            if (st != FM_OK) fm_moe_layer_free(full);
         }
         if (st != FM_OK) break;
         n++;
@@ -624,7 +631,8 @@ static fm_status cuda_open(run_ctx *c, void **out) {
         free(hl);
     } else {
         for (int i = 0; st == FM_OK && i < want && i < c->n_moe; i++) {
-            st = fm_cuda_layer_random(v->e, &c->d, p->fmt, o->seed, c->moe_idx[i], &v->cl[i]);
+            st = c->shard ? fm_cuda_layer_random_shard(v->e, &c->full, p->fmt, o->seed, c->moe_idx[i], c->shard, &v->cl[i])
+                          : fm_cuda_layer_random(v->e, &c->d, p->fmt, o->seed, c->moe_idx[i], &v->cl[i]);
             if (st == FM_OK) v->nl++;
         }
     }
@@ -802,6 +810,21 @@ fm_status fm_profile_run(const fm_prof_opts *o, fm_profile **out) {
         snprintf(p->model, sizeof p->model, "%s", o->model_dir);
     }
     if (st != FM_OK) goto fail;
+    c.full = c.d;
+    if (o->shard && o->shard->mode) {
+        if (o->shard->mode != FM_DIST_TP) {
+            st = fm_error(FM_E_UNSUPPORTED, "profile --shard ep: an EP rank runs pre-routed, which the profile's "
+                                            "phases do not cover; use bench --shard ep:R/r");
+            goto fail;
+        }
+        c.shard = o->shard;
+        fm_qformat f = o->fmt != FM_QF_NONE ? o->fmt : c.full.expert_format;
+        if ((st = fm_shard_desc(&c.full, f, c.shard, &c.d)) != FM_OK) goto fail;
+        char sd[192];
+        fm_shard_describe(c.shard, &c.full, sd, sizeof sd);
+        size_t n = strlen(p->model);
+        snprintf(p->model + n, sizeof p->model - n, ", shard %s", sd);
+    }
     p->fmt = o->preset ? c.d.expert_format : (o->fmt != FM_QF_NONE ? o->fmt : c.d.expert_format);
     snprintf(p->family, sizeof p->family, "%s", c.d.family);
     p->device = o->device;

@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "io/io_internal.h"
+#include "parallel/parallel_internal.h"
 #include "util/util.h"
 
 /* Timed steps of a sharded layer per batch size. */
@@ -16,6 +18,17 @@ typedef struct {
     fm_ckpt *ck;
     fm_moe_layer *hl[FM_BENCH_MAX_LAYERS];
     fm_cuda_layer *gl[FM_BENCH_MAX_LAYERS];
+    /* a TP shard on the host: hl[i] is views[i], a zero-copy view of full[i] */
+    fm_moe_layer *full[FM_BENCH_MAX_LAYERS];
+    fm_moe_layer views[FM_BENCH_MAX_LAYERS];
+    fm_qmatrix *arrays[FM_BENCH_MAX_LAYERS];
+    /* an EP shard: the full routing's layer (full[i], or the router alone
+     * for a GPU preset), the most loaded rank's GPU layers when another
+     * rank is, and a zero router for host views */
+    fm_moe_layer *router[FM_BENCH_MAX_LAYERS];
+    fm_cuda_layer *gmax[FM_BENCH_MAX_LAYERS];
+    int gmax_rank;
+    float *zero_router;
 } bench_run;
 
 static void progress(const fm_bench_opts *o, const char *what, double frac) {
@@ -68,6 +81,8 @@ static fm_status check_opts(const fm_bench_opts *o) {
         return fm_error(FM_E_RANGE, "bench: a minimum timing of %g s (0 to 3600)", o->min_seconds);
     if (!(o->sustain_ms >= 0 && o->sustain_ms <= 600000))
         return fm_error(FM_E_RANGE, "bench: sustained replays of %g ms (0 to 600000)", o->sustain_ms);
+    if (o->shard && o->shard->mode && o->dist)
+        return fm_error(FM_E_ARG, "bench: --shard runs one rank on one device; it does not go with --tp / --ep");
     if (o->sustain_ms > 0 && (o->device != FM_DEV_CUDA || o->dist))
         return fm_error(FM_E_ARG, "bench: sustained replays time one GPU's graph (not the CPU, not a sharded layer)");
     return FM_OK;
@@ -99,11 +114,81 @@ static fm_status measure_bandwidth(bench_run *b) {
     return FM_OK;
 }
 
+/* The experts of EP rank p of a host layer as one layer, with the whole
+ * shared expert (the rank runs it on its token chunk). */
+static void ep_rank_view(bench_run *b, const fm_moe_layer *full, int p, fm_model_desc *dv, fm_moe_layer *lv) {
+    const fm_model_desc *fd = &b->r->full_desc;
+    const int ne = b->r->desc.n_experts;
+    fm_dist_ep_view(fd, full, p * ne, ne, b->zero_router, dv, lv);
+    dv->n_shared = fd->n_shared;
+    dv->shared_inter = fd->shared_inter;
+    lv->has_shared = full->has_shared;
+    lv->shared_inter = full->shared_inter;
+    lv->sh_gate = full->sh_gate;
+    lv->sh_up = full->sh_up;
+    lv->sh_down = full->sh_down;
+}
+
+static fm_status upload_ep_rank(bench_run *b, const fm_moe_layer *full, int p, fm_cuda_layer **out) {
+    fm_model_desc dv;
+    fm_moe_layer lv;
+    ep_rank_view(b, full, p, &dv, &lv);
+    return fm_cuda_layer_upload(b->ge, &dv, &lv, out);
+}
+
+/* Slot `have` of a shard: the rank's share of the li-th MoE layer (preset)
+ * or of the next MoE layer from *layer present in the checkpoint. CUDA
+ * presets are generated as the share alone; otherwise the full layer is
+ * built or bound and the share is a view of it (uploaded on a GPU). */
+static fm_status build_shard_layer(bench_run *b, int li, int *layer, int have) {
+    const fm_bench_opts *o = b->o;
+    fm_bench_report *r = b->r;
+    const fm_model_desc *fd = &r->full_desc;
+    const fm_shard *sh = &r->shard;
+    const int cuda = o->device == FM_DEV_CUDA;
+    int L;
+    if (o->model_dir) {
+        while (*layer < fd->n_layers && !fm_model_is_moe_layer(fd, *layer)) (*layer)++;
+        if (*layer >= fd->n_layers) return FM_E_NOTFOUND;
+        L = (*layer)++;
+    } else {
+        L = nth_moe_layer(fd, li);
+    }
+    const int ep = sh->mode == FM_DIST_EP;
+    if (cuda && !o->model_dir) {
+        fm_status st = fm_cuda_layer_random_shard(b->ge, fd, r->fmt, o->seed, L, sh, &b->gl[have]);
+        if (!st && ep) st = fm_io_router_random(fd, r->fmt, o->seed, L, &b->router[have]);
+        return st;
+    }
+    fm_moe_layer *full = NULL;
+    fm_status st = o->model_dir ? fm_moe_layer_bind(b->ck, fd, L, FM_QF_NONE, &full)
+                                : fm_moe_layer_random(fd, r->fmt, o->seed, L, &full);
+    if (st) return st;
+    if (ep) { /* host views are made per timing; a GPU gets the rank's experts */
+        b->full[have] = full;
+        b->router[have] = full;
+        return cuda ? upload_ep_rank(b, full, sh->rank, &b->gl[have]) : FM_OK;
+    }
+    fm_model_desc dv;
+    fm_moe_layer *v = &b->views[have];
+    st = fm_dist_tp_view(fd, full, sh->rank, sh->ranks, &dv, v, &b->arrays[have]);
+    if (!st && cuda) st = fm_cuda_layer_upload(b->ge, &r->desc, v, &b->gl[have]);
+    if (st || cuda) { /* a GPU holds its copy; the host layer is not needed */
+        free(b->arrays[have]);
+        b->arrays[have] = NULL;
+        fm_moe_layer_free(full);
+        return st;
+    }
+    b->full[have] = full;
+    b->hl[have] = v;
+    return FM_OK;
+}
+
 /* Layers: seeded random (preset) or the MoE layers present (model). */
 static fm_status build_layers(bench_run *b) {
     const fm_bench_opts *o = b->o;
     fm_bench_report *r = b->r;
-    const fm_model_desc *d = &r->desc;
+    const fm_model_desc *d = &r->desc, *fd = &r->full_desc;
     const int cuda = o->device == FM_DEV_CUDA, want = r->layers_wanted;
     fm_status st = o->model_dir ? fm_ckpt_open(o->model_dir, &b->ck) : FM_OK;
     int have = 0;
@@ -111,7 +196,11 @@ static fm_status build_layers(bench_run *b) {
         char what[64];
         snprintf(what, sizeof what, "building layer %d/%d", have + 1, want);
         progress(o, what, (double)have / want);
-        if (o->model_dir) {
+        if (r->shard.mode) {
+            st = build_shard_layer(b, li, &layer, have);
+            if (st == FM_E_NOTFOUND && have > 0 && layer < fd->n_layers) { st = FM_OK; continue; }
+            if (st == FM_E_NOTFOUND && have > 0) { st = FM_OK; break; }
+        } else if (o->model_dir) {
             while (layer < d->n_layers && !fm_model_is_moe_layer(d, layer)) layer++;
             if (layer >= d->n_layers) break;
             st = fm_moe_layer_bind(b->ck, d, layer, FM_QF_NONE, &b->hl[have]);
@@ -201,6 +290,147 @@ static fm_status measure_row(bench_run *b, fm_bench_row *row) {
     return st;
 }
 
+/* ------------------------------------------------------ an EP rank */
+
+/* Rank p's step over the layers (pre-routed: ids / w [n][T][k] of the full
+ * routing): median, min and max us per layer. */
+static fm_status time_ep_rank(bench_run *b, int p, int T, const float *x, const int32_t *ids, const float *w,
+                              double *med, double *mn, double *mx) {
+    const fm_bench_opts *o = b->o;
+    const fm_bench_report *r = b->r;
+    const int n = r->layers, E = r->full_desc.n_experts, k = r->full_desc.topk, kl = r->desc.topk, H = r->desc.hidden;
+    const fm_shard sp = {FM_DIST_EP, r->shard.ranks, p};
+    int t0, nc;
+    fm_shard_token_chunk(&sp, T, &t0, &nc);
+    int32_t *lids = fm_calloc((size_t)n * T * kl, sizeof(int32_t));
+    float *lw = fm_calloc((size_t)n * T * kl, sizeof(float)), *out = fm_calloc((size_t)T * H, sizeof(float));
+    double *pass = fm_calloc(4096, sizeof(double));
+    fm_status st = FM_OK;
+    if (!lids || !lw || !out || !pass) st = FM_E_NOMEM;
+    for (int i = 0; !st && i < n; i++)
+        fm_shard_local_ids(&sp, E, k, T, ids + (size_t)i * T * k, w + (size_t)i * T * k, kl,
+                           lids + (size_t)i * T * kl, lw + (size_t)i * T * kl);
+    if (!st && b->ge) {
+        fm_cuda_layer *const *gl = p == r->shard.rank ? b->gl : b->gmax;
+        st = fm_cuda_bench_ep_rank(b->ge, gl, n, T, x, lids, lw, t0, nc, 50, med, mn, mx);
+    } else if (!st) {
+        /* passes over the layers for min_seconds (at least 3, at most 4096) */
+        int np = 0;
+        const uint64_t t_start = fm_now_ns();
+        while (!st && np < 4096 && (np < 3 || (double)(fm_now_ns() - t_start) * 1e-9 < o->min_seconds)) {
+            const uint64_t t1 = fm_now_ns();
+            for (int i = 0; !st && i < n; i++) {
+                fm_model_desc dv;
+                fm_moe_layer lv;
+                ep_rank_view(b, b->full[i], p, &dv, &lv);
+                lv.has_shared = 0;
+                st = fm_cpu_experts(b->ce, &dv, &lv, x, FM_DT_F32, T, lids + (size_t)i * T * kl,
+                                    lw + (size_t)i * T * kl, 0, out);
+                if (!st && nc > 0 && b->full[i]->has_shared) {
+                    fm_model_desc ds;
+                    fm_moe_layer lsh;
+                    fm_dist_expert_view(&r->full_desc, b->full[i], -1, b->zero_router, &ds, &lsh);
+                    fm_moe_out mo = {out, NULL, NULL};
+                    st = fm_cpu_forward(b->ce, &ds, &lsh, x + (size_t)t0 * H, FM_DT_F32, nc, NULL, &mo);
+                }
+            }
+            pass[np++] = (double)(fm_now_ns() - t1) * 1e-3 / n;
+        }
+        if (!st) {
+            *mn = *mx = pass[0];
+            for (int i = 0; i < np; i++) {
+                if (pass[i] < *mn) *mn = pass[i];
+                if (pass[i] > *mx) *mx = pass[i];
+            }
+            *med = fm_dist_median(pass, np);
+        }
+    }
+    free(lids);
+    free(lw);
+    free(out);
+    free(pass);
+    return st;
+}
+
+/* One batch size of an EP rank: the full routing of seeded activations
+ * over every layer cycled, the load it puts on each rank, this rank's time
+ * and, when another rank is more loaded, that rank's. */
+static fm_status measure_row_ep(bench_run *b, int ri) {
+    const fm_bench_opts *o = b->o;
+    fm_bench_report *r = b->r;
+    fm_bench_row *row = &r->rows[ri];
+    const fm_model_desc *fd = &r->full_desc;
+    const int T = row->T, n = r->layers, H = fd->hidden, k = fd->topk, R = r->shard.ranks;
+    float *x = fm_calloc((size_t)T * H, sizeof(float)), *w = fm_calloc((size_t)n * T * k, sizeof(float));
+    int32_t *ids = fm_calloc((size_t)n * T * k, sizeof(int32_t)), *tid = fm_calloc((size_t)T, sizeof(int32_t));
+    fm_status st = FM_OK;
+    if (!x || !w || !ids || !tid) st = FM_E_NOMEM;
+    const uint64_t kx = fm_hash_str("bench.x"), kt = fm_hash_str("bench.token_ids");
+    for (int64_t i = 0; !st && i < (int64_t)T * H; i++) x[i] = fm_rng_normal(o->seed, kx, (uint64_t)i);
+    for (int t = 0; !st && t < T; t++)
+        tid[t] = fd->vocab_size > 0 ? (int32_t)(fm_rng_u64(o->seed, kt, (uint64_t)t) % (uint64_t)fd->vocab_size) : 0;
+    fm_shard_load *sum = &r->shard_load[ri];
+    memset(sum, 0, sizeof *sum);
+    for (int i = 0; !st && i < n; i++) {
+        fm_shard_load ld;
+        st = fm_route(fd, b->router[i], x, T, tid, ids + (size_t)i * T * k, w + (size_t)i * T * k);
+        if (!st) st = fm_shard_load_of(fd, r->fmt, &r->shard, ids + (size_t)i * T * k, T, &ld);
+        if (st) break;
+        sum->ranks = R;
+        sum->router_bytes = ld.router_bytes;
+        for (int p = 0; p < R; p++) {
+            sum->pairs[p] += ld.pairs[p];
+            sum->active[p] += ld.active[p];
+            sum->bytes[p] += ld.bytes[p];
+        }
+    }
+    if (!st) {
+        int m = 0;
+        for (int p = 1; p < R; p++)
+            if (sum->bytes[p] > sum->bytes[m] || (sum->bytes[p] == sum->bytes[m] && sum->pairs[p] > sum->pairs[m]))
+                m = p;
+        sum->max_rank = m;
+    }
+    char what[64];
+    snprintf(what, sizeof what, "batch %d: timing", T);
+    progress(o, what, 0.0);
+    double med = 0, mn = 0, mx = 0;
+    const int me = r->shard.rank;
+    if (!st) st = time_ep_rank(b, me, T, x, ids, w, &med, &mn, &mx);
+    r->shard_max_us[ri] = -1;
+    if (!st && sum->max_rank != me) {
+        const int m = sum->max_rank;
+        if (b->ge && b->gmax_rank != m) { /* the most loaded rank's experts on this GPU */
+            for (int i = 0; i < n; i++) {
+                fm_cuda_layer_free(b->gmax[i]);
+                b->gmax[i] = NULL;
+            }
+            b->gmax_rank = -1;
+            const fm_shard sm = {FM_DIST_EP, R, m};
+            for (int i = 0; !st && i < n; i++)
+                st = b->full[i] ? upload_ep_rank(b, b->full[i], m, &b->gmax[i])
+                                : fm_cuda_layer_random_shard(b->ge, fd, r->fmt, o->seed, b->router[i]->layer, &sm,
+                                                             &b->gmax[i]);
+            if (!st) b->gmax_rank = m;
+        }
+        double a, c;
+        if (!st) st = time_ep_rank(b, m, T, x, ids, w, &r->shard_max_us[ri], &a, &c);
+    }
+    progress(o, what, 1.0);
+    if (!st) {
+        char kern[640];
+        snprintf(kern, sizeof kern, "%s pre-routed experts (%s) on the rank's pairs, shared expert on its token chunk",
+                 b->ge ? "cuda" : "cpu", b->ge ? "fm_cuda_experts" : "fm_cpu_experts");
+        set_row(row, med, mn, mx, (double)sum->active[me] / n, sum->bytes[me] / n, kern);
+        row->pct_bandwidth = 100.0 * row->gbps * 1e9 / r->bandwidth_Bps;
+    }
+    free(x);
+    free(w);
+    free(ids);
+    free(tid);
+    return st;
+}
+
 static fm_status bench_device(bench_run *b) {
     const fm_bench_opts *o = b->o;
     fm_bench_report *r = b->r;
@@ -218,7 +448,7 @@ static fm_status bench_device(bench_run *b) {
     if ((st = measure_bandwidth(b)) || (st = build_layers(b)) || (st = decide(b))) return st;
     emit(o, r, -1);
     for (int i = 0; i < o->n_batches; i++) {
-        if ((st = measure_row(b, &r->rows[i]))) return st;
+        if ((st = r->shard.mode == FM_DIST_EP ? measure_row_ep(b, i) : measure_row(b, &r->rows[i]))) return st;
         r->n_rows = i + 1;
         emit(o, r, i);
     }
@@ -274,11 +504,19 @@ fm_status fm_bench_run(const fm_bench_opts *o, fm_bench_report *r) {
     st = o->model_dir ? fm_model_desc_load(o->model_dir, &r->desc) : fm_preset_desc(o->preset, o->fmt, &r->desc);
     if (st) return st;
     r->fmt = o->fmt != FM_QF_NONE ? o->fmt : r->desc.expert_format;
+    r->full_desc = r->desc;
+    if (o->shard && o->shard->mode) {
+        r->shard = *o->shard;
+        if ((st = fm_shard_desc(&r->full_desc, r->fmt, &r->shard, &r->desc))) return st;
+        fm_shard_describe(&r->shard, &r->full_desc, r->shard_desc, sizeof r->shard_desc);
+    }
     snprintf(r->source, sizeof r->source, "%s %s", o->model_dir ? "model" : "preset", o->model_dir ? o->model_dir : o->preset);
     r->device = o->device;
     r->n_batches = o->n_batches;
     r->sustain_ms = o->sustain_ms;
-    r->layers_wanted = o->layers ? o->layers : fm_cpu_bench_default_layers(&r->desc, r->fmt);
+    /* a host shard keeps its full layers: as many as the full model allows */
+    const int host_full = r->shard.mode && (o->device == FM_DEV_CPU || o->model_dir);
+    r->layers_wanted = o->layers ? o->layers : fm_cpu_bench_default_layers(host_full ? &r->full_desc : &r->desc, r->fmt);
     if (r->layers_wanted > FM_BENCH_MAX_LAYERS) r->layers_wanted = FM_BENCH_MAX_LAYERS;
     if (o->dist) return bench_sharded(o, r);
 
@@ -286,11 +524,22 @@ fm_status fm_bench_run(const fm_bench_opts *o, fm_bench_report *r) {
     memset(&b, 0, sizeof b);
     b.o = o;
     b.r = r;
+    b.gmax_rank = -1;
+    if (r->shard.mode == FM_DIST_EP && !(b.zero_router = fm_calloc((size_t)r->desc.n_experts * r->desc.hidden, sizeof(float))))
+        return FM_E_NOMEM;
     st = bench_device(&b);
     for (int i = 0; i < FM_BENCH_MAX_LAYERS; i++) {
         if (b.gl[i]) fm_cuda_layer_free(b.gl[i]);
-        fm_moe_layer_free(b.hl[i]);
+        if (b.gmax[i]) fm_cuda_layer_free(b.gmax[i]);
+        if (b.router[i] != b.full[i]) fm_moe_layer_free(b.router[i]);
+        if (b.full[i]) { /* a shard's view: the full layer owns the weights */
+            fm_moe_layer_free(b.full[i]);
+            free(b.arrays[i]);
+        } else {
+            fm_moe_layer_free(b.hl[i]);
+        }
     }
+    free(b.zero_router);
     fm_ckpt_close(b.ck);
     fm_cpu_engine_free(b.ce);
     if (b.ge) fm_cuda_engine_free(b.ge);

@@ -122,8 +122,10 @@ static int cmp_launch_corr(const void *a, const void *b) {
     return (x->corr > y->corr) - (x->corr < y->corr);
 }
 
-/* Index of the window containing t (windows sorted by start), or -1. */
-static int find_window(const int64_t *ws, const int64_t *we, int n, int64_t t) {
+/* Index of the latest-starting window containing t (windows sorted by
+ * start; reach[i] = the latest end among windows 0..i, so that a window
+ * nested in an earlier one does not hide it), or -1. */
+static int find_window(const int64_t *ws, const int64_t *we, const int64_t *reach, int n, int64_t t) {
     int lo = 0, hi = n - 1, best = -1;
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
@@ -134,9 +136,10 @@ static int find_window(const int64_t *ws, const int64_t *we, int n, int64_t t) {
             hi = mid - 1;
         }
     }
-    if (best >= 0 && t < we[best]) return best;
     /* zero-length window exactly at t */
-    if (best >= 0 && ws[best] == t) return best;
+    if (best >= 0 && ws[best] == t && we[best] == t) return best;
+    for (int j = best; j >= 0 && reach[j] > t; j--)
+        if (t < we[j]) return j;
     return -1;
 }
 
@@ -334,13 +337,15 @@ static fm_status assign_steps(fm_trace *t, fm_tr_unit *u, fm_tr_file **files, in
             if ((int)files[f]->span[i].kind == kind && (int)files[f]->span[i].gpu == use_gpu) sp[m++] = files[f]->span[i];
     qsort(sp, m, sizeof *sp, cmp_span);
     int64_t *ws = fm_malloc((m + 1) * sizeof *ws), *we = fm_malloc((m + 1) * sizeof *we);
-    if (!ws || !we) {
-        free(sp), free(ws), free(we);
+    int64_t *reach = fm_malloc((m + 1) * sizeof *reach);
+    if (!ws || !we || !reach) {
+        free(sp), free(ws), free(we), free(reach);
         return FM_E_NOMEM;
     }
     for (size_t i = 0; i < m; i++) {
         ws[i] = sp[i].ts;
         we[i] = sp[i].ts + sp[i].dur;
+        reach[i] = i && reach[i - 1] > we[i] ? reach[i - 1] : we[i];
     }
     int32_t *cpu_step = NULL; /* per event: CPU window of its launch */
     size_t nlaunch = 0;
@@ -369,13 +374,13 @@ static fm_status assign_steps(fm_trace *t, fm_tr_unit *u, fm_tr_file **files, in
                 unmatched++;
                 continue;
             }
-            e->step = find_window(ws, we, (int)m, fl->launch[lo].ts);
+            e->step = find_window(ws, we, reach, (int)m, fl->launch[lo].ts);
         }
         if (unmatched)
             add_note(u, "%lld GPU events have no launch with their correlation id in the trace: left outside steps",
                      (long long)unmatched);
     } else {
-        for (size_t i = 0; i < n; i++) ev[i].step = find_window(ws, we, (int)m, ev[i].ts);
+        for (size_t i = 0; i < n; i++) ev[i].step = find_window(ws, we, reach, (int)m, ev[i].ts);
     }
     /* steps that received no GPU work are dropped */
     int *remap = fm_malloc((m + 1) * sizeof *remap);
@@ -405,8 +410,14 @@ static fm_status assign_steps(fm_trace *t, fm_tr_unit *u, fm_tr_file **files, in
         }
     for (size_t i = 0; i < n; i++)
         if (ev[i].step >= 0) ev[i].step = remap[ev[i].step];
-    if (use_gpu)
+    if (use_gpu) {
+        int64_t merged = 0;
+        for (int f = 0; f < nf; f++) merged += files[f]->n_span_merged;
+        if (merged)
+            add_note(u, "%lld more GPU spans of the same annotations (one per stream that ran a step's work) "
+                        "folded into their steps", (long long)merged);
         snprintf(u->method, sizeof u->method, "%d %s spans on the GPU timeline (gpu_user_annotation)", kept, what);
+    }
     else if (by_corr)
         snprintf(u->method, sizeof u->method,
                  "%d %s CPU spans; kernels attributed through the correlation id of their launch", kept, what);
@@ -420,6 +431,7 @@ out:
     free(sp);
     free(ws);
     free(we);
+    free(reach);
     return s;
 }
 

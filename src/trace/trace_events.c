@@ -120,8 +120,8 @@ typedef struct {
     int name_state;    /* V_ABSENT / V_OK / V_BAD (not a string) */
     char *name;
     size_t name_len, name_cap;
-    int ts_state, dur_state, corr_state;
-    int64_t ts, dur, corr;
+    int ts_state, dur_state, corr_state, ext_state;
+    int64_t ts, dur, corr, ext;
     int64_t pid, tid;  /* ids: numbers as is, strings hashed (top bit set) */
     size_t ts_at, dur_at, name_at;
 } ev_t;
@@ -215,10 +215,17 @@ static int parse_time(pctx *c, int c0, int64_t *dst, int *state, size_t *at) {
     return 0;
 }
 
-/* Walks one JSON object value (anything else is skipped): the member named
- * key (klen bytes) is handed to take(c, ch) with ch its first character, every
- * other member is skipped. where names the object in messages. */
-static int walk_object(pctx *c, const char *key, size_t klen, int (*take)(pctx *, int), const char *where) {
+/* One member of an object that walk_object hands to its reader. */
+typedef struct {
+    const char *key;
+    size_t klen;
+    int (*take)(pctx *, int);
+} member;
+
+/* Walks one JSON object value (anything else is skipped): a member named in
+ * want[0..nwant) is handed to its take(c, ch) with ch its first character,
+ * every other member is skipped. where names the object in messages. */
+static int walk_object(pctx *c, const member *want, int nwant, const char *where) {
     fm_tr_jr *r = &c->r;
     int ch = fm_tr_jr_ws(r);
     if (ch != '{') return fm_tr_jr_skip(r);
@@ -239,14 +246,16 @@ static int walk_object(pctx *c, const char *key, size_t klen, int (*take)(pctx *
         const char *k;
         size_t kn;
         if (fm_tr_jr_string(r, &k, &kn)) return -1;
-        const int hit = kn == klen && memcmp(k, key, klen) == 0;
+        const member *hit = NULL;
+        for (int i = 0; i < nwant && !hit; i++)
+            if (kn == want[i].klen && memcmp(k, want[i].key, kn) == 0) hit = &want[i];
         if (fm_tr_jr_colon(r, "unexpected end of input (truncated file?)")) return -1;
         ch = fm_tr_jr_ws(r);
         if (ch < 0) {
             fm_tr_jr_fail(r, r->end, "unexpected end of input (truncated file?)");
             return -1;
         }
-        if (hit ? take(c, ch) : fm_tr_jr_skip(r)) return -1;
+        if (hit ? hit->take(c, ch) : fm_tr_jr_skip(r)) return -1;
         int nx = fm_tr_jr_next(r, &ch, '}', "unexpected end of input (truncated file?)", "expected ',' or '}' in object");
         if (nx <= 0) return nx;
     }
@@ -263,7 +272,22 @@ static int take_correlation(pctx *c, int ch) {
     return 0;
 }
 
-static int parse_args(pctx *c) { return walk_object(c, "correlation", 11, take_correlation, "\"args\""); }
+/* args."External id" (the annotation's id: Kineto writes one GPU span of a
+ * step per stream, all with the CPU span's id): a number or a numeric string */
+static int take_external_id(pctx *c, int ch) {
+    const char *s;
+    size_t n;
+    int is_str;
+    if (read_num_field(c, ch, &s, &n, &is_str)) return -1;
+    if (s && fm_tr_text_to_i64(s, n, &c->ev.ext) == 0) c->ev.ext_state = V_OK;
+    else c->ev.ext_state = V_BAD;
+    return 0;
+}
+
+static int parse_args(pctx *c) {
+    static const member want[] = {{"correlation", 11, take_correlation}, {"External id", 11, take_external_id}};
+    return walk_object(c, want, 2, "\"args\"");
+}
 
 #define PUSH(arr, n, cap, val)                                                                     \
     do {                                                                                           \
@@ -342,13 +366,13 @@ static fm_status bad_event(pctx *c, size_t at, int64_t idx, const char *what) {
 
 /* A complete event (ph X, or a B/E pair) with its fields. */
 static fm_status emit(pctx *c, int cat, const char *name, size_t nlen, int64_t ts, int64_t dur, int64_t corr,
-                      int64_t pid, int64_t tid) {
+                      int64_t ext, int64_t pid, int64_t tid) {
     if (cat == C_KERNEL || cat == C_MEMCPY || cat == C_MEMSET) return add_gpu(c, cat, name, nlen, ts, dur, corr, pid, tid);
     if (cat == C_ANNOT || cat == C_GPU_ANNOT) {
         int64_t num;
         int k = span_kind(name, nlen, &num);
         if (k >= 0) {
-            fm_tr_span sp = {ts, dur, num, (uint8_t)k, (uint8_t)(cat == C_GPU_ANNOT)};
+            fm_tr_span sp = {ts, dur, num, ext, (uint8_t)k, (uint8_t)(cat == C_GPU_ANNOT)};
             PUSH(c->f->span, c->f->nspan, c->f->span_cap, sp);
         }
     }
@@ -384,7 +408,8 @@ static fm_status finish_event(pctx *c, size_t at, int64_t idx) {
         if (e->dur_state == V_ABSENT) return bad_event(c, at, idx, is_gpu ? "GPU event has no \"dur\"" : "step annotation has no \"dur\"");
         if (e->dur_state == V_BAD) return bad_event(c, e->dur_at, idx, "\"dur\" is not a finite number (NaN, inf, text or beyond 2^62 ns)");
         if (e->dur < 0) return bad_event(c, e->dur_at, idx, "\"dur\" is negative");
-        return emit(c, cat, e->name, e->name_len, e->ts, e->dur, e->corr_state == V_OK ? e->corr : -1, e->pid, e->tid);
+        return emit(c, cat, e->name, e->name_len, e->ts, e->dur, e->corr_state == V_OK ? e->corr : -1,
+                    e->ext_state == V_OK && e->ext >= 0 ? e->ext : -1, e->pid, e->tid);
     }
     if (e->ph == 'B') {
         /* every B is kept (an E closes the most recent B of its thread,
@@ -424,7 +449,7 @@ static fm_status finish_event(pctx *c, size_t at, int64_t idx) {
                 } else if (e->ts < b->ts) {
                     s = bad_event(c, e->ts_at, idx, "\"E\" event ends before its \"B\" event");
                 } else {
-                    s = emit(c, b->cat, b->name, b->name_len, b->ts, e->ts - b->ts, -1, b->pid, b->tid);
+                    s = emit(c, b->cat, b->name, b->name_len, b->ts, e->ts - b->ts, -1, -1, b->pid, b->tid);
                 }
             }
             free(b->name);
@@ -444,7 +469,7 @@ static int parse_event(pctx *c, int64_t idx) {
     e->ph = 0;
     e->ph_len = 0;
     e->cat = C_NONE;
-    e->name_state = e->ts_state = e->dur_state = e->corr_state = V_ABSENT;
+    e->name_state = e->ts_state = e->dur_state = e->corr_state = e->ext_state = V_ABSENT;
     e->pid = e->tid = 0;
     e->name_len = 0;
     r->pos++; /* '{' */
@@ -598,7 +623,10 @@ static int take_rank(pctx *c, int ch) {
     return 0;
 }
 
-static int parse_dist_info(pctx *c) { return walk_object(c, "rank", 4, take_rank, "object"); }
+static int parse_dist_info(pctx *c) {
+    static const member want[] = {{"rank", 4, take_rank}};
+    return walk_object(c, want, 1, "object");
+}
 
 static const char *kind_of(int ch) {
     switch (ch) {
@@ -687,6 +715,43 @@ eof:
     return r->st;
 }
 
+/* Kineto writes a gpu_user_annotation per (device, stream) that ran work of
+ * the annotation: a step whose kernels ran on several streams (a CUDA graph's
+ * parallel branches, a side stream) has several GPU spans, each covering its
+ * own stream's kernels. They are folded into one span per step, the union of
+ * their windows: same kind and number, and the same "External id" (the CPU
+ * annotation's id) or, where a writer gives none, overlapping windows. */
+static int cmp_gspan(const void *a, const void *b) {
+    const fm_tr_span *x = a, *y = b;
+    if (x->gpu != y->gpu) return y->gpu - x->gpu; /* GPU spans first */
+    if (x->kind != y->kind) return (x->kind > y->kind) - (x->kind < y->kind);
+    if (x->num != y->num) return (x->num > y->num) - (x->num < y->num);
+    if (x->ext != y->ext) return (x->ext > y->ext) - (x->ext < y->ext);
+    return (x->ts > y->ts) - (x->ts < y->ts);
+}
+
+static void merge_gpu_spans(fm_tr_file *f) {
+    if (f->nspan < 2) return;
+    qsort(f->span, f->nspan, sizeof *f->span, cmp_gspan);
+    size_t ngpu = 0;
+    while (ngpu < f->nspan && f->span[ngpu].gpu) ngpu++;
+    size_t out = 0;
+    for (size_t i = 0; i < ngpu; i++) {
+        fm_tr_span *cur = out ? &f->span[out - 1] : NULL, *sp = &f->span[i];
+        int same = cur && cur->kind == sp->kind && cur->num == sp->num && cur->ext == sp->ext &&
+                   (sp->ext >= 0 || sp->ts < cur->ts + cur->dur);
+        if (same) {
+            int64_t end = sp->ts + sp->dur > cur->ts + cur->dur ? sp->ts + sp->dur : cur->ts + cur->dur;
+            cur->dur = end - cur->ts; /* sorted by ts within a group: cur->ts is the earliest */
+            f->n_span_merged++;
+        } else {
+            f->span[out++] = *sp;
+        }
+    }
+    if (out < ngpu) memmove(&f->span[out], &f->span[ngpu], (f->nspan - ngpu) * sizeof *f->span);
+    f->nspan -= ngpu - out;
+}
+
 fm_status fm_tr_parse_sized(fm_tr_read_fn rd, void *ctx, const char *label, size_t cap_hint, fm_tr_file *f) {
     memset(f, 0, sizeof *f);
     f->rank_hint = -1;
@@ -708,6 +773,7 @@ fm_status fm_tr_parse_sized(fm_tr_read_fn rd, void *ctx, const char *label, size
     s = parse_doc(&c);
     f->parse_s = (double)(fm_now_ns() - t0) * 1e-9;
     f->bytes = c.r.base + c.r.end;
+    if (s == FM_OK) merge_gpu_spans(f);
     for (size_t i = 0; i < c.nob; i++) free(c.ob[i].name);
     f->n_unmatched += (int64_t)c.nob;
     free(c.ob);

@@ -32,6 +32,7 @@ typedef enum { FM_TR_SPAN_PROFILER = 0, FM_TR_SPAN_SGLANG = 1 } fm_tr_span_kind;
 typedef struct {
     int64_t ts, dur;
     int64_t num;      /* N of ProfilerStep#N, or bs of step[DECODE bs=N]  */
+    int64_t ext;      /* args."External id", -1 when absent              */
     uint8_t kind;     /* fm_tr_span_kind                                 */
     uint8_t gpu;      /* 1: gpu_user_annotation (GPU timeline)           */
 } fm_tr_span;
@@ -73,6 +74,7 @@ typedef struct {
     size_t nspan, span_cap;
     int64_t n_events;     /* traceEvents entries seen                   */
     int64_t n_unmatched;  /* B without E, E without B                   */
+    int64_t n_span_merged; /* per-stream GPU spans folded into their step's */
 } fm_tr_file;
 
 /* Parses one trace from a byte source. read() fills dst with up to cap

@@ -13,4 +13,8 @@ typedef struct {
 
 extern const fm_builtin_config fm_builtin_configs[];
 extern const size_t fm_builtin_config_count;
+/* The names of all the files of configs/ when the library was built, copied
+ * above or not: the GPUs the project measured. */
+extern const char *const fm_shipped_config_names[];
+extern const size_t fm_shipped_config_name_count;
 #endif

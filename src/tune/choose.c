@@ -660,6 +660,154 @@ fm_status fm_tune_choose(const fm_tune_key *key, int T, fm_tune_choice *out) {
     return s;
 }
 
+/* ------------------------------------------------ the nearest tuned shape */
+
+double fm_tune_shape_distance(int E, int H, int I, int k, int E2, int H2, int I2, int k2) {
+    if (E < 1 || H < 1 || I < 1 || k < 1 || E2 < 1 || H2 < 1 || I2 < 1 || k2 < 1) return INFINITY;
+    return 4 * fabs(log2((double)H / H2)) + 2 * fabs(log2((double)I / I2)) + fabs(log2((double)E / E2)) +
+           fabs(log2((double)k / k2));
+}
+
+/* The shape of a config file name of the key's GPU, SM count and format
+ * ("<gpu>-<sm>sm-<fmt>-E<E>-H<H>-I<I>-k<k>.json"); 0 when it is one. */
+static int parse_shape_name(const char *nm, const char *prefix, int *E, int *H, int *I, int *k) {
+    const size_t pl = strlen(prefix);
+    if (strncmp(nm, prefix, pl) != 0) return -1;
+    int n = 0;
+    if (sscanf(nm + pl, "E%d-H%d-I%d-k%d.json%n", E, H, I, k, &n) != 4 || n <= 0 || nm[pl + (size_t)n] != 0) return -1;
+    return *E > 0 && *H > 0 && *I > 0 && *k > 0 && *k <= *E ? 0 : -1;
+}
+
+typedef struct {
+    double dist;
+    int E, H, I, k;
+    int dir;         /* search-order index (FM_TUNE_DIR_BUILTIN: a built-in copy) */
+    char name[512];
+} near_cand;
+
+/* Keeps the better of c and *best: smaller distance, then the earlier
+ * directory, then the smaller name (so that the choice is stable). */
+static void near_keep(near_cand *best, const near_cand *c) {
+    if (best->dir < 0 || c->dist < best->dist - 1e-12 ||
+        (fabs(c->dist - best->dist) <= 1e-12 &&
+         (c->dir < best->dir || (c->dir == best->dir && strcmp(c->name, best->name) < 0))))
+        *best = *c;
+}
+
+/* No file for the key's shape: borrow the choice of the nearest tuned shape
+ * of the same GPU (name, SM count) and format, at the batch with the same
+ * mean tokens per expert (T*k/E), where the paths switch. 0 when a file was
+ * borrowed (out filled); -1 to fall back to the built-in default (out's
+ * no_gpu_files set when no such file exists at all). */
+static int borrow_nearest(const fm_tune_key *key, int T, char dirs[FM_TUNE_NDIRS][1024], int builtin,
+                          fm_tune_choice *out, const char *head, const char *trail) {
+    char prefix[512];
+    fm_tune_key pk = *key;
+    pk.E = pk.H = pk.I = pk.k = 1;
+    if (fm_tune_key_filename(&pk, prefix, sizeof prefix) != FM_OK) return -1;
+    char *cut = strstr(prefix, "-E1-H1-I1-k1.json");
+    if (!cut) return -1;
+    cut[1] = 0; /* "<gpu>-<sm>sm-<fmt>-" */
+    near_cand best = {.dir = -1}, tried[8];
+    int n_tried = 0;
+    /* the candidates, nearest first; a file that does not load or match is
+     * skipped for the next one */
+    for (int attempt = 0; attempt < 8; attempt++) {
+        best.dir = -1;
+        int any = 0;
+        for (int i = 0; i < FM_TUNE_NDIRS; i++) {
+            if (i == FM_TUNE_DIR_BUILTIN) {
+                if (!builtin) continue;
+                for (size_t b = 0; b < fm_builtin_config_count; b++) {
+                    near_cand c = {.dir = i};
+                    if (parse_shape_name(fm_builtin_configs[b].name, prefix, &c.E, &c.H, &c.I, &c.k)) continue;
+                    any = 1;
+                    snprintf(c.name, sizeof c.name, "%s", fm_builtin_configs[b].name);
+                    c.dist = fm_tune_shape_distance(key->E, key->H, key->I, key->k, c.E, c.H, c.I, c.k);
+                    int skip = 0;
+                    for (int t = 0; t < n_tried; t++) skip |= tried[t].dir == i && !strcmp(tried[t].name, c.name);
+                    if (!skip) near_keep(&best, &c);
+                }
+                continue;
+            }
+            if (!dirs[i][0]) continue;
+            DIR *d = opendir(dirs[i]);
+            if (!d) continue;
+            struct dirent *de;
+            while ((de = readdir(d)) != NULL) {
+                near_cand c = {.dir = i};
+                if (parse_shape_name(de->d_name, prefix, &c.E, &c.H, &c.I, &c.k)) continue;
+                any = 1;
+                snprintf(c.name, sizeof c.name, "%s", de->d_name);
+                c.dist = fm_tune_shape_distance(key->E, key->H, key->I, key->k, c.E, c.H, c.I, c.k);
+                int skip = 0;
+                for (int t = 0; t < n_tried; t++) skip |= tried[t].dir == i && !strcmp(tried[t].name, c.name);
+                if (!skip) near_keep(&best, &c);
+            }
+            closedir(d);
+        }
+        if (!any && attempt == 0) out->no_gpu_files = 1;
+        if (best.dir < 0) return -1;
+        if (best.dist > FM_TUNE_NEAREST_MAX) { /* nothing near enough: the default */
+            out->nearest_too_far = 1;
+            out->nearest_E = best.E;
+            out->nearest_H = best.H;
+            out->nearest_I = best.I;
+            out->nearest_k = best.k;
+            out->nearest_distance = best.dist;
+            return -1;
+        }
+        tried[n_tried++] = best;
+        fm_tune_file f;
+        char msg[512], what[1600], note[512] = "";
+        int r;
+        if (best.dir == FM_TUNE_DIR_BUILTIN) {
+            snprintf(what, sizeof what, "built-in copy of configs/%s", best.name);
+            r = builtin_load(builtin_index(best.name), &f, msg, sizeof msg);
+        } else {
+            if (fm_path_join(what, sizeof what, dirs[best.dir], best.name) != FM_OK) continue;
+            r = fm_tune_load_cached(what, &f, msg, sizeof msg);
+        }
+        if (r <= 0) continue; /* unreadable or malformed: the next nearest */
+        fm_tune_key want = *key;
+        want.E = best.E;
+        want.H = best.H;
+        want.I = best.I;
+        want.k = best.k;
+        if (fm_tune_key_match(&f.key, &want, note, sizeof note) != FM_TUNE_MATCH || f.n < 1) continue;
+        /* the batch of the borrowed shape with this batch's tokens per expert */
+        double te = (double)T * key->k / key->E * best.E / best.k;
+        int Tb = te < 1 ? 1 : te > 1e6 ? 1000000 : (int)lround(te);
+        int batches[FM_TUNE_MAX_BUCKETS];
+        for (int i = 0; i < f.n; i++) batches[i] = f.b[i].batch;
+        const fm_tune_bucket *b = &f.b[fm_tune_nearest_bucket(batches, f.n, Tb)];
+        out->cfg = b->cfg;
+        out->tuned = 0;
+        out->nearest = 1;
+        out->nearest_E = best.E;
+        out->nearest_H = best.H;
+        out->nearest_I = best.I;
+        out->nearest_k = best.k;
+        out->nearest_batch = Tb;
+        out->nearest_distance = best.dist;
+        out->bucket = b->batch;
+        out->tuned_us = b->us;
+        out->default_us = b->default_us;
+        snprintf(out->date, sizeof out->date, "%s", b->date);
+        snprintf(out->version, sizeof out->version, "%s", b->version);
+        snprintf(out->source, sizeof out->source, "%.*s", (int)sizeof out->source - 1, what);
+        char kdesc[320];
+        fm_tune_key_describe(key, kdesc, sizeof kdesc);
+        snprintf(out->reason, sizeof out->reason,
+                 "no tuned config for %.300s; borrowed from the nearest tuned shape of this GPU and format, %.600s "
+                 "(E=%d H=%d I=%d k=%d, distance %.2f = 4|log2 H/H'| + 2|log2 I/I'| + |log2 E/E'| + |log2 k/k'|), "
+                 "its bucket %d (nearest to batch %d, the same tokens per expert as batch %d here); %.250s; lookup:%.200s",
+                 kdesc, what, best.E, best.H, best.I, best.k, best.dist, b->batch, Tb, T, head, trail);
+        return 0;
+    }
+    return -1;
+}
+
 fm_status fm_tune_choose_trail(const fm_tune_key *key, int T, fm_tune_choice *out, fm_tune_trail trail_out[FM_TUNE_NDIRS]) {
     if (!key || !out) return fm_error(FM_E_ARG, "fm_tune_choose: NULL argument");
     memset(out, 0, sizeof *out);
@@ -749,6 +897,8 @@ fm_status fm_tune_choose_trail(const fm_tune_key *key, int T, fm_tune_choice *ou
         for (int i = 0; i < FM_TUNE_NDIRS; i++)
             if (dirs[i][0]) note_other_sm_files(dirs[i], key, name, out);
         if (builtin) note_other_sm_builtin(key, name, out);
+        out->never_measured = !fm_tune_gpu_measured(key, dirs);
+        if (borrow_nearest(key, T, dirs, builtin, out, head, trail) == 0) return FM_OK;
         char hint[1024];
         fm_tune_provenance_line(key, T, out, hint, sizeof hint); /* the WARNING line */
         const char *w = strstr(hint, "no tuned config");
@@ -820,10 +970,30 @@ void fm_tune_provenance_line(const fm_tune_key *key, int T, const fm_tune_choice
     char how[160];
     if (preset) snprintf(how, sizeof how, "--preset %s", preset);
     else snprintf(how, sizeof how, "--model DIR");
-    snprintf(buf, cap, "WARNING: no tuned config for %s; using defaults; run: fp4moe tune %s%s%s --batch %d  "
+    char far[200] = "";
+    if (c->nearest_too_far)
+        snprintf(far, sizeof far, " (the nearest tuned shape, E=%d H=%d I=%d k=%d, is too far to borrow from: distance "
+                 "%.2f > %g)", c->nearest_E, c->nearest_H, c->nearest_I, c->nearest_k, c->nearest_distance,
+                 FM_TUNE_NEAREST_MAX);
+    const char *fo = key->fmt != FM_QF_NVFP4 ? " --format " : "", *fn = key->fmt != FM_QF_NVFP4 ? fm_qformat_name(key->fmt) : "";
+    if (c->nearest) {
+        snprintf(buf, cap, "WARNING: no tuned config for %s; borrowing the nearest tuned shape's choice: E=%d H=%d I=%d "
+                 "k=%d (distance %.2f) bucket %d from %s; run: fp4moe tune %s%s%s --batch %d  "
+                 "[backend=cuda kernel=%s params=%s config=%s]",
+                 kdesc, c->nearest_E, c->nearest_H, c->nearest_I, c->nearest_k, c->nearest_distance, c->bucket,
+                 c->source, how, fo, fn, T, fm_kernel_path_name(c->cfg.path), params, c->source);
+        return;
+    }
+    char never[256] = "";
+    if (c->never_measured)
+        snprintf(never, sizeof never, "; fp4moe's kernels have never been measured on %s: its defaults were set on other GPUs",
+                 key->gpu_name[0] ? key->gpu_name : "this GPU");
+    snprintf(buf, cap, "WARNING: no tuned config for %s%s; using defaults; run: fp4moe tune %s%s%s --batch %d%s  "
              "[backend=cuda kernel=%s params=%s config=built-in default]",
-             kdesc, how, key->fmt != FM_QF_NVFP4 ? " --format " : "", key->fmt != FM_QF_NVFP4 ? fm_qformat_name(key->fmt) : "",
-             T, fm_kernel_path_name(c->cfg.path), params);
+             kdesc, never, how, fo, fn, T,
+             c->no_gpu_files ? " (no tuned config file of this GPU and format at all: none to borrow from)"
+             : c->nearest_too_far ? far : "",
+             fm_kernel_path_name(c->cfg.path), params);
 }
 
 /* Paths and GPU names come from outside and need not be UTF-8, which JSON
@@ -877,6 +1047,12 @@ char *fm_tune_choice_to_json(const fm_tune_key *key, int T, const fm_tune_choice
     } else {
         const char *w = strstr(line, "no tuned config");
         json_object_set_new(o, "warning", jstr(w ? w : line));
+        if (c->nearest)
+            json_object_set_new(o, "nearest",
+                                json_pack("{s:i, s:i, s:i, s:i, s:f, s:i, s:i}", "E", c->nearest_E, "H", c->nearest_H,
+                                          "I", c->nearest_I, "k", c->nearest_k, "distance", c->nearest_distance,
+                                          "batch", c->nearest_batch, "bucket", c->bucket));
+        json_object_set_new(o, "no_gpu_files", json_boolean(c->no_gpu_files));
     }
     const char *p = c->warnings;
     while (*p) {

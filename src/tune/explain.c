@@ -34,8 +34,8 @@ static fm_status find_target(const fm_explain_opts *o, fm_explanation *x) {
         snprintf(x->key.gpu_name, sizeof x->key.gpu_name, "%s", g->name);
         x->key.sm_count = g->sm_count;
         snprintf(x->origin, sizeof x->origin, "--gpu (not present; datasheet figures)");
-        snprintf(x->describe, sizeof x->describe, "%s: %d SMs, %.0f GB/s, %.0f MB L2, sm_%d, %s", g->name, g->sm_count,
-                 g->bandwidth_gbs, g->l2_mb, g->cc,
+        snprintf(x->describe, sizeof x->describe, "%s: %d SMs, %.0f GB/s, %.0f MB L2, %.0f GB, %d W, sm_%d, %s",
+                 g->name, g->sm_count, g->bandwidth_gbs, g->l2_mb, g->memory_gb, g->power_w, g->cc,
                  g->fp4_tensor_cores ? "FP4 tensor cores (not used yet: FP4 is decoded in registers)"
                                      : "no FP4 tensor cores (FP4 decoded in registers)");
         return FM_OK;
@@ -70,6 +70,18 @@ static fm_status decide_gpu(fm_explanation *x, const fm_sched *sch, fm_explain_b
     if (s) return s;
     const fm_tune_choice *c = &e->choice;
     e->default_cfg = fm_kernel_config_default(key, T);
+    /* the wgmma kernels run on sm_90 only: on a GPU the datasheet names as
+     * another, the engine runs the mma.sync default instead (and says so) */
+    const int cc = x->gpu_info ? x->gpu_info->cc : 0;
+    if (cc && cc / 10 != 9) {
+        if (e->default_cfg.path == FM_PATH_WGMMA) e->default_cfg = fm_kernel_config_default_mma(key, T);
+        if (e->choice.cfg.path == FM_PATH_WGMMA) {
+            e->choice.cfg = fm_kernel_config_default_mma(key, T);
+            size_t n = strlen(e->choice.source);
+            snprintf(e->choice.source + n, sizeof e->choice.source - n,
+                     " (wgmma path needs sm_90: the built-in mma.sync default used)");
+        }
+    }
     fm_tune_provenance_line(key, T, c, e->provenance, sizeof e->provenance);
     e->mean_tokens_per_expert = (double)T * d->topk / d->n_experts;
     /* the router logits' shape (src/cuda/route_shape.c, as the engine decides) */
@@ -84,7 +96,6 @@ static fm_status decide_gpu(fm_explanation *x, const fm_sched *sch, fm_explain_b
     /* the layer's schedule (src/cuda/schedule.c, as the engine decides): on
      * sm_90 with the wgmma path chosen, where the datasheet names the
      * compute capability */
-    const int cc = x->gpu_info ? x->gpu_info->cc : 0;
     const int wg = cc == 90 && c->cfg.path == FM_PATH_WGMMA;
     const int nt = c->cfg.tile_n <= 8 ? 1 : c->cfg.tile_n <= 16 ? 2 : 4;
     e->shared_fork = sch->sh_fork && d->n_shared > 0;
@@ -115,15 +126,25 @@ fm_status fm_explain_decide(const fm_explain_opts *o, fm_explanation **out) {
     if (!x) return FM_E_NOMEM;
     x->batches = fm_calloc((size_t)o->n_batches, sizeof *x->batches);
     fm_status s = x->batches ? FM_OK : FM_E_NOMEM;
+    const fm_shard *sh = o->shard && o->shard->mode ? o->shard : NULL;
+    x->full_desc = *o->desc;
+    x->desc = *o->desc;
+    if (!s && sh) {
+        s = fm_shard_desc(o->desc, o->fmt, sh, &x->desc);
+        x->shard_mode = sh->mode;
+        x->shard_ranks = sh->ranks;
+        x->shard_rank = sh->rank;
+        fm_shard_describe(sh, o->desc, x->shard_desc, sizeof x->shard_desc);
+    }
     if (!s) s = find_target(o, x);
-    if (!s) s = fm_tune_key_set_shape(&x->key, o->desc, o->fmt);
+    if (!s) s = fm_tune_key_set_shape(&x->key, &x->desc, o->fmt);
     if (!s) s = fm_tune_key_filename(&x->key, x->config_file, sizeof x->config_file);
     if (s) {
         fm_explanation_free(x);
         return s;
     }
-    const fm_model_desc *d = o->desc;
-    x->desc = *d;
+    const fm_model_desc *d = &x->desc, *fd = &x->full_desc;
+    const int ep = sh && sh->mode == FM_DIST_EP;
     snprintf(x->model, sizeof x->model, "%s", o->model_label ? o->model_label : d->family);
     x->fmt = o->fmt;
     x->expert_bytes = fm_model_expert_bytes(d, o->fmt);
@@ -139,11 +160,16 @@ fm_status fm_explain_decide(const fm_explain_opts *o, fm_explanation **out) {
         fm_explain_batch *e = &x->batches[bi];
         const int T = o->batches[bi];
         e->batch = T;
-        e->active_experts = fm_tune_expected_active(d->n_experts, d->topk, T);
-        e->tokens_per_expert = fm_tune_tokens_per_expert(d->n_experts, d->topk, T);
+        /* an EP rank: its E/R experts' share of the full routing's active
+         * ones; TP ranks see the full routing's */
+        e->active_experts = fm_tune_expected_active(fd->n_experts, fd->topk, T) * d->n_experts / fd->n_experts;
+        e->tokens_per_expert = fm_tune_tokens_per_expert(fd->n_experts, fd->topk, T);
         /* The shared expert is read every step too; its matrices are those
-         * of a routed expert with shared_inter in place of I. */
-        e->shared_bytes = d->n_shared && d->moe_inter > 0 ? eb * d->shared_inter / d->moe_inter : 0;
+         * of a routed expert with shared_inter in place of I (an EP rank:
+         * only when its token chunk holds a token). */
+        int t0 = 0, nchunk = T;
+        if (ep) fm_shard_token_chunk(sh, T, &t0, &nchunk);
+        e->shared_bytes = d->n_shared && d->moe_inter > 0 && nchunk > 0 ? eb * d->shared_inter / d->moe_inter : 0;
         e->bytes = e->active_experts * eb + e->shared_bytes;
         e->floor_us = bw > 0 ? e->bytes / (bw * 1e9) * 1e6 : 0;
         if (x->gpu && (s = decide_gpu(x, &sch, e))) {
@@ -166,9 +192,15 @@ void fm_explanation_free(fm_explanation *x) {
 static void text_batch_head(const fm_explanation *x, const fm_explain_batch *e, FILE *f) {
     const fm_model_desc *d = &x->desc;
     fprintf(f, "\nbatch %d\n", e->batch);
-    fprintf(f, "  active experts   E*(1-(1-k/E)^B) = %d*(1-(1-%d/%d)^%d) = %.1f of %d\n", d->n_experts, d->topk,
-            d->n_experts, e->batch, e->active_experts, d->n_experts);
-    fprintf(f, "  tokens/expert    B*k/active = %d*%d/%.1f = %.2f\n", e->batch, d->topk, e->active_experts,
+    const fm_model_desc *fd = &x->full_desc;
+    if (x->shard_mode == FM_DIST_EP)
+        fprintf(f, "  active experts   (E/R)*(1-(1-k/E)^B) = %d*(1-(1-%d/%d)^%d) = %.1f of the rank's %d\n",
+                d->n_experts, fd->topk, fd->n_experts, e->batch, e->active_experts, d->n_experts);
+    else
+        fprintf(f, "  active experts   E*(1-(1-k/E)^B) = %d*(1-(1-%d/%d)^%d) = %.1f of %d\n", d->n_experts, d->topk,
+                d->n_experts, e->batch, e->active_experts, d->n_experts);
+    fprintf(f, "  tokens/expert    B*k/active = %d*%d/%.1f = %.2f\n", e->batch, fd->topk,
+            x->shard_mode == FM_DIST_EP ? e->active_experts * fd->n_experts / d->n_experts : e->active_experts,
             e->tokens_per_expert);
 }
 
@@ -227,8 +259,19 @@ static void text_gpu_batch(const fm_explanation *x, const fm_explain_batch *e, F
                    "                   from %s\n",
                 c->bucket, T, ccs, c->tuned_us, c->default_us, c->date, c->version,
                 memcmp(&c->cfg, def, sizeof *def) ? "" : "; the default held there", c->source);
+    else if (c->nearest)
+        fprintf(f, "  chosen           borrowed from the nearest tuned shape (no file for this one): %s\n"
+                   "                   E=%d H=%d I=%d k=%d, distance %.2f (4|log2 H/H'| + 2|log2 I/I'| +\n"
+                   "                   |log2 E/E'| + |log2 k/k'|); its bucket %d, nearest to its batch %d of the same\n"
+                   "                   tokens per expert as batch %d here\n"
+                   "                   from %s\n",
+                ccs, c->nearest_E, c->nearest_H, c->nearest_I, c->nearest_k, c->nearest_distance, c->bucket,
+                c->nearest_batch, T, c->source);
     else
-        fprintf(f, "  chosen           built-in default: %s\n", ccs);
+        fprintf(f, "  chosen           built-in default: %s%s\n", ccs,
+                c->no_gpu_files      ? " (no tuned config file of this GPU and format at all)"
+                : c->nearest_too_far ? " (the nearest tuned shape is too far to borrow from)"
+                                     : "");
     if (c->warnings[0]) {
         fprintf(f, "  ignored files\n");
         const char *p = c->warnings;
@@ -251,6 +294,9 @@ fm_status fm_explain_render_text(const fm_explanation *x, FILE *f) {
     const fm_model_desc *d = &x->desc;
     fprintf(f, "fp4moe explain: %s, %s experts: E=%d H=%d I=%d k=%d%s\n", x->model, fm_qformat_name(x->fmt),
             d->n_experts, d->hidden, d->moe_inter, d->topk, d->n_shared ? " (+ shared expert)" : "");
+    if (x->shard_mode)
+        fprintf(f, "shard: %s (of E=%d H=%d I=%d k=%d); bytes and floor are this rank's\n", x->shard_desc,
+                x->full_desc.n_experts, x->full_desc.hidden, x->full_desc.moe_inter, x->full_desc.topk);
     if (x->gpu)
         fprintf(f, "target: %s [%s]\n", x->describe, x->origin);
     else
@@ -337,6 +383,13 @@ fm_status fm_explain_render_json(const fm_explanation *x, FILE *f) {
     json_object_set_new(root, "shape", json_pack("{s:i, s:i, s:i, s:i, s:i}", "E", d->n_experts, "H", d->hidden, "I",
                                                  d->moe_inter, "k", d->topk, "shared", d->n_shared));
     json_object_set_new(root, "expert_bytes", json_integer(x->expert_bytes));
+    if (x->shard_mode)
+        json_object_set_new(root, "shard",
+                            json_pack("{s:s, s:i, s:i, s:s, s:{s:i, s:i, s:i, s:i}}", "mode",
+                                      fm_dist_mode_name((fm_dist_mode)x->shard_mode), "ranks", x->shard_ranks, "rank",
+                                      x->shard_rank, "describe", x->shard_desc, "full_shape", "E",
+                                      x->full_desc.n_experts, "H", x->full_desc.hidden, "I", x->full_desc.moe_inter,
+                                      "k", x->full_desc.topk));
     json_t *tj = json_object();
     json_object_set_new(tj, "kind", json_string(x->gpu ? "gpu" : "cpu"));
     json_object_set_new(tj, "describe", json_string(x->describe));
@@ -348,6 +401,8 @@ fm_status fm_explain_render_json(const fm_explanation *x, FILE *f) {
             json_object_set_new(tj, "bandwidth_gbs", json_real(x->gpu_info->bandwidth_gbs));
             json_object_set_new(tj, "l2_mb", json_real(x->gpu_info->l2_mb));
             json_object_set_new(tj, "cc", json_integer(x->gpu_info->cc));
+            json_object_set_new(tj, "memory_gb", json_real(x->gpu_info->memory_gb));
+            json_object_set_new(tj, "power_w", json_integer(x->gpu_info->power_w));
         }
         json_object_set_new(root, "config_file", json_string(x->config_file));
     } else {

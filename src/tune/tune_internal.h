@@ -68,6 +68,11 @@ typedef fm_tune_lookup fm_tune_trail;
  * NULL). */
 fm_status fm_tune_choose_trail(const fm_tune_key *key, int T, fm_tune_choice *out, fm_tune_trail trail[FM_TUNE_NDIRS]);
 
+/* 1 when a config file for the key's GPU (any shape, any SM count) is in
+ * one of the lookup directories dirs ("": not set) or among the shipped
+ * ones the build saw; 0: fp4moe's kernels were never measured on it. */
+int fm_tune_gpu_measured(const fm_tune_key *key, char dirs[FM_TUNE_NDIRS][1024]);
+
 /* mkdir -p. */
 fm_status fm_tune_mkdirs(const char *dir);
 /* Current UTC time as "2026-11-29T10:00:00Z". */
