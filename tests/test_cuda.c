@@ -1115,7 +1115,9 @@ static void test_shard_layers(void **state) {
             double err = fm_test_rel_err(got, ref, (size_t)T * H);
             printf("# %-14s %s %d rank %d: GPU shard vs CPU rank, rel. error %.2e\n", presets[pi],
                    fm_dist_mode_name(sh->mode), sh->ranks, sh->rank, err);
-            if (!(err <= 2e-3)) fail_msg("%s: GPU shard differs from the CPU rank (%.3g)", presets[pi], err);
+            /* the CUDA engine takes BF16 activations where the CPU engine keeps FP32: the 5e-3 bound of
+             * every GPU-against-reference check here */
+            if (!(err <= 5e-3)) fail_msg("%s: GPU shard differs from the CPU rank (%.3g)", presets[pi], err);
             free(x); free(ref); free(got); free(ids); free(w);
             fm_cuda_layer_free(cl);
             fm_moe_layer_free(hl);

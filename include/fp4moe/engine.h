@@ -88,9 +88,11 @@ typedef struct {
  * split into k_split chunks of K over separate warps, down a block per 16
  * output rows over every expert (any sm_80 and later). */
 typedef enum { FM_PATH_SMALL = 0, FM_PATH_LARGE = 1, FM_PATH_WGMMA = 2, FM_PATH_SPLITK = 3 } fm_kernel_path;
-/* The largest batch and expert width (I) the built-in default sends to
- * the splitk path. */
-#define FM_SPLITK_DEFAULT_T 16
+/* The splitk path runs up to FM_SPLITK_MAX_TOKENS tokens on experts of I up
+ * to FM_SPLITK_DEFAULT_I; the built-in default takes it up to
+ * FM_SPLITK_DEFAULT_T tokens (the tuner tries it up to the maximum). */
+#define FM_SPLITK_MAX_TOKENS 16
+#define FM_SPLITK_DEFAULT_T 1
 #define FM_SPLITK_DEFAULT_I 512
 /* Tokens per expert (B * k / E) from which the built-in default takes the
  * wgmma path. */

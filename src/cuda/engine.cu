@@ -659,7 +659,7 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
     choose_cfg(e, layers[0], T, &cfg, &lc, r->config_source, sizeof r->config_source);
     r->cfg = cfg;
     fm_cuda_kernel_names(&lc, layers[0]->fmt == FM_QF_MXFP4, r->kernel, sizeof r->kernel);
-    if (e->shared_enabled && e->sched.sh_fork && layers[0]->SIp > 0) {
+    if (e->shared_enabled && e->sched.sh_fork && layers[0]->SIp > 0 && !lc.splitk) {
         size_t n = strlen(r->kernel);
         snprintf(r->kernel + n, sizeof r->kernel - n, "; shared expert on its own stream, %d tokens per pass",
                  8 * shared_nt(e, &lc, T));

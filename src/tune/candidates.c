@@ -85,7 +85,7 @@ int fm_tune_candidates(const fm_tune_key *key, int T, fm_kernel_config *out, int
         }
     /* the splitk path where it runs (few tokens, experts of I <= 512):
      * gate/up's K in 2 .. 16 chunks */
-    if (key->I > 0 && key->I <= FM_SPLITK_DEFAULT_I && T <= FM_SPLITK_DEFAULT_T) {
+    if (key->I > 0 && key->I <= FM_SPLITK_DEFAULT_I && T <= FM_SPLITK_MAX_TOKENS) {
         const int nseg = (key->H + 127) / 128;
         static const int chunks[] = {2, 4, 6, 8, 12, 16};
         for (size_t a = 0; a < sizeof chunks / sizeof chunks[0]; a++) {

@@ -98,13 +98,15 @@ static fm_status decide_gpu(fm_explanation *x, const fm_sched *sch, fm_explain_b
      * compute capability */
     const int wg = cc == 90 && c->cfg.path == FM_PATH_WGMMA;
     const int nt = c->cfg.tile_n <= 8 ? 1 : c->cfg.tile_n <= 16 ? 2 : 4;
-    e->shared_fork = sch->sh_fork && d->n_shared > 0;
+    const int sk = c->cfg.path == FM_PATH_SPLITK && T <= FM_SPLITK_MAX_TOKENS;
+    e->shared_fork = sch->sh_fork && d->n_shared > 0 && !sk;
     e->shared_tokens = 8 * fm_sched_shared_nt(sch, wg, nt, c->cfg.warps, T);
     e->down_per_expert = fm_sched_handoff(sch, wg && sch->pdl, T);
     e->selection_spread =
         fm_sched_sel_spread(sch, d->route == FM_ROUTE_NOAUX_TC || d->route == FM_ROUTE_DSV4, T, d->topk);
-    const int trig = sch->pdl ? fm_sched_trigger(sch, e->shared_fork) : 0;
+    const int trig = sch->pdl ? (sk ? 2 : fm_sched_trigger(sch, e->shared_fork)) : 0;
     e->shared_how = !d->n_shared ? "none" : e->shared_fork ? "own stream" : "in the routed launches";
+    e->down_per_expert = e->down_per_expert && !sk;
     e->expert_launch = !sch->pdl  ? "after the selection (no programmatic dependent launch)"
                        : trig == 1 ? "before the selection's wait on the logits"
                        : trig == 2 ? "right after the selection's wait on the logits"
@@ -226,8 +228,10 @@ static void text_gpu_batch(const fm_explanation *x, const fm_explain_batch *e, F
                "                   large path: tensor-core tiles of tile_n tokens per expert;\n"
                "                     for many tokens per expert (switch_tpe and above)\n"
                "                   wgmma path: the large path's work with Hopper warpgroup MMAs,\n"
-               "                     64 rows x up to tile_n tokens per instruction; sm_90, from B*k/E = %g\n",
-            FM_WGMMA_TPE);
+               "                     64 rows x up to tile_n tokens per instruction; sm_90, from B*k/E = %g\n"
+               "                   splitk path: gate/up's K over k_split warps per 16 rows, down a block per\n"
+               "                     16 output rows over every expert; up to %d tokens, I <= %d (default at %d)\n",
+            FM_WGMMA_TPE, FM_SPLITK_MAX_TOKENS, FM_SPLITK_DEFAULT_I, FM_SPLITK_DEFAULT_T);
     fprintf(f, "  default          built-in: %s path (switch_tpe %g; mean tokens per expert B*k/E = %.2f)\n"
                "                   %s\n",
             fm_tune_path_token(def->path), (double)def->switch_tpe, e->mean_tokens_per_expert, dcs);
@@ -341,6 +345,8 @@ static json_t *json_gpu_batch(const fm_explanation *x, const fm_explain_batch *e
     snprintf(when, sizeof when, "sm_90, from B*k/E = %g tokens per expert", FM_WGMMA_TPE);
     json_array_append_new(cons, json_pack("{s:s, s:s, s:s}", "path", "wgmma", "kernel", fm_kernel_path_name(FM_PATH_WGMMA),
                                           "when", when));
+    json_array_append_new(cons, json_pack("{s:s, s:s, s:s}", "path", "splitk", "kernel", fm_kernel_path_name(FM_PATH_SPLITK),
+                                          "when", "up to 16 tokens on experts of I <= 512 (the default at one token)"));
     json_object_set_new(j, "considered", cons);
     json_object_set_new(j, "switch_tpe", json_real(e->default_cfg.switch_tpe));
     json_object_set_new(j, "mean_tokens_per_expert", json_real(e->mean_tokens_per_expert));
