@@ -362,6 +362,43 @@ static void test_config_ranges(void **st) {
     assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 1);
     x = w; x.warps = 4; x.rows_per_block = 128;
     assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 1);
+    /* the splitk path: the default for one token on a TP8 rank's narrow
+     * experts (GLM-5: I 256, H 6144: 48 segments of K in 16 chunks of 3), not
+     * at two tokens nor on whole experts; 16 rows, 8 warps, 1 .. 16 chunks,
+     * passes of 8 or 16 tokens */
+    fm_tune_key tp = k;
+    tp.E = 256; tp.H = 6144; tp.I = 256; tp.k = 8;
+    fm_kernel_config s1 = fm_kernel_config_default(&tp, 1);
+    assert_int_equal(s1.path, FM_PATH_SPLITK);
+    assert_int_equal(s1.k_split, 16);
+    assert_int_equal(fm_tune_config_invalid(&s1, why, sizeof why), 0);
+    assert_int_not_equal(fm_kernel_config_default(&tp, 2).path, FM_PATH_SPLITK);
+    assert_int_not_equal(fm_kernel_config_default(&k, 1).path, FM_PATH_SPLITK);
+    assert_int_equal(fm_tune_path_from_token("splitk"), FM_PATH_SPLITK);
+    assert_string_equal(fm_tune_path_token(FM_PATH_SPLITK), "splitk");
+    x = s1; x.k_split = 17;
+    assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 1);
+    assert_non_null(strstr(why, "splitk path takes"));
+    x = s1; x.warps = 4;
+    assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 1);
+    x = s1; x.tile_n = 32;
+    assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 1);
+    x = s1; x.tile_n = 16; x.k_split = 1;
+    assert_int_equal(fm_tune_config_invalid(&x, why, sizeof why), 0);
+    /* the tuner tries it up to 16 tokens, with at most as many chunks as K
+     * has segments (tiny H: 640 = 5 segments) */
+    for (int T = 1; T <= 32; T *= 2) {
+        fm_kernel_config c[FM_TUNE_GRID_MAX];
+        int n = fm_tune_candidates(&tp, T, c, FM_TUNE_GRID_MAX), nsk = 0;
+        for (int i = 0; i < n; i++) nsk += c[i].path == FM_PATH_SPLITK;
+        assert_int_equal(nsk, T <= FM_SPLITK_MAX_TOKENS ? 6 : 0);
+    }
+    fm_tune_key small = tp;
+    small.H = 640;
+    fm_kernel_config c5[FM_TUNE_GRID_MAX];
+    int n5 = fm_tune_candidates(&small, 4, c5, FM_TUNE_GRID_MAX);
+    for (int i = 0; i < n5; i++)
+        if (c5[i].path == FM_PATH_SPLITK) assert_true(c5[i].k_split <= 5);
 }
 
 /* Every prefix of a valid file fails cleanly (truncated downloads or

@@ -19,6 +19,13 @@ static __device__ __forceinline__ float4 ld_router4(const float *q, uint64_t pol
     return r;
 }
 
+/* Four BF16 router weights, as ld_router4 reads four FP32 ones. */
+static __device__ __forceinline__ uint2 ld_router_bf4(const uint16_t *q, uint64_t pol) {
+    uint2 r;
+    asm("ld.global.nc.L2::cache_hint.v2.u32 {%0,%1}, [%2], %3;" : "=r"(r.x), "=r"(r.y) : "l"(q), "l"(pol));
+    return r;
+}
+
 /* Sums of N values across a warp, N a power of two <= 32, in five
  * steps: each step halves the values a lane keeps (transposed butterfly), so
  * N sums cost N - 1 + 5 - log2(N) shuffles instead of 5 N. Afterwards lane l
@@ -73,15 +80,35 @@ __global__ void __launch_bounds__(RT_THREADS) fm_logits_gemv_kernel(fm_route_par
     /* the router rows are written by no kernel of the stream that triggers
      * its dependents early, so they are read before waiting on the previous
      * layer (their latency hides under its tail) */
+    /* the BF16 copy where every router weight is exact in BF16: the same
+     * products from half the bytes */
     float4 w[LG_EW][LG_KC / 128];
+    if (p.router_wb) {
+        uint2 wb[LG_EW][LG_KC / 128];
 #pragma unroll
-    for (int a = 0; a < LG_EW; a++)
+        for (int a = 0; a < LG_EW; a++)
 #pragma unroll
-        for (int it = 0; it < LG_KC / 128; it++) {
-            int k = k0 + it * 128 + lane * 4;
-            w[a][it] = e0 + a < E && k < H ? ld_router4(p.router_w + (size_t)(e0 + a) * H + k, rpol)
-                                           : make_float4(0, 0, 0, 0);
-        }
+            for (int it = 0; it < LG_KC / 128; it++) {
+                int k = k0 + it * 128 + lane * 4;
+                wb[a][it] = e0 + a < E && k < H ? ld_router_bf4(p.router_wb + (size_t)(e0 + a) * H + k, rpol)
+                                                : make_uint2(0, 0);
+            }
+#pragma unroll
+        for (int a = 0; a < LG_EW; a++)
+#pragma unroll
+            for (int it = 0; it < LG_KC / 128; it++)
+                w[a][it] = make_float4(__uint_as_float(wb[a][it].x << 16), __uint_as_float(wb[a][it].x & 0xFFFF0000u),
+                                       __uint_as_float(wb[a][it].y << 16), __uint_as_float(wb[a][it].y & 0xFFFF0000u));
+    } else {
+#pragma unroll
+        for (int a = 0; a < LG_EW; a++)
+#pragma unroll
+            for (int it = 0; it < LG_KC / 128; it++) {
+                int k = k0 + it * 128 + lane * 4;
+                w[a][it] = e0 + a < E && k < H ? ld_router4(p.router_w + (size_t)(e0 + a) * H + k, rpol)
+                                               : make_float4(0, 0, 0, 0);
+            }
+    }
     {
         /* ptxas schedules griddepcontrol.wait above plain loads; a branch on
          * their values (never taken: finite weights) keeps the wait after
@@ -234,12 +261,6 @@ static __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* Four BF16 router weights, as ld_router4 reads four FP32 ones. */
-static __device__ __forceinline__ uint2 ld_router_bf4(const uint16_t *q, uint64_t pol) {
-    uint2 r;
-    asm("ld.global.nc.L2::cache_hint.v2.u32 {%0,%1}, [%2], %3;" : "=r"(r.x), "=r"(r.y) : "l"(q), "l"(pol));
-    return r;
-}
 
 /* The tensor-core logits kernels' loader: a thread's four 4-wide pieces of
  * one 64-K stage from K kb (rows lr and lr + 32 of each tile, K at lc and
@@ -438,7 +459,7 @@ extern "C" size_t fm_cuda_route_logit_floats(int T, int H, int E, int sms) {
 
 /* Name of the logits kernel the launch below takes at T tokens. */
 extern "C" const char *fm_cuda_route_logits_name(int T, int H, int E, int sms, int bf16_router, int xdt) {
-    if (fm_route_logits_gemv(T, H, E, sms)) return "GEMV, FP32 FMA";
+    if (fm_route_logits_gemv(T, H, E, sms)) return bf16_router ? "GEMV, FP32 FMA on the BF16 router (exact)" : "GEMV, FP32 FMA";
     if (bf16_router)
         return xdt == FM_DT_BF16 ? "BF16 mma.sync, one term (exact products, FP32 sums)"
                : xdt == FM_DT_F16 ? "BF16 mma.sync, two terms of x (exact products, FP32 sums)"
