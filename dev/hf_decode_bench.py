@@ -19,8 +19,8 @@ traces (gzip) into DIR and runs `fp4moe trace summary` and `fp4moe trace
 diff` on them: time per kernel category and each category's share of the
 cost of the larger batch over the smaller.
 
-Prints, last, the throughput table (and with --profile, the breakdown
-tables after it); --json writes everything.
+Prints, last, the throughput table (with --profile, the breakdown tables
+come before it); --json writes everything.
 
     python3 dev/hf_decode_bench.py --json hf_bench.json --profile prof/
 
@@ -395,19 +395,6 @@ def print_tables(out, tables):
         print(f"{name}: prefill logits with fp4moe's NVFP4 experts vs transformers' BF16 experts: "
               f"cosine {v['cosine']:.5f}, max |d| / max |logit| {v['max_rel']:.3g}; each block on the same "
               f"input: cosine >= {v['block_cosine_min']:.5f}, top-k choices differing {100 * v['routing_changed']:.2f} %")
-    print(f"\ndecode throughput ({out['device']}; {out['context']}-position static cache; "
-          f"torch {out['torch']}, transformers {out['transformers']})")
-    print(f"{'model':15s} {'layers':>6s} {'batch':>5s} {'tok/s fp4moe':>13s} {'tok/s transformers':>19s} "
-          f"{'ratio':>6s}  mode")
-    by = {}
-    for r in out["runs"]:
-        by.setdefault((r["model"], r["layers"], r["batch"]), {})[r["variant"]] = r
-    for (model, layers, B), v in by.items():
-        f, t = v.get("fp4moe"), v.get("transformers")
-        ratio = f"{f['tok_s'] / t['tok_s']:6.2f}" if f and t else f"{'-':>6s}"
-        modes = "/".join(sorted({x["mode"] for x in v.values()}))
-        print(f"{model:15s} {layers:6d} {B:5d} {f['tok_s'] if f else float('nan'):13.1f} "
-              f"{t['tok_s'] if t else float('nan'):19.1f} {ratio}  {modes}")
     for t in tables:
         print(f"\n{t['label']}: ms per decode step by kernel category, B={t['a_batch']} -> B={t['b_batch']} "
               f"(share: of the step's growth)")
@@ -424,6 +411,19 @@ def print_tables(out, tables):
             frac = f" ({100 * c['wall_ms'] / c['timed_ms']:.0f} % of it)" if c["timed_ms"] else ""
             print(f"  B={c['batch']}: {c['steps']} profiled steps, GPU window {c['wall_ms']:.3f} ms/step{frac}, busy "
                   f"{c['busy_ms']:.3f} ms; timed step {timed} ms; {c['outside_events']} GPU events outside the steps")
+    print(f"\ndecode throughput ({out['device']}; {out['context']}-position static cache; "
+          f"torch {out['torch']}, transformers {out['transformers']})")
+    print(f"{'model':15s} {'layers':>6s} {'batch':>5s} {'tok/s fp4moe':>13s} {'tok/s transformers':>19s} "
+          f"{'ratio':>6s}  mode")
+    by = {}
+    for r in out["runs"]:
+        by.setdefault((r["model"], r["layers"], r["batch"]), {})[r["variant"]] = r
+    for (model, layers, B), v in by.items():
+        f, t = v.get("fp4moe"), v.get("transformers")
+        ratio = f"{f['tok_s'] / t['tok_s']:6.2f}" if f and t else f"{'-':>6s}"
+        modes = "/".join(sorted({x["mode"] for x in v.values()}))
+        print(f"{model:15s} {layers:6d} {B:5d} {f['tok_s'] if f else float('nan'):13.1f} "
+              f"{t['tok_s'] if t else float('nan'):19.1f} {ratio}  {modes}")
 
 
 def main():
