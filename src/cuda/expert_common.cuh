@@ -177,6 +177,27 @@ static __device__ __forceinline__ void fm_tile_ptrs(const fm_dmat &dA, const fm_
     }
 }
 
+/* The weights and scales of segment S of a warp's rows g and g + 8; PRE:
+ * loads issued before the grid's wait (volatile, so that they stay there). */
+template <int NMAT, bool MX, bool PRE>
+static __device__ __forceinline__ void fm_load_seg(const uint8_t *const (&pa)[NMAT], const uint8_t *const (&pb)[NMAT],
+                                                const uint8_t *const (&sa)[NMAT], const uint8_t *const (&sb)[NMAT],
+                                                int S, uint64_t pol, uint4 (&wa)[NMAT], uint4 (&wb)[NMAT],
+                                                uint32_t (&ca)[NMAT], uint32_t (&cb)[NMAT]) {
+#pragma unroll
+    for (int m = 0; m < NMAT; m++) {
+        wa[m] = PRE ? ld_stream_pol_v(pa[m] + (int64_t)S * 1024, pol) : ld_stream_pol(pa[m] + (int64_t)S * 1024, pol);
+        wb[m] = PRE ? ld_stream_pol_v(pb[m] + (int64_t)S * 1024, pol) : ld_stream_pol(pb[m] + (int64_t)S * 1024, pol);
+        if (MX) {
+            ca[m] = PRE ? ld_u8_pol_v(sa[m] + (int64_t)S * 64, pol) : ld_u8_pol(sa[m] + (int64_t)S * 64, pol);
+            cb[m] = PRE ? ld_u8_pol_v(sb[m] + (int64_t)S * 64, pol) : ld_u8_pol(sb[m] + (int64_t)S * 64, pol);
+        } else {
+            ca[m] = PRE ? ld_u16_pol_v(sa[m] + (int64_t)S * 128, pol) : ld_u16_pol(sa[m] + (int64_t)S * 128, pol);
+            cb[m] = PRE ? ld_u16_pol_v(sb[m] + (int64_t)S * 128, pol) : ld_u16_pol(sb[m] + (int64_t)S * 128, pol);
+        }
+    }
+}
+
 /* What the epilogue needs of a work item and its matrices. */
 struct fm_epi {
     const float *biasA, *biasB;

@@ -96,27 +96,6 @@ static __device__ __forceinline__ void seg_compute_g(float (&acc)[NMAT][NT][4], 
     }
 }
 
-/* The weights and scales of segment S of a warp's rows g and g + 8; PRE:
- * loads issued before the grid's wait (volatile, so that they stay there). */
-template <int NMAT, bool MX, bool PRE>
-static __device__ __forceinline__ void load_seg(const uint8_t *const (&pa)[NMAT], const uint8_t *const (&pb)[NMAT],
-                                                const uint8_t *const (&sa)[NMAT], const uint8_t *const (&sb)[NMAT],
-                                                int S, uint64_t pol, uint4 (&wa)[NMAT], uint4 (&wb)[NMAT],
-                                                uint32_t (&ca)[NMAT], uint32_t (&cb)[NMAT]) {
-#pragma unroll
-    for (int m = 0; m < NMAT; m++) {
-        wa[m] = PRE ? ld_stream_pol_v(pa[m] + (int64_t)S * 1024, pol) : ld_stream_pol(pa[m] + (int64_t)S * 1024, pol);
-        wb[m] = PRE ? ld_stream_pol_v(pb[m] + (int64_t)S * 1024, pol) : ld_stream_pol(pb[m] + (int64_t)S * 1024, pol);
-        if (MX) {
-            ca[m] = PRE ? ld_u8_pol_v(sa[m] + (int64_t)S * 64, pol) : ld_u8_pol(sa[m] + (int64_t)S * 64, pol);
-            cb[m] = PRE ? ld_u8_pol_v(sb[m] + (int64_t)S * 64, pol) : ld_u8_pol(sb[m] + (int64_t)S * 64, pol);
-        } else {
-            ca[m] = PRE ? ld_u16_pol_v(sa[m] + (int64_t)S * 128, pol) : ld_u16_pol(sa[m] + (int64_t)S * 128, pol);
-            cb[m] = PRE ? ld_u16_pol_v(sb[m] + (int64_t)S * 128, pol) : ld_u16_pol(sb[m] + (int64_t)S * 128, pol);
-        }
-    }
-}
-
 /* K split across warps: the partial tiles summed in shared memory into the
  * first warp of each row group. */
 template <int NT, int NMAT>
@@ -231,11 +210,11 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, XG)) fm_expert_ke
         const int s_last = s_end > s_begin ? s_end - 1 : s_begin;
         const int s_pre = waited ? s_begin : s_begin + 1;
         if (waited) {
-            if (s_begin < s_end) load_seg<NMAT, MX, false>(pa, pb, sa, sb, s_begin, wpol, wa, wb, ca, cb);
+            if (s_begin < s_end) fm_load_seg<NMAT, MX, false>(pa, pb, sa, sb, s_begin, wpol, wa, wb, ca, cb);
         } else {
-            if (s_begin < s_end) load_seg<NMAT, MX, true>(pa, pb, sa, sb, s_begin, wpol, wa, wb, ca, cb);
+            if (s_begin < s_end) fm_load_seg<NMAT, MX, true>(pa, pb, sa, sb, s_begin, wpol, wa, wb, ca, cb);
             if (s_begin + 1 < s_end)
-                load_seg<NMAT, MX, true>(pa, pb, sa, sb, s_begin + 1, wpol, na, nb, nca, ncb);
+                fm_load_seg<NMAT, MX, true>(pa, pb, sa, sb, s_begin + 1, wpol, na, nb, nca, ncb);
         }
         if (!waited) {
             pdl_wait();
@@ -247,7 +226,7 @@ __global__ void __launch_bounds__(256, fm_min_blocks(NT, NMAT, XG)) fm_expert_ke
         for (int s = s_begin; s < s_end; s++) {
             /* after the last segment na.. are not used */
             if (s + 1 < s_end && s >= s_pre)
-                load_seg<NMAT, MX, false>(pa, pb, sa, sb, min(s + 1, s_last), wpol, na, nb, nca, ncb);
+                fm_load_seg<NMAT, MX, false>(pa, pb, sa, sb, min(s + 1, s_last), wpol, na, nb, nca, ncb);
             if (XG) {
                 seg_compute_g<NT, NMAT, MX>(acc, wa, wb, ca, cb, src, s);
             } else {

@@ -30,26 +30,6 @@
  * four per segment) */
 #define SK_GU_XBYTES (SK_GU_SEGS * 4 * 32 * 16)
 
-/* The weights and scales of segment S of a warp's rows g and g + 8. */
-template <int NMAT, bool MX, bool PRE>
-static __device__ __forceinline__ void sk_load_seg(const uint8_t *const (&pa)[NMAT], const uint8_t *const (&pb)[NMAT],
-                                                   const uint8_t *const (&sa)[NMAT], const uint8_t *const (&sb)[NMAT],
-                                                   int S, uint64_t pol, uint4 (&wa)[NMAT], uint4 (&wb)[NMAT],
-                                                   uint32_t (&ca)[NMAT], uint32_t (&cb)[NMAT]) {
-#pragma unroll
-    for (int m = 0; m < NMAT; m++) {
-        wa[m] = PRE ? ld_stream_pol_v(pa[m] + (int64_t)S * 1024, pol) : ld_stream_pol(pa[m] + (int64_t)S * 1024, pol);
-        wb[m] = PRE ? ld_stream_pol_v(pb[m] + (int64_t)S * 1024, pol) : ld_stream_pol(pb[m] + (int64_t)S * 1024, pol);
-        if (MX) {
-            ca[m] = PRE ? ld_u8_pol_v(sa[m] + (int64_t)S * 64, pol) : ld_u8_pol(sa[m] + (int64_t)S * 64, pol);
-            cb[m] = PRE ? ld_u8_pol_v(sb[m] + (int64_t)S * 64, pol) : ld_u8_pol(sb[m] + (int64_t)S * 64, pol);
-        } else {
-            ca[m] = PRE ? ld_u16_pol_v(sa[m] + (int64_t)S * 128, pol) : ld_u16_pol(sa[m] + (int64_t)S * 128, pol);
-            cb[m] = PRE ? ld_u16_pol_v(sb[m] + (int64_t)S * 128, pol) : ld_u16_pol(sb[m] + (int64_t)S * 128, pol);
-        }
-    }
-}
-
 /* One segment: decode rows g and g + 8 of each matrix and multiply them by
  * the 8 tokens of one tile. */
 template <int NMAT, bool MX>
@@ -158,7 +138,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 2) fm_splitk_gu_kernel(fm_exper
 #pragma unroll
             for (int j = 0; j < SK_GU_SEGS; j++) {
                 const int sj = min(sg + j, s_end - 1);
-                sk_load_seg<2, MX, false>(pa, pb, sa, sb, sj, wpol, wa[j], wb[j], ca[j], cb[j]);
+                fm_load_seg<2, MX, false>(pa, pb, sa, sb, sj, wpol, wa[j], wb[j], ca[j], cb[j]);
 #pragma unroll
                 for (int d = 0; d < 4; d++)
                     sk_cp_x(xs + ((j * 4 + d) * 32 + lane) * 16, src ? src + sj * FM_KSEG + d * 8 : p.x_prep, src != NULL);
@@ -242,7 +222,7 @@ static __device__ __forceinline__ void sk_dn_load(const fm_dmat &dA, int e, int 
     const uint8_t *pa[1], *pb[1], *sa[1], *sb[1], *st[1];
     fm_tile_ptrs<1, MX>(dA, dA, e, (int64_t)rg * NSEG, lane, pa, pb, sa, sb, st);
 #pragma unroll
-    for (int s = 0; s < NSEG; s++) sk_load_seg<1, MX, PRE>(pa, pb, sa, sb, s, pol, w.wa[s], w.wb[s], w.ca[s], w.cb[s]);
+    for (int s = 0; s < NSEG; s++) fm_load_seg<1, MX, PRE>(pa, pb, sa, sb, s, pol, w.wa[s], w.wb[s], w.ca[s], w.cb[s]);
 }
 
 /*
