@@ -156,6 +156,8 @@ static void test_categories(void **state) {
         {"void fm_expert_kernel<2, 3, 2>(fm_expert_params, int, int)", "moe_gemm"},
         {"_Z19fm_expert_wg_kernelILi2ELi2EEv16fm_expert_paramsii", "moe_gemm"},
         {"fm_shared_expert_wg_kernel(fm_expert_params, int, int)", "moe_gemm"},
+        {"void fm_splitk_gu_kernel<true>(int)", "moe_gemm"},
+        {"void fm_splitk_down_kernel<2, 4, false>(int)", "moe_gemm"},
         {"fm_route_kernel(fm_route_params)", "moe_routing"},
         {"fm_prep_kernel(fm_route_params)", "moe_routing"},
         {"fm_preroute_kernel(fm_route_params)", "moe_routing"},

@@ -224,7 +224,6 @@ fm_status fm_cuda_launch_down(const fm_expert_params *p, const fm_launch_cfg *c,
 fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int nt, int pdl, cudaStream_t s);
 /* Largest K of down (the experts' I, padded) the splitk path takes. */
 #define FM_SPLITK_MAX_I 512
-#define FM_SPLITK_MAX_T FM_SPLITK_MAX_TOKENS
 #define FM_SPLITK_MAX_C 16
 const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char *buf, size_t cap);
 /* The expert kernels (expert_mma.cu, expert_wgmma.cu). kind: 1 gate/up,

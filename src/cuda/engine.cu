@@ -168,7 +168,7 @@ static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kern
     memset(lc, 0, sizeof *lc);
     lc->pdl = e->sched.pdl;
     if (cfg->path == FM_PATH_SPLITK) {
-        const char *why = T > FM_SPLITK_MAX_T ? "takes at most 16 tokens"
+        const char *why = T > FM_SPLITK_MAX_TOKENS ? "takes at most 16 tokens"
                           : l->Ip > FM_SPLITK_MAX_I ? "takes experts of I up to 512"
                           : l->has_shared && l->SIp != l->Ip ? "needs the shared expert as wide as the routed ones"
                                                              : NULL;
@@ -784,7 +784,7 @@ fm_status fm_cuda_engine_reserve(fm_cuda_engine *e, const fm_cuda_layer *l, int 
     fm_status s = ws_ensure(e, max_T, l->H, l->Hp, l->E, l->k, layer_hstride(l), 1);
     /* the splitk path's buffers for its largest call, where it can run */
     if (!s && l->Ip <= FM_SPLITK_MAX_I && (!l->has_shared || l->SIp == l->Ip))
-        s = sk_ensure(e, l, max_T < FM_SPLITK_MAX_T ? max_T : FM_SPLITK_MAX_T, FM_SPLITK_MAX_C, e->stream);
+        s = sk_ensure(e, l, max_T < FM_SPLITK_MAX_TOKENS ? max_T : FM_SPLITK_MAX_TOKENS, FM_SPLITK_MAX_C, e->stream);
     /* the configs of every batch up to max_T, looked up now rather than per call */
     if (!s && (l->cc.cap < max_T || l->cc.gen != e->cfg_gen)) s = fill_call_cfgs(e, l, max_T);
     return s;

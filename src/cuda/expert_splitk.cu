@@ -357,7 +357,7 @@ static sk_dn_kfn sk_dn_for(int nseg) {
 }
 
 extern "C" fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int nt, int pdl, cudaStream_t s) {
-    if (C < 1 || C > 16) return fm_error(FM_E_ARG, "splitk path: %d K chunks (1 .. 16)", C);
+    if (C < 1 || C > FM_SPLITK_MAX_C) return fm_error(FM_E_ARG, "splitk path: %d K chunks (1 .. %d)", C, FM_SPLITK_MAX_C);
     if (p->T > 8 * nt || (nt != 1 && nt != 2))
         return fm_error(FM_E_ARG, "splitk path: %d tokens with tile_n %d (at most 16 tokens)", p->T, 8 * nt);
     const fm_dmat &dn = p->down.n ? p->down : p->sdown;
@@ -365,6 +365,21 @@ extern "C" fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int
     if (dn.kp > SK_DN_SEGS * FM_KSEG || (p->sdown.n && p->sdown.kp > SK_DN_SEGS * FM_KSEG))
         return fm_error(FM_E_UNSUPPORTED, "splitk path: experts of I up to %d (this layer's down has K %d)",
                         SK_DN_SEGS * FM_KSEG, dn.kp);
+    if (p->down.n && p->sdown.n && p->sdown.kp != p->down.kp)
+        return fm_error(FM_E_UNSUPPORTED, "splitk path: the shared expert's I (K %d) differs from the routed experts' "
+                                          "(K %d)", p->sdown.kp, p->down.kp);
+    const int nrg = p->gate.n ? p->gate.rows_p / 16 : 0, nrg_s = p->sgate.n ? p->sgate.rows_p / 16 : 0;
+    /* The shared expert's units must fill whole blocks: a block of them lets
+     * down launch without waiting for the routing, which down then reads
+     * before its own wait; a block holding routed units too would do so
+     * before those waited. Gate/up rows are padded to 128 (8 row groups). */
+    if ((nrg_s * C) % SK_WARPS)
+        return fm_error(FM_E_UNSUPPORTED, "splitk path: the shared expert's %d row groups x %d chunks do not fill "
+                                          "blocks of %d warps", nrg_s, C, SK_WARPS);
+    const int nseg = dn.kp / FM_KSEG;
+    sk_dn_kfn fn = nt == 1 ? (p->mx ? sk_dn_for<1, true>(nseg) : sk_dn_for<1, false>(nseg))
+                           : (p->mx ? sk_dn_for<2, true>(nseg) : sk_dn_for<2, false>(nseg));
+    if (!fn) return fm_error(FM_E_UNSUPPORTED, "splitk path: down K of %d segments", nseg);
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -373,26 +388,18 @@ extern "C" fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int
     cfg.stream = s;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
-    const int nrg = p->gate.n ? p->gate.rows_p / 16 : 0, nrg_s = p->sgate.n ? p->sgate.rows_p / 16 : 0;
     const int64_t units = ((int64_t)nrg_s + (int64_t)p->max_active * nrg) * C;
     if (units > 0) {
         cfg.gridDim = dim3((unsigned)((units + SK_WARPS - 1) / SK_WARPS));
         const size_t smem = (size_t)SK_WARPS * SK_GU_XBYTES;
         cfg.dynamicSmemBytes = smem;
-        void (*fn)(fm_expert_params, int) = p->mx ? fm_splitk_gu_kernel<true> : fm_splitk_gu_kernel<false>;
-        FM_CU(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        FM_CU(cudaLaunchKernelEx(&cfg, fn, *p, C));
+        void (*gu)(fm_expert_params, int) = p->mx ? fm_splitk_gu_kernel<true> : fm_splitk_gu_kernel<false>;
+        FM_CU(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        FM_CU(cudaLaunchKernelEx(&cfg, gu, *p, C));
         cfg.dynamicSmemBytes = 0;
         FM_CU_LAUNCH("fm_splitk_gu_kernel");
     }
     cfg.gridDim = dim3((unsigned)(dn.rows_p / 16));
-    const int nseg = dn.kp / FM_KSEG;
-    if (p->down.n && p->sdown.n && p->sdown.kp != p->down.kp)
-        return fm_error(FM_E_UNSUPPORTED, "splitk path: the shared expert's I (K %d) differs from the routed experts' "
-                                          "(K %d)", p->sdown.kp, p->down.kp);
-    sk_dn_kfn fn = nt == 1 ? (p->mx ? sk_dn_for<1, true>(nseg) : sk_dn_for<1, false>(nseg))
-                           : (p->mx ? sk_dn_for<2, true>(nseg) : sk_dn_for<2, false>(nseg));
-    if (!fn) return fm_error(FM_E_UNSUPPORTED, "splitk path: down K of %d segments", nseg);
     FM_CU(cudaLaunchKernelEx(&cfg, fn, *p));
     FM_CU_LAUNCH("fm_splitk_down_kernel");
     return FM_OK;
