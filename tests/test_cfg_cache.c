@@ -156,6 +156,88 @@ static void test_tuned_file(void **state) {
     fm_tune_cache_clear();
 }
 
+/* What the engine's table holds per batch: the config and the one-line
+ * source of fm_tune_choice_source. */
+typedef struct {
+    fm_kernel_config cfg;
+    char source[640];
+} engine_entry;
+
+static void engine_lookup(const fm_tune_key *key, int T, engine_entry *out) {
+    fm_tune_choice ch;
+    assert_int_equal(fm_tune_choose(key, T, &ch), FM_OK);
+    out->cfg = ch.cfg;
+    fm_tune_choice_source(&ch, out->source, sizeof out->source);
+}
+
+static void engine_resolve(void *p, int T, void *e) {
+    ctx *c = p;
+    c->calls++;
+    engine_lookup(&c->key, T, e);
+}
+
+/* A tuned file whose buckets repeat a config out of order (1 and 4 the same,
+ * 2 and 8 the same, as tuned files do: DeepSeek-V4-Flash's 8-token passes at
+ * B = 2, 3 only): the table, filled from the engine's entries, still gives
+ * every batch its own bucket's choice. */
+static void test_repeated_configs(void **state) {
+    (void)state;
+    char root[256];
+    assert_int_equal(fm_test_mkdtemp(root, sizeof root, "cfg_cache_rep"), 0);
+    setenv("FP4MOE_CONFIG_DIR", root, 1);
+    setenv("XDG_CACHE_HOME", root, 1);
+    setenv("FP4MOE_SHIPPED_CONFIGS", root, 1);
+    fm_tune_cache_clear();
+    ctx x = {h200_key(256, 6), 0};
+    fm_tune_file f;
+    memset(&f, 0, sizeof f);
+    f.key = x.key;
+    static const int batches[] = {1, 2, 4, 8, 16};
+    for (int i = 0; i < 5; i++) {
+        fm_tune_bucket b;
+        memset(&b, 0, sizeof b);
+        b.batch = batches[i];
+        b.cfg = fm_kernel_config_default_mma(&x.key, 1);
+        b.cfg.k_split = 1;
+        b.cfg.warps = 4;
+        b.cfg.rows_per_block = 64;
+        b.cfg.tile_n = i == 4 ? 32 : i % 2 ? 8 : 16; /* 16, 8, 16, 8, 32 */
+        b.us = b.us_min = b.us_max = 10.0 * batches[i];
+        b.default_us = b.default_us_min = b.default_us_max = 11.0 * batches[i];
+        b.replaced_default = 1;
+        snprintf(b.date, sizeof b.date, "2026-12-02T10:00:00Z");
+        snprintf(b.version, sizeof b.version, "0.1.0");
+        assert_int_equal(fm_tune_file_put(&f, &b), FM_OK);
+    }
+    char *text = fm_tune_file_to_json(&f);
+    assert_non_null(text);
+    char name[256], path[1024];
+    assert_int_equal(fm_tune_key_filename(&x.key, name, sizeof name), FM_OK);
+    snprintf(path, sizeof path, "%s/%s", root, name);
+    assert_int_equal(fm_write_file_atomic(path, text, strlen(text)), FM_OK);
+    free(text);
+    fm_cfg_cache c;
+    memset(&c, 0, sizeof c);
+    const int cap = 64;
+    assert_int_equal(fm_cfg_cache_fill(&c, cap, sizeof(engine_entry), 0, engine_resolve, &x), FM_OK);
+    for (int T = 1; T <= cap; T++) {
+        engine_entry want;
+        memset(&want, 0, sizeof want);
+        engine_lookup(&x.key, T, &want);
+        const engine_entry *got = fm_cfg_cache_get(&c, T);
+        assert_non_null(got);
+        if (memcmp(got, &want, sizeof want))
+            fail_msg("batch %d: the table has tile_n %d (%s), the lookup tile_n %d (%s)", T, got->cfg.tile_n,
+                     got->source, want.cfg.tile_n, want.source);
+    }
+    assert_int_equal(((const engine_entry *)fm_cfg_cache_get(&c, 2))->cfg.tile_n, 8);
+    assert_int_equal(((const engine_entry *)fm_cfg_cache_get(&c, 4))->cfg.tile_n, 16);
+    assert_non_null(strstr(((const engine_entry *)fm_cfg_cache_get(&c, 3))->source, "(bucket 4)"));
+    fm_cfg_cache_free(&c);
+    fm_test_rm_tree(root);
+    fm_tune_cache_clear();
+}
+
 /* No tuned file: the built-in defaults, whose choice moves with the tokens
  * per expert (several thresholds), for a few shapes. */
 static void test_defaults(void **state) {
@@ -211,6 +293,7 @@ static void test_args(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tuned_file),
+        cmocka_unit_test(test_repeated_configs),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_args),
     };

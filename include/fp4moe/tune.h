@@ -64,6 +64,12 @@ double fm_tune_shape_distance(int E, int H, int I, int k, int E2, int H2, int I2
  * tuned = 0 and a reason saying so. Thread-safe; parsed files are cached in
  * memory (revalidated by size and mtime). */
 fm_status fm_tune_choose(const fm_tune_key *key, int T, fm_tune_choice *out);
+/* Where a choice came from, in one line: the file and its bucket when tuned
+ * or borrowed from the nearest tuned shape ("<path> (bucket N)"), else
+ * "built-in default". Two batches get the same line only from the same
+ * bucket of the same file, which the CUDA layers' per-batch table relies on
+ * (a file may hold equal configs in buckets that are not adjacent). */
+void fm_tune_choice_source(const fm_tune_choice *ch, char *buf, size_t cap);
 
 /* Fills the shape fields of a key (E, H, I, k, fmt) from a model; the GPU
  * fields are left as they are. */

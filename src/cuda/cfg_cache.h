@@ -34,7 +34,9 @@ typedef struct fm_cfg_cache {
  * range differ (bisection), so a table of cap batches costs a few resolver
  * calls per distinct choice and log2(cap); this relies on each distinct
  * choice covering one range of batches, as nearest-bucket selection and the
- * defaults' thresholds do. On failure (FM_E_NOMEM) the table is empty. */
+ * defaults' thresholds do: the resolver must tell equal configs of buckets
+ * that are not adjacent apart (the engine's entries carry the bucket, see
+ * fm_tune_choice_source). On failure (FM_E_NOMEM) the table is empty. */
 fm_status fm_cfg_cache_fill(fm_cfg_cache *c, int cap, size_t entry_size, uint64_t gen, fm_cfg_resolve_fn fn,
                             void *ctx);
 /* The entry of batch T (1 <= T <= cap), or NULL outside the table. */

@@ -159,7 +159,7 @@ static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kern
         memset(&ch, 0, sizeof ch);
         if (fm_tune_choose(&key, T, &ch) == FM_OK) {
             *cfg = ch.cfg;
-            snprintf(src, cap, "%s", ch.source[0] ? ch.source : "built-in default");
+            fm_tune_choice_source(&ch, src, cap);
         } else {
             *cfg = fm_kernel_config_default(&key, T);
             snprintf(src, cap, "built-in default (tuning lookup failed: %s)", fm_last_error());

@@ -1071,3 +1071,10 @@ char *fm_tune_choice_to_json(const fm_tune_key *key, int T, const fm_tune_choice
     if (!s) fm_error(FM_E_NOMEM, "out of memory building the provenance JSON");
     return s;
 }
+
+void fm_tune_choice_source(const fm_tune_choice *ch, char *buf, size_t cap) {
+    if (!buf || !cap) return;
+    if (!ch) snprintf(buf, cap, "built-in default");
+    else if ((ch->tuned || ch->nearest) && ch->source[0]) snprintf(buf, cap, "%s (bucket %d)", ch->source, ch->bucket);
+    else snprintf(buf, cap, "%s", ch->source[0] ? ch->source : "built-in default");
+}
