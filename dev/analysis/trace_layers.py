@@ -18,6 +18,8 @@ def kind(name):
     """LG (router logits), SEL (selection and grouping), GU, DN or None."""
     if 'logits' in name: return 'LG'
     if 'route' in name: return 'SEL'
+    if 'fm_splitk_gu' in name: return 'GU'
+    if 'fm_splitk_down' in name: return 'DN'
     m = _WG.search(name)
     if m:
         g = [x for x in m.groups() if x is not None]

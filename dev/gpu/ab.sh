@@ -8,8 +8,9 @@
 # instead of .devbuild/bin (DIR relative to the checkout or absolute):
 #   AB_VARIANTS="new: base:FM_AB_BIN=.devbuild/base/bin" AB_ROUNDS=3 bash dev/gpu/ab.sh
 #   AB_VARIANTS="pdl: nopdl:FP4MOE_CUDA_PDL=0" AB_BATCH=1,2,4,8,16 bash dev/gpu/ab.sh
-# Each variant runs `fp4moe bench --device cuda` (AB_PRESET, by default
-# DeepSeek-V4-Flash, full layer, the shipped configs). AB_TEST=1 also runs
+# Each variant runs `fp4moe bench --device cuda` on each case of AB_PRESET
+# (space-separated PRESET or PRESET@SHARD, e.g. "deepseek-v4-flash
+# glm-5@tp:8"; by default DeepSeek-V4-Flash, full layer), shipped configs. AB_TEST=1 also runs
 # test_cuda under each variant first; AB_SUSTAIN=MS times each batch after
 # MS ms of sustained load (--sustain-ms). docs/dev.md has the whole method.
 set -uo pipefail
@@ -22,7 +23,7 @@ BIN=$PWD/.devbuild/bin
 VARIANTS=${AB_VARIANTS:-"base:"}
 BATCH=${AB_BATCH:-1,2,4,8,16,32,64}
 ROUNDS=${AB_ROUNDS:-2}
-PRESET=${AB_PRESET:-deepseek-v4-flash}
+CASES=${AB_PRESET:-deepseek-v4-flash}
 vars_of() { local v=${1#*:}; echo "${v//,/ }"; }
 # a variant may name another build: "base:FM_AB_BIN=DIR" runs DIR's
 # binaries (copied to the GPU machine beside .devbuild/bin)
@@ -49,22 +50,32 @@ if [[ "${AB_TEST:-0}" == 1 ]]; then
     done
 fi
 for r in $(seq 1 "$ROUNDS"); do
-    for spec in $VARIANTS; do
-        name=${spec%%:*}
-        env $(vars_of "$spec") timeout 200 "$(bin_of "$spec")/fp4moe" bench --device cuda --preset "$PRESET" --batch "$BATCH" \
-            --layers 8 ${AB_SUSTAIN:+--sustain-ms $AB_SUSTAIN} > "$OUT/ab_${name}_$r.txt" 2>&1
-        echo "round $r [$name] exit $?"
+    for c in $CASES; do
+        preset=${c%%@*}
+        shard=()
+        [[ $c == *@* ]] && shard=(--shard "${c#*@}")
+        tag=$(echo "$c" | tr ':/@' '___')
+        for spec in $VARIANTS; do
+            name=${spec%%:*}
+            env $(vars_of "$spec") timeout 200 "$(bin_of "$spec")/fp4moe" bench --device cuda --preset "$preset" \
+                "${shard[@]}" --batch "$BATCH" --layers 8 ${AB_SUSTAIN:+--sustain-ms $AB_SUSTAIN} \
+                > "$OUT/ab_${tag}_${name}_$r.txt" 2>&1
+            echo "round $r $c [$name] exit $?"
+        done
     done
 done
-python3 - "$OUT" "$ROUNDS" $VARIANTS <<'PY'
+for c in $CASES; do
+tag=$(echo "$c" | tr ':/@' '___')
+echo "== $c"
+python3 - "$OUT" "$ROUNDS" "$tag" $VARIANTS <<'PY'
 import sys, re
-out, rounds, specs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+out, rounds, tag, specs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 names = [s.split(":")[0] for s in specs]
 best, bw = {}, {}
 for n in names:
     for r in range(1, rounds + 1):
         try:
-            txt = open(f"{out}/ab_{n}_{r}.txt").read()
+            txt = open(f"{out}/ab_{tag}_{n}_{r}.txt").read()
         except OSError:
             continue
         m = re.search(r"bandwidth[^0-9]*([0-9.]+) (GB|TB)/s", txt)
@@ -86,5 +97,6 @@ for b in bs:
         row += f"{'-':>16}" if v is None else f"{v:9.1f} ({v / base:4.2f})" if base else f"{v:16.1f}"
     print(row)
 PY
+done
 # the logs in one archive: fewer files to copy back
 (cd "$OUT" && shopt -s nullglob && f=(ab_*.txt ab_*.log) && ((${#f[@]})) && tar czf ab_logs.tgz "${f[@]}" && rm -f "${f[@]}")
