@@ -107,6 +107,94 @@ static void test_load_bytes(void **st) {
     assert_int_equal(lids[0], -1);
 }
 
+/* Loads of several routings add up rank by rank, and the most loaded rank
+ * is chosen over the sums (bytes, then pairs, then the lower index). */
+static void test_load_add(void **st) {
+    (void)st;
+    fm_shard_load a, b, sum;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    memset(&sum, 0, sizeof sum);
+    a.ranks = b.ranks = 3;
+    a.router_bytes = b.router_bytes = 99;
+    const int64_t ap[3] = {5, 1, 0}, aa[3] = {2, 1, 0}, ab[3] = {200, 100, 0};
+    const int64_t bp[3] = {0, 2, 6}, ba[3] = {0, 1, 2}, bb[3] = {0, 100, 200};
+    for (int p = 0; p < 3; p++) {
+        a.pairs[p] = ap[p], a.active[p] = (int)aa[p], a.bytes[p] = ab[p];
+        b.pairs[p] = bp[p], b.active[p] = (int)ba[p], b.bytes[p] = bb[p];
+    }
+    fm_shard_load_add(&sum, &a);
+    assert_int_equal(sum.ranks, 3);
+    assert_int_equal(sum.max_rank, 0);
+    fm_shard_load_add(&sum, &b);
+    /* bytes 200 / 200 / 200: rank 2 has the most pairs (6 against 5 and 3) */
+    const int64_t wp[3] = {5, 3, 6}, wa[3] = {2, 2, 2};
+    for (int p = 0; p < 3; p++) {
+        assert_int_equal(sum.pairs[p], wp[p]);
+        assert_int_equal(sum.active[p], wa[p]);
+        assert_int_equal(sum.bytes[p], 200);
+    }
+    assert_int_equal(sum.max_rank, 2);
+    assert_int_equal(sum.router_bytes, 99);
+    b.pairs[2] = 5; /* all tied on bytes, 0 and 2 on pairs: the lower index */
+    memset(&sum, 0, sizeof sum);
+    fm_shard_load_add(&sum, &a);
+    fm_shard_load_add(&sum, &b);
+    assert_int_equal(sum.max_rank, 0);
+}
+
+/* An EP rank's view: its E/R experts (the layer's own matrices, not
+ * copies) with the whole shared expert; the work buffers refuse more
+ * tokens than they were sized for. */
+static void test_ep_view_and_work(void **st) {
+    (void)st;
+    fm_model_desc d;
+    assert_int_equal(fm_preset_desc("tiny-deepseek", FM_QF_NVFP4, &d), FM_OK);
+    int layer = 0;
+    while (!fm_model_is_moe_layer(&d, layer)) layer++;
+    fm_moe_layer *l = NULL;
+    assert_int_equal(fm_moe_layer_random(&d, FM_QF_NVFP4, 3, layer, &l), FM_OK);
+    fm_shard sh = {FM_DIST_EP, 4, 2};
+    fm_shard_ep_work w;
+    assert_int_equal(fm_shard_ep_work_init(&w, &d, &sh, 5), FM_OK);
+    assert_int_equal(w.kl, 4);
+    fm_model_desc dv;
+    fm_moe_layer lv;
+    fm_shard_ep_view(&d, l, &sh, w.zero_router, &dv, &lv);
+    assert_int_equal(dv.n_experts, 4);
+    assert_int_equal(lv.n_experts, 4);
+    assert_ptr_equal(lv.gate, l->gate + 8);
+    assert_ptr_equal(lv.down, l->down + 8);
+    assert_int_equal(lv.has_shared, 1);
+    assert_int_equal(dv.n_shared, d.n_shared);
+    assert_ptr_equal(lv.sh_gate.packed, l->sh_gate.packed);
+    /* ceil(5/4) = 2 tokens a chunk: rank 2 runs the shared expert on token 4 */
+    for (int i = 0; i < 2 * 4; i++) assert_int_equal(w.none[i], -1);
+    const int H = d.hidden;
+    float *x = fm_test_normal_new((size_t)6 * H, 5, 79), *out = calloc((size_t)6 * H, sizeof(float));
+    fm_cpu_engine *e = NULL;
+    assert_int_equal(fm_cpu_engine_new(FM_CPU_AUTO, 1, &e), FM_OK);
+    for (int i = 0; i < 5 * 4; i++) w.lids[i] = -1; /* no routed pair: only the shared expert's token */
+    assert_int_equal(fm_shard_ep_run_cpu(e, &d, l, &sh, x, 5, w.lids, w.lw, &w, out), FM_OK);
+    for (int t = 0; t < 5; t++) {
+        double n2 = 0;
+        for (int c = 0; c < H; c++) n2 += (double)out[(size_t)t * H + c] * out[(size_t)t * H + c];
+        if (t == 4) assert_true(n2 > 0);
+        else assert_true(n2 == 0);
+    }
+    assert_int_not_equal(fm_shard_ep_run_cpu(e, &d, l, &sh, x, 6, w.lids, w.lw, &w, out), FM_OK);
+    assert_non_null(strstr(fm_last_error(), "work buffers for 5 tokens, not 6"));
+    fm_shard bad = {FM_DIST_EP, 3, 0};
+    fm_shard_ep_work w3;
+    assert_int_not_equal(fm_shard_ep_work_init(&w3, &d, &bad, 5), FM_OK);
+    assert_null(w3.lids);
+    fm_shard_ep_work_free(&w);
+    fm_cpu_engine_free(e);
+    free(x);
+    free(out);
+    fm_moe_layer_free(l);
+}
+
 /* The float64 reference of the whole layer against the sum over ranks of
  * fm_shard_forward_cpu. */
 static void check_sum(const char *preset, fm_qformat fmt, fm_dist_mode mode, int R, int T) {
@@ -170,6 +258,8 @@ int main(void) {
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_desc),
         cmocka_unit_test(test_load_bytes),
+        cmocka_unit_test(test_load_add),
+        cmocka_unit_test(test_ep_view_and_work),
         cmocka_unit_test(test_tp_sum),
         cmocka_unit_test(test_ep_sum),
     };

@@ -213,6 +213,10 @@ typedef struct {
 /* ids [T][k] of the full routing (k = full->topk; ids < 0 ignored). */
 fm_status fm_shard_load_of(const fm_model_desc *full, fm_qformat fmt, const fm_shard *sh, const int32_t *ids, int T,
                            fm_shard_load *out);
+/* Adds ld's pairs, active experts and bytes to sum (zeroed before the
+ * first; the loads of several layers or steps) and sets sum's max_rank by
+ * the same rule over the sums. */
+void fm_shard_load_add(fm_shard_load *sum, const fm_shard_load *ld);
 /* Rank sh's output of the whole layer l (d its description) through the
  * CPU engine: its partial sum, so that the R ranks' outputs add up to the
  * layer's. TP: fm_cpu_forward of the slice (fm_dist_tp_view). EP: the full

@@ -131,6 +131,32 @@ void fm_dist_ep_view(const fm_model_desc *d, const fm_moe_layer *l, int e0, int 
 void fm_dist_expert_view(const fm_model_desc *d, const fm_moe_layer *l, int e, const float *zero_router,
                          fm_model_desc *dv, fm_moe_layer *lv);
 
+/* EP: rank sh's experts of l (d its description) as one layer, with the
+ * whole shared expert (the rank runs it on its token chunk). zero_router:
+ * (E/R)*H zero floats that outlive the view. */
+void fm_shard_ep_view(const fm_model_desc *d, const fm_moe_layer *l, const fm_shard *sh, const float *zero_router,
+                      fm_model_desc *dv, fm_moe_layer *lv);
+/* What an EP rank's CPU call needs for up to T tokens besides its layer:
+ * the view's zero router, local ids / weights [T][kl], and for the shared
+ * expert on the rank's chunk (C = ceil(T/R) tokens) ids of no routed expert
+ * [C][kl] and its output rows [C][H]. */
+typedef struct {
+    int T, kl;
+    float *zero_router;
+    int32_t *lids;
+    float *lw;
+    int32_t *none;
+    float *w0, *y;
+} fm_shard_ep_work;
+fm_status fm_shard_ep_work_init(fm_shard_ep_work *w, const fm_model_desc *d, const fm_shard *sh, int T);
+void fm_shard_ep_work_free(fm_shard_ep_work *w);
+/* EP rank sh's share of layer l already routed: fm_cpu_experts on its
+ * experts with the pairs lids / lw [T][kl] (fm_shard_local_ids), then the
+ * shared expert on its token chunk, added into those rows of out [T, H]. */
+fm_status fm_shard_ep_run_cpu(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_layer *l, const fm_shard *sh,
+                              const float *x, int T, const int32_t *lids, const float *lw, fm_shard_ep_work *w,
+                              float *out);
+
 /* ---------------------------------------------------------- compression */
 
 /* Bytes of one encoded token row of H values. 0 if H is unsuitable. */

@@ -17,6 +17,15 @@ static int64_t mat_bytes(fm_qformat fmt, int64_t rows, int64_t cols) {
     return rows * cols / 2 + (b > 0 ? rows * cols / b : 0);
 }
 
+/* The rank the step waits for: most bytes, then most pairs, then the
+ * lowest index. */
+static int max_rank_of(const fm_shard_load *l) {
+    int m = 0;
+    for (int p = 1; p < l->ranks && p < FM_DIST_MAX_RANKS; p++)
+        if (l->bytes[p] > l->bytes[m] || (l->bytes[p] == l->bytes[m] && l->pairs[p] > l->pairs[m])) m = p;
+    return m;
+}
+
 fm_status fm_shard_load_of(const fm_model_desc *full, fm_qformat fmt, const fm_shard *sh, const int32_t *ids, int T,
                            fm_shard_load *out) {
     if (!full || !sh || !out || (T > 0 && !ids)) return fm_error(FM_E_ARG, "fm_shard_load_of: NULL argument");
@@ -61,11 +70,20 @@ fm_status fm_shard_load_of(const fm_model_desc *full, fm_qformat fmt, const fm_s
         }
     }
     free(hit);
-    int m = 0;
-    for (int p = 1; p < R; p++)
-        if (out->bytes[p] > out->bytes[m] || (out->bytes[p] == out->bytes[m] && out->pairs[p] > out->pairs[m])) m = p;
-    out->max_rank = m;
+    out->max_rank = max_rank_of(out);
     return FM_OK;
+}
+
+void fm_shard_load_add(fm_shard_load *sum, const fm_shard_load *ld) {
+    if (!sum || !ld) return;
+    if (sum->ranks == 0) sum->ranks = ld->ranks;
+    sum->router_bytes = ld->router_bytes;
+    for (int p = 0; p < ld->ranks && p < FM_DIST_MAX_RANKS; p++) {
+        sum->pairs[p] += ld->pairs[p];
+        sum->active[p] += ld->active[p];
+        sum->bytes[p] += ld->bytes[p];
+    }
+    sum->max_rank = max_rank_of(sum);
 }
 
 int64_t fm_shard_local_ids(const fm_shard *sh, int E, int k, int T, const int32_t *ids, const float *w, int kl,
@@ -90,43 +108,79 @@ int64_t fm_shard_local_ids(const fm_shard *sh, int E, int k, int T, const int32_
     return pairs;
 }
 
-static fm_status ep_forward(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_layer *l, const fm_shard *sh,
-                            const float *xf, int T, const int32_t *tid, float *out, int32_t *ids, float *w) {
-    const int H = l->hidden, E = l->n_experts, k = l->topk, ne = E / sh->ranks, kl = k < ne ? k : ne;
-    fm_status s = fm_route(d, l, xf, T, tid, ids, w);
-    if (s) return s;
-    float *zero = fm_calloc((size_t)ne * H, sizeof(float));
-    int32_t *lids = fm_calloc((size_t)T * kl, sizeof(int32_t));
-    float *lw = fm_calloc((size_t)T * kl, sizeof(float)), *y = NULL;
-    if (!zero || !lids || !lw) {
-        s = FM_E_NOMEM;
-        goto done;
+void fm_shard_ep_view(const fm_model_desc *d, const fm_moe_layer *l, const fm_shard *sh, const float *zero_router,
+                      fm_model_desc *dv, fm_moe_layer *lv) {
+    const int ne = l->n_experts / sh->ranks;
+    fm_dist_ep_view(d, l, sh->rank * ne, ne, zero_router, dv, lv);
+    dv->n_shared = d->n_shared;
+    dv->shared_inter = d->shared_inter;
+    lv->has_shared = l->has_shared;
+    lv->shared_inter = l->shared_inter;
+    lv->sh_gate = l->sh_gate;
+    lv->sh_up = l->sh_up;
+    lv->sh_down = l->sh_down;
+}
+
+void fm_shard_ep_work_free(fm_shard_ep_work *w) {
+    if (!w) return;
+    free(w->zero_router);
+    free(w->lids);
+    free(w->lw);
+    free(w->none);
+    free(w->w0);
+    free(w->y);
+    memset(w, 0, sizeof *w);
+}
+
+fm_status fm_shard_ep_work_init(fm_shard_ep_work *w, const fm_model_desc *d, const fm_shard *sh, int T) {
+    memset(w, 0, sizeof *w);
+    if (!d || !sh || sh->mode != FM_DIST_EP || sh->ranks < 1 || d->n_experts % sh->ranks || T < 1)
+        return fm_error(FM_E_ARG, "fm_shard_ep_work_init: bad argument");
+    const int H = d->hidden, ne = d->n_experts / sh->ranks, kl = d->topk < ne ? d->topk : ne;
+    const int C = (T + sh->ranks - 1) / sh->ranks;
+    w->T = T;
+    w->kl = kl;
+    w->zero_router = fm_calloc((size_t)ne * H, sizeof(float));
+    w->lids = fm_calloc((size_t)T * kl, sizeof(int32_t));
+    w->lw = fm_calloc((size_t)T * kl, sizeof(float));
+    w->none = fm_malloc((size_t)C * kl * sizeof(int32_t));
+    w->w0 = fm_calloc((size_t)C * kl, sizeof(float));
+    w->y = fm_calloc((size_t)C * H, sizeof(float));
+    if (!w->zero_router || !w->lids || !w->lw || !w->none || !w->w0 || !w->y) {
+        fm_shard_ep_work_free(w);
+        return FM_E_NOMEM;
     }
-    fm_shard_local_ids(sh, E, k, T, ids, w, kl, lids, lw);
+    for (size_t i = 0; i < (size_t)C * kl; i++) w->none[i] = -1; /* no routed expert: the shared call */
+    return FM_OK;
+}
+
+fm_status fm_shard_ep_run_cpu(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_layer *l, const fm_shard *sh,
+                              const float *x, int T, const int32_t *lids, const float *lw, fm_shard_ep_work *w,
+                              float *out) {
+    if (!w || T > w->T) return fm_error(FM_E_ARG, "fm_shard_ep_run_cpu: work buffers for %d tokens, not %d", w ? w->T : 0, T);
+    const int H = l->hidden;
     fm_model_desc dv;
     fm_moe_layer lv;
-    fm_dist_ep_view(d, l, sh->rank * ne, ne, zero, &dv, &lv);
-    if ((s = fm_cpu_experts(e, &dv, &lv, xf, FM_DT_F32, T, lids, lw, 0, out))) goto done;
+    fm_shard_ep_view(d, l, sh, w->zero_router, &dv, &lv);
+    fm_status s = fm_cpu_experts(e, &dv, &lv, x, FM_DT_F32, T, lids, lw, 0, out);
     int t0, n;
     fm_shard_token_chunk(sh, T, &t0, &n);
-    if (l->has_shared && n > 0) { /* replicated, data-parallel: the rank's own chunk */
-        fm_model_desc ds;
-        fm_moe_layer lsh;
-        fm_dist_expert_view(d, l, -1, zero, &ds, &lsh);
-        y = fm_calloc((size_t)n * H, sizeof(float));
-        if (!y) {
-            s = FM_E_NOMEM;
-            goto done;
-        }
-        fm_moe_out o = {y, NULL, NULL};
-        if ((s = fm_cpu_forward(e, &ds, &lsh, xf + (size_t)t0 * H, FM_DT_F32, n, NULL, &o))) goto done;
-        for (size_t i = 0; i < (size_t)n * H; i++) out[(size_t)t0 * H + i] += y[i];
-    }
-done:
-    free(zero);
-    free(lids);
-    free(lw);
-    free(y);
+    if (s || !l->has_shared || n == 0) return s;
+    /* replicated, data-parallel: the shared expert on the rank's own chunk */
+    if ((s = fm_cpu_experts(e, &dv, &lv, x + (size_t)t0 * H, FM_DT_F32, n, w->none, w->w0, 1, w->y))) return s;
+    for (size_t i = 0; i < (size_t)n * H; i++) out[(size_t)t0 * H + i] += w->y[i];
+    return FM_OK;
+}
+
+static fm_status ep_forward(fm_cpu_engine *e, const fm_model_desc *d, const fm_moe_layer *l, const fm_shard *sh,
+                            const float *xf, int T, const int32_t *tid, float *out, int32_t *ids, float *w) {
+    fm_status s = fm_route(d, l, xf, T, tid, ids, w);
+    if (s) return s;
+    fm_shard_ep_work wk;
+    if ((s = fm_shard_ep_work_init(&wk, d, sh, T))) return s;
+    fm_shard_local_ids(sh, l->n_experts, l->topk, T, ids, w, wk.kl, wk.lids, wk.lw);
+    s = fm_shard_ep_run_cpu(e, d, l, sh, xf, T, wk.lids, wk.lw, &wk, out);
+    fm_shard_ep_work_free(&wk);
     return s;
 }
 

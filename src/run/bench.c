@@ -114,25 +114,11 @@ static fm_status measure_bandwidth(bench_run *b) {
     return FM_OK;
 }
 
-/* The experts of EP rank p of a host layer as one layer, with the whole
- * shared expert (the rank runs it on its token chunk). */
-static void ep_rank_view(bench_run *b, const fm_moe_layer *full, int p, fm_model_desc *dv, fm_moe_layer *lv) {
-    const fm_model_desc *fd = &b->r->full_desc;
-    const int ne = b->r->desc.n_experts;
-    fm_dist_ep_view(fd, full, p * ne, ne, b->zero_router, dv, lv);
-    dv->n_shared = fd->n_shared;
-    dv->shared_inter = fd->shared_inter;
-    lv->has_shared = full->has_shared;
-    lv->shared_inter = full->shared_inter;
-    lv->sh_gate = full->sh_gate;
-    lv->sh_up = full->sh_up;
-    lv->sh_down = full->sh_down;
-}
-
 static fm_status upload_ep_rank(bench_run *b, const fm_moe_layer *full, int p, fm_cuda_layer **out) {
     fm_model_desc dv;
     fm_moe_layer lv;
-    ep_rank_view(b, full, p, &dv, &lv);
+    const fm_shard sp = {FM_DIST_EP, b->r->shard.ranks, p};
+    fm_shard_ep_view(&b->r->full_desc, full, &sp, b->zero_router, &dv, &lv);
     return fm_cuda_layer_upload(b->ge, &dv, &lv, out);
 }
 
@@ -305,6 +291,8 @@ static fm_status time_ep_rank(bench_run *b, int p, int T, const float *x, const 
     int32_t *lids = fm_calloc((size_t)n * T * kl, sizeof(int32_t));
     float *lw = fm_calloc((size_t)n * T * kl, sizeof(float)), *out = fm_calloc((size_t)T * H, sizeof(float));
     double *pass = fm_calloc(4096, sizeof(double));
+    fm_shard_ep_work wk;
+    memset(&wk, 0, sizeof wk);
     fm_status st = FM_OK;
     if (!lids || !lw || !out || !pass) st = FM_E_NOMEM;
     for (int i = 0; !st && i < n; i++)
@@ -313,27 +301,15 @@ static fm_status time_ep_rank(bench_run *b, int p, int T, const float *x, const 
     if (!st && b->ge) {
         fm_cuda_layer *const *gl = p == r->shard.rank ? b->gl : b->gmax;
         st = fm_cuda_bench_ep_rank(b->ge, gl, n, T, x, lids, lw, t0, nc, 50, med, mn, mx);
-    } else if (!st) {
+    } else if (!st && !(st = fm_shard_ep_work_init(&wk, &r->full_desc, &sp, T))) {
         /* passes over the layers for min_seconds (at least 3, at most 4096) */
         int np = 0;
         const uint64_t t_start = fm_now_ns();
         while (!st && np < 4096 && (np < 3 || (double)(fm_now_ns() - t_start) * 1e-9 < o->min_seconds)) {
             const uint64_t t1 = fm_now_ns();
-            for (int i = 0; !st && i < n; i++) {
-                fm_model_desc dv;
-                fm_moe_layer lv;
-                ep_rank_view(b, b->full[i], p, &dv, &lv);
-                lv.has_shared = 0;
-                st = fm_cpu_experts(b->ce, &dv, &lv, x, FM_DT_F32, T, lids + (size_t)i * T * kl,
-                                    lw + (size_t)i * T * kl, 0, out);
-                if (!st && nc > 0 && b->full[i]->has_shared) {
-                    fm_model_desc ds;
-                    fm_moe_layer lsh;
-                    fm_dist_expert_view(&r->full_desc, b->full[i], -1, b->zero_router, &ds, &lsh);
-                    fm_moe_out mo = {out, NULL, NULL};
-                    st = fm_cpu_forward(b->ce, &ds, &lsh, x + (size_t)t0 * H, FM_DT_F32, nc, NULL, &mo);
-                }
-            }
+            for (int i = 0; !st && i < n; i++)
+                st = fm_shard_ep_run_cpu(b->ce, &r->full_desc, b->full[i], &sp, x, T, lids + (size_t)i * T * kl,
+                                         lw + (size_t)i * T * kl, &wk, out);
             pass[np++] = (double)(fm_now_ns() - t1) * 1e-3 / n;
         }
         if (!st) {
@@ -345,6 +321,7 @@ static fm_status time_ep_rank(bench_run *b, int p, int T, const float *x, const 
             *med = fm_dist_median(pass, np);
         }
     }
+    fm_shard_ep_work_free(&wk);
     free(lids);
     free(lw);
     free(out);
@@ -375,21 +352,7 @@ static fm_status measure_row_ep(bench_run *b, int ri) {
         fm_shard_load ld;
         st = fm_route(fd, b->router[i], x, T, tid, ids + (size_t)i * T * k, w + (size_t)i * T * k);
         if (!st) st = fm_shard_load_of(fd, r->fmt, &r->shard, ids + (size_t)i * T * k, T, &ld);
-        if (st) break;
-        sum->ranks = R;
-        sum->router_bytes = ld.router_bytes;
-        for (int p = 0; p < R; p++) {
-            sum->pairs[p] += ld.pairs[p];
-            sum->active[p] += ld.active[p];
-            sum->bytes[p] += ld.bytes[p];
-        }
-    }
-    if (!st) {
-        int m = 0;
-        for (int p = 1; p < R; p++)
-            if (sum->bytes[p] > sum->bytes[m] || (sum->bytes[p] == sum->bytes[m] && sum->pairs[p] > sum->pairs[m]))
-                m = p;
-        sum->max_rank = m;
+        if (!st) fm_shard_load_add(sum, &ld);
     }
     char what[64];
     snprintf(what, sizeof what, "batch %d: timing", T);
