@@ -30,6 +30,10 @@ static void help(FILE *f) {
             "  --format F           nvfp4 | mxfp4 | bf16 (presets; BF16 checkpoints are quantized to F)\n"
             "  --shard tp:R[/r]     one TP rank's share: the I/R slices of every expert (and of the\n"
             "                       shared expert), the full router; bytes and floor are the rank's\n"
+            "  --shard ep:R/r       one EP rank's share: experts r*E/R..(r+1)*E/R-1 on the pairs the\n"
+            "                       full routing (on the host) sends them, pre-routed, then the shared\n"
+            "                       expert on the rank's token chunk; bytes and floor are the rank's,\n"
+            "                       with every rank's load and the most loaded rank per batch size\n"
             "  --steps N            measured steps per batch size (default 3)\n"
             "  --warmup N           warm-up steps per batch size (default 1)\n"
             "  --layers N           distinct layers held in memory and cycled (default 2)\n"
@@ -189,11 +193,6 @@ int fm_cmd_profile(int argc, char **argv) {
         return 2;
     }
     if (fm_cli_shard_check(k_cmd, &shard, o.preset, o.model_dir, o.fmt)) return 2;
-    if (shard.mode == FM_DIST_EP) {
-        fprintf(stderr, "fp4moe %s: error: --shard ep: an EP rank runs pre-routed, which the profile's phases do not "
-                        "cover; measure it with fp4moe bench --shard ep:R/r\n", k_cmd);
-        return 2;
-    }
     o.shard = shard.mode ? &shard : NULL;
     o.n_batch = fm_cli_parse_int_list(k_cmd, batch, o.batches, FM_PROF_MAX_BATCH);
     if (o.n_batch < 0) return 2;

@@ -40,9 +40,9 @@ struct fm_tune_key; /* defined in the tuning section */
 #include "fp4moe/engine.h"
 #include "fp4moe/cuda.h"
 #include "fp4moe/tune.h"
+#include "fp4moe/parallel.h"
 #include "fp4moe/prof.h"
 #include "fp4moe/trace.h"
-#include "fp4moe/parallel.h"
 #include "fp4moe/run.h"
 
 #ifdef __cplusplus

@@ -23,8 +23,6 @@ for cmd in bench profile explain tune; do
     bad "--shard tp:8: slice I/R=8 is not a multiple of the nvfp4 scale block (16)" --shard tp:8
     bad "--shard ep:3/0: E=16 experts are not divisible by 3" --shard ep:3/0
 done
-ARGS_PRE="profile --preset tiny-qwen3"
-bad "--shard ep: an EP rank runs pre-routed" --shard ep:2/1
 ARGS_PRE="tune"
 bad "--shard tunes one model's rank" --all-presets --shard tp:2
 ARGS_PRE="bench --preset tiny-qwen3"
@@ -67,6 +65,8 @@ run_ok pr profile --preset tiny-deepseek --shard tp:2/1 --batch 4 --threads 2 --
     --json "$T/pr.json"
 grep -qF "shard tp 2 rank 1 (I 32 of 64, shared 32 of 64)" "$T/pr" || fail "profile tp: no shard: $(head -2 "$T/pr")"
 grep -qF "H=128 I=32" "$T/pr" || fail "profile tp: not the rank's shape"
+run_ok pe profile --preset tiny-deepseek --shard ep:2/1 --batch 4 --threads 2 --quiet --bw-mib 16 --steps 1
+grep -qF "shard ep 2 rank 1 (experts 8..15 of 16" "$T/pe" || fail "profile ep: no shard: $(head -2 "$T/pe")"
 
 # a checkpoint's layers: the shard is a view of each bound layer
 "$BIN" gen --preset tiny-deepseek --out "$T/ck" --layers 2 --quiet || fail "gen tiny-deepseek"

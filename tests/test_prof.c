@@ -471,6 +471,135 @@ static void test_read_baseline(void **st) {
     }
 }
 
+/* An EP rank of the DeepSeek-V4-Flash shape (EP8 rank 3: 32 experts of
+ * I 2048, k 6, one shared expert of 2048): the model counts the rank's
+ * share of the routing, hand-worked from the load. */
+static void test_finish_ep_rank(void **st) {
+    (void)st;
+    fm_profile *p = synthetic();
+    p->E = 32, p->full_E = 256, p->full_k = 6;
+    p->n_shared = 1, p->shared_inter = 2048;
+    p->shard = (fm_shard){FM_DIST_EP, 8, 3};
+    p->layers_per_step = 2;
+    p->tile_n = 8;
+    const double eb = 14155776.0; /* 3 * (2048 * 4096 / 2 + 2048 * 4096 / 16) */
+    /* batch 1: one token, on rank 0's chunk: rank 3 reads 0.5 experts a layer
+     * (one of two layer calls routed a pair to it) and no shared expert */
+    fm_prof_batch *a = &p->b[0], *b = &p->b[1];
+    a->load_calls = 2;
+    a->load.ranks = 8;
+    a->load.pairs[3] = 1, a->load.active[3] = 1, a->load.bytes[3] = (int64_t)eb;
+    a->load.pairs[0] = 11, a->load.active[0] = 11, a->load.bytes[0] = (int64_t)(11 * eb + 2 * eb);
+    a->step_ns = 20000;
+    a->row_ns[FM_PH_ROUTE] = 1000;
+    /* batch 80: chunks of 10 tokens, rank 3's holds 10 */
+    b->load_calls = 2;
+    b->load.ranks = 8;
+    b->load.max_rank = 3;
+    b->load.pairs[3] = 130, b->load.active[3] = 50, b->load.bytes[3] = (int64_t)(50 * eb + 2 * eb);
+    b->step_ns = 1e6;
+    assert_int_equal(fm_profile_finish(p), FM_OK);
+    assert_true(fabs(a->bytes_per_step - eb) < 1e-6); /* 0.5 experts a layer, two layers */
+    assert_true(fabs(a->active_observed - 0.5) < 1e-12);
+    assert_true(fabs(a->tokens_per_expert - 1.0) < 1e-12);
+    assert_true(fabs(a->active_expected - 6.0 / 8.0) < 1e-12); /* 6 of 256 experts hit, 32 of them the rank's */
+    assert_true(fabs(a->flops_per_step - 2 * 6.0 * 4096 * 2048 * 0.5) < 1.0);
+    assert_true(fabs(a->floor_ns - 1e9 * eb / 4.6e12) < 1e-6);
+    assert_true(fabs(a->bound_ns - (1000 + 1e9 * 0.5 * (eb + 12.0) * 2 / 4.6e12)) < 1e-6);
+    assert_true(fabs(b->bytes_per_step - 52 * eb) < 1e-3);
+    assert_true(fabs(b->active_observed - 25) < 1e-12);
+    assert_true(fabs(b->tokens_per_expert - 65.0 / 25.0) < 1e-12);
+    assert_true(fabs(b->flops_per_step - 2 * (6.0 * 4096 * 2048 * 65 + 6.0 * 4096 * 2048 * 10)) < 1e3);
+    /* tiles fill as any expert's of the full routing (Binomial(80, 6/256)) */
+    assert_true(fabs(b->tile_fill - fm_prof_tile_fill_expected(256, 6, 80, 8)) < 1e-12);
+    char *js = NULL;
+    assert_int_equal(fm_profile_json(p, &js), FM_OK);
+    json_error_t err;
+    json_t *root = json_loads(js, 0, &err);
+    assert_non_null(root);
+    json_t *sh = json_object_get(root, "shard");
+    assert_string_equal(json_string_value(json_object_get(sh, "mode")), "ep");
+    assert_int_equal(json_integer_value(json_object_get(sh, "rank")), 3);
+    json_t *ld = json_object_get(json_array_get(json_object_get(root, "batches"), 1), "shard_load");
+    assert_true(fabs(json_real_value(json_array_get(json_object_get(ld, "bytes"), 3)) - 26 * eb) < 1e-3);
+    assert_true(fabs(json_real_value(json_array_get(json_object_get(ld, "pairs"), 3)) - 65) < 1e-12);
+    assert_int_equal(json_integer_value(json_object_get(ld, "max_rank")), 3);
+    json_decref(root);
+    free(js);
+    /* an EP rank's batch without the routing's load is refused */
+    b->load_calls = 0;
+    assert_int_equal(fm_profile_finish(p), FM_E_ARG);
+    assert_non_null(strstr(fm_last_error(), "without the routing's load"));
+    fm_profile_free(p);
+}
+
+/* `profile --shard ep:4/1` on the CPU against an independent count: the
+ * first MoE layer of tiny-deepseek routes the profile's seeded activations
+ * (fm_route), each pair counted on the rank that owns its expert. */
+static void test_profile_ep_rank_cpu(void **st) {
+    (void)st;
+    fm_prof_opts o;
+    fm_prof_opts_default(&o);
+    fm_shard sh = {FM_DIST_EP, 4, 1};
+    o.preset = "tiny-deepseek";
+    o.shard = &sh;
+    o.batches[0] = 2, o.batches[1] = 16;
+    o.n_batch = 2;
+    o.steps = 1, o.warmup = 0, o.layers = 1, o.step_layers = 1, o.threads = 1;
+    o.bandwidth_Bps = 1e10, o.peak_flops = 1e11;
+    fm_profile *p = NULL;
+    assert_int_equal(fm_profile_run(&o, &p), FM_OK);
+    fm_model_desc d;
+    assert_int_equal(fm_preset_desc("tiny-deepseek", FM_QF_NONE, &d), FM_OK);
+    int layer = 0;
+    while (!fm_model_is_moe_layer(&d, layer)) layer++;
+    fm_moe_layer *l = NULL;
+    assert_int_equal(fm_moe_layer_random(&d, p->fmt, o.seed, layer, &l), FM_OK);
+    const int H = d.hidden, k = d.topk, E = d.n_experts;
+    const double eb = 3.0 * (d.moe_inter * H / 2 + d.moe_inter * H / 16),
+                 sb = 3.0 * (d.shared_inter * H / 2 + d.shared_inter * H / 16);
+    assert_int_equal(p->E, E / 4);
+    for (int i = 0; i < 2; i++) {
+        const int B = o.batches[i];
+        float *x = malloc((size_t)B * H * sizeof *x), *w = malloc((size_t)B * k * sizeof *w);
+        int32_t *tok = malloc((size_t)B * sizeof *tok), *ids = malloc((size_t)B * k * sizeof *ids);
+        const uint64_t key = fm_hash_str("profile.x") + (uint64_t)B * 1000003u; /* step 0 */
+        for (int64_t j = 0; j < (int64_t)B * H; j++) x[j] = fm_rng_normal(o.seed, key, (uint64_t)j);
+        for (int t = 0; t < B; t++)
+            tok[t] = (int32_t)(fm_rng_u64(o.seed, key ^ 0x5a5a5a5au, (uint64_t)t) % (uint64_t)d.vocab_size);
+        assert_int_equal(fm_route(&d, l, x, B, tok, ids, w), FM_OK);
+        int64_t pairs[4] = {0, 0, 0, 0};
+        int hit[64] = {0}, act[4] = {0, 0, 0, 0};
+        for (int j = 0; j < B * k; j++) {
+            pairs[ids[j] / (E / 4)]++;
+            if (!hit[ids[j]]++) act[ids[j] / (E / 4)]++;
+        }
+        const fm_prof_batch *b = &p->b[i];
+        assert_int_equal(b->load_calls, 1);
+        for (int r = 0; r < 4; r++) {
+            const int chunk = (B + 3) / 4, has_tokens = r * chunk < B;
+            assert_int_equal(b->load.pairs[r], pairs[r]);
+            assert_int_equal(b->load.active[r], act[r]);
+            assert_true(fabs((double)b->load.bytes[r] - (act[r] * eb + (has_tokens ? sb : 0))) < 0.5);
+        }
+        assert_true(fabs(b->bytes_per_step - (act[1] * eb + sb)) < 0.5);
+        assert_true(fabs(b->active_observed - act[1]) < 1e-12);
+        assert_true(b->row_ns[FM_PH_GATEUP] > 0 && b->row_ns[FM_PH_DOWN] > 0);
+        free(x), free(w), free(tok), free(ids);
+    }
+    fm_moe_layer_free(l);
+    fm_profile_free(p);
+    /* E = 16 does not split over 3 ranks; rank 4 of 4 is none */
+    fm_shard bad[2] = {{FM_DIST_EP, 3, 0}, {FM_DIST_EP, 4, 4}};
+    const char *why[2] = {"E=16 experts are not divisible by 3", "is not a shard"};
+    for (int i = 0; i < 2; i++) {
+        o.shard = &bad[i];
+        assert_int_equal(fm_profile_run(&o, &p), FM_E_ARG);
+        assert_null(p);
+        assert_non_null(strstr(fm_last_error(), why[i]));
+    }
+}
+
 static void test_contended_note(void **st) {
     (void)st;
     fm_profile *p = synthetic();
@@ -916,6 +1045,7 @@ int main(void) {
         cmocka_unit_test(test_kernel_steps_graph), cmocka_unit_test(test_kernel_steps_no_graph),
         cmocka_unit_test(test_kernel_steps_overlap), cmocka_unit_test(test_kernel_steps_forked_shared),
         cmocka_unit_test(test_contended_note),
+        cmocka_unit_test(test_finish_ep_rank),     cmocka_unit_test(test_profile_ep_rank_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

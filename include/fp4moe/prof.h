@@ -178,6 +178,11 @@ typedef struct {
     double stream_share;      /* share of the step in gate_up/act/down/shared */
     fm_verdict verdict;
     char verdict_text[320];
+    /* an EP rank (fm_profile.shard): every rank's load under the full
+     * routing, summed over the measured layer calls (load_calls of them);
+     * the model counts the rank's bytes from it */
+    fm_shard_load load;
+    int load_calls;
 } fm_prof_batch;
 
 typedef struct {
@@ -199,6 +204,10 @@ typedef struct {
     char device_desc[256];
     char provenance[1024];    /* tuning provenance line(s), GPU              */
     int E, k, H, I, n_shared, shared_inter, group_size;
+    /* one rank's share (mode 0: the whole layer): E, k, I and shared_inter
+     * above are the rank's; full_E, full_k those of the full routing */
+    fm_shard shard;
+    int full_E, full_k;
     int layers_per_step;      /* MoE layers in a step                        */
     int model_moe_layers;     /* MoE layers of the model                    */
     int layers_distinct;      /* distinct layers in memory, cycled          */
@@ -252,8 +261,9 @@ typedef struct {
     double read_power_s;      /* seconds of the sustained streaming read for
                                  the power baseline (GPU with NVML; 0: none) */
     FILE *progress;           /* progress lines (NULL: none)                */
-    const struct fm_shard *shard; /* TP: one rank's slices (parallel.h); NULL:
-                                 the whole layer                            */
+    const fm_shard *shard;    /* one rank's share (parallel.h): TP its
+                                 slices, EP its experts pre-routed by the
+                                 full routing; NULL: the whole layer        */
 } fm_prof_opts;
 
 void fm_prof_opts_default(fm_prof_opts *o);

@@ -306,11 +306,30 @@ fm_status fm_profile_finish(fm_profile *p) {
         b->stream_share = b->step_ns > 0 ? streaming / b->step_ns : 0.0;
         if (b->stream_share > 1.0) b->stream_share = 1.0;
 
-        b->active_expected = fm_prof_expected_active(p->E, p->k, b->batch);
-        double active = b->active_observed > 0 ? b->active_observed : b->active_expected;
-        b->tokens_per_expert = active > 0 ? (double)b->batch * p->k / active : 0;
-        double bytes, flops;
-        layer_cost(p, b->batch, active, &bytes, &flops);
+        const int ep = p->shard.mode == FM_DIST_EP;
+        if (ep && (b->load_calls < 1 || p->shard.rank < 0 || p->shard.rank >= b->load.ranks ||
+                   p->full_E < p->E || p->full_k < 1))
+            return fm_error(FM_E_ARG, "profile: EP rank %d of batch %d without the routing's load", p->shard.rank,
+                            b->batch);
+        double active, bytes, flops;
+        if (ep) { /* the rank's share of the full routing: its pairs, experts and bytes */
+            const int r = p->shard.rank;
+            const double calls = b->load_calls;
+            b->active_expected = fm_prof_expected_active(p->full_E, p->full_k, b->batch) * p->E / p->full_E;
+            active = b->load.active[r] / calls;
+            b->active_observed = active;
+            b->tokens_per_expert = active > 0 ? b->load.pairs[r] / calls / active : 0;
+            int t0, chunk;
+            fm_shard_token_chunk(&p->shard, b->batch, &t0, &chunk);
+            bytes = b->load.bytes[r] / calls;
+            flops = 6.0 * p->H * p->I * (b->load.pairs[r] / calls) +
+                    (p->n_shared > 0 ? 6.0 * p->H * p->shared_inter * chunk : 0);
+        } else {
+            b->active_expected = fm_prof_expected_active(p->E, p->k, b->batch);
+            active = b->active_observed > 0 ? b->active_observed : b->active_expected;
+            b->tokens_per_expert = active > 0 ? (double)b->batch * p->k / active : 0;
+            layer_cost(p, b->batch, active, &bytes, &flops);
+        }
         b->bytes_per_step = bytes * p->layers_per_step;
         b->flops_per_step = flops * p->layers_per_step;
         b->floor_ns = p->bandwidth_Bps > 0 ? 1e9 * b->bytes_per_step / p->bandwidth_Bps : 0;
@@ -330,7 +349,9 @@ fm_status fm_profile_finish(fm_profile *p) {
             b->tile_fill = b->tile_fill_observed;
             b->tile_fill_is_expected = 0;
         } else {
-            b->tile_fill = fm_prof_tile_fill_expected(p->E, p->k, b->batch, b->tile_n);
+            /* an EP rank's experts fill as any of the full routing's */
+            b->tile_fill = ep ? fm_prof_tile_fill_expected(p->full_E, p->full_k, b->batch, b->tile_n)
+                              : fm_prof_tile_fill_expected(p->E, p->k, b->batch, b->tile_n);
             b->tile_fill_is_expected = 1;
         }
         write_verdict(p, b);

@@ -239,6 +239,25 @@ void fm_prof_fmt_read(char *buf, size_t cap, const fm_profile *p) {
     snprintf(buf + n, cap - n, ", throttle %s", thr);
 }
 
+/* Every EP rank's load per batch and the one the step waits for. */
+static void print_ep_load(const fm_profile *p, FILE *f) {
+    fprintf(f, "\nEP ranks (pairs / active experts / MB per layer under the full routing; the step waits for the most "
+               "loaded rank):\n");
+    for (int i = 0; i < p->n_batch; i++) {
+        const fm_prof_batch *b = &p->b[i];
+        const fm_shard_load *ld = &b->load;
+        const double n = b->load_calls > 0 ? b->load_calls : 1, L = p->layers_per_step;
+        const double bw = p->bandwidth_Bps > 0 ? p->bandwidth_Bps : NAN;
+        const int m = ld->max_rank;
+        fprintf(f, "  batch %d:", b->batch);
+        for (int r = 0; r < ld->ranks; r++)
+            fprintf(f, " %d:%.1f/%.1f/%.2f", r, ld->pairs[r] / n, ld->active[r] / n, ld->bytes[r] / n / 1e6);
+        fprintf(f, "\n    most loaded: rank %d%s, floor %.3f ms/step (this rank's %.3f ms)\n", m,
+                m == p->shard.rank ? " (this one)" : "", 1e3 * ld->bytes[m] / n * L / bw,
+                1e3 * ld->bytes[p->shard.rank] / n * L / bw);
+    }
+}
+
 void fm_profile_print(const fm_profile *p, FILE *f) {
     fprintf(f, "model: %s (%s), %s, E=%d k=%d H=%d I=%d", p->model, p->family, fm_qformat_name(p->fmt), p->E, p->k,
             p->H, p->I);
@@ -298,6 +317,7 @@ void fm_profile_print(const fm_profile *p, FILE *f) {
                 b->floor_ns * 1e-6, bound, b->step_ns * 1e-6, b->pct_of_floor, b->achieved_Bps / 1e9,
                 b->achieved_flops / 1e9, tile);
     }
+    if (p->shard.mode == FM_DIST_EP) print_ep_load(p, f);
     fprintf(f, "\ntelemetry per batch (mean/max) beside the throughput:\n");
     int gpu = 0;
     for (int i = 0; i < p->n_batch; i++)
@@ -364,6 +384,29 @@ static json_t *rows_json(const double ns[FM_PROF_ROWS]) {
     return o;
 }
 
+/* An EP rank's batch: every rank's pairs, active experts and bytes per
+ * layer (means over the measured layer calls) and the most loaded rank. */
+static json_t *load_json(const fm_profile *p, const fm_prof_batch *b) {
+    const fm_shard_load *ld = &b->load;
+    const double n = b->load_calls > 0 ? b->load_calls : 1;
+    json_t *o = json_object(), *pa = json_array(), *ac = json_array(), *by = json_array();
+    for (int r = 0; r < ld->ranks; r++) {
+        json_array_append_new(pa, jnum(ld->pairs[r] / n));
+        json_array_append_new(ac, jnum(ld->active[r] / n));
+        json_array_append_new(by, jnum(ld->bytes[r] / n));
+    }
+    json_object_set_new(o, "layer_calls", json_integer(b->load_calls));
+    json_object_set_new(o, "pairs", pa);
+    json_object_set_new(o, "active", ac);
+    json_object_set_new(o, "bytes", by);
+    json_object_set_new(o, "max_rank", json_integer(ld->max_rank));
+    json_object_set_new(o, "max_rank_floor_ms",
+                        p->bandwidth_Bps > 0 ? jnum(1e3 * ld->bytes[ld->max_rank] / n * p->layers_per_step /
+                                                    p->bandwidth_Bps)
+                                             : json_null());
+    return o;
+}
+
 static fm_status dump(json_t *root, char **out, const char *what) {
     if (!root) return fm_error(FM_E_NOMEM, "out of memory building the %s", what);
     char *s = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
@@ -390,6 +433,17 @@ fm_status fm_profile_json(const fm_profile *p, char **out) {
     json_object_set_new(shape, "n_shared", json_integer(p->n_shared));
     json_object_set_new(shape, "shared_inter", json_integer(p->shared_inter));
     json_object_set_new(root, "shape", shape);
+    if (p->shard.mode) {
+        json_t *sj = json_object();
+        json_object_set_new(sj, "mode", json_string(fm_dist_mode_name(p->shard.mode)));
+        json_object_set_new(sj, "ranks", json_integer(p->shard.ranks));
+        json_object_set_new(sj, "rank", json_integer(p->shard.rank));
+        json_object_set_new(sj, "full_E", json_integer(p->full_E));
+        json_object_set_new(sj, "full_k", json_integer(p->full_k));
+        json_object_set_new(root, "shard", sj);
+    } else {
+        json_object_set_new(root, "shard", json_null());
+    }
     json_object_set_new(root, "device", json_string(p->device == FM_DEV_CUDA ? "cuda" : "cpu"));
     json_object_set_new(root, "device_desc", json_string(p->device_desc));
     json_object_set_new(root, "provenance", json_string(p->provenance));
@@ -447,6 +501,7 @@ fm_status fm_profile_json(const fm_profile *p, char **out) {
         json_object_set_new(m, "tile_fill_is_expected", json_boolean(b->tile_fill_is_expected));
         json_object_set_new(m, "stream_share", jnum(b->stream_share));
         json_object_set_new(o, "model", m);
+        if (p->shard.mode == FM_DIST_EP) json_object_set_new(o, "shard_load", load_json(p, b));
         json_object_set_new(o, "verdict", json_string(fm_verdict_name(b->verdict)));
         json_object_set_new(o, "verdict_text", json_string(b->verdict_text));
         json_object_set_new(o, "telemetry", summary_json(&b->telem));

@@ -333,6 +333,29 @@ static void model_table(fm_sb *sb, const fm_profile *p) {
     fm_sb_puts(sb, "</table>\n");
 }
 
+/* An EP rank's profile: every rank's load per batch (one column per
+ * batch size), the most loaded rank in bold: the step waits for it. */
+static void ep_load_table(fm_sb *sb, const fm_profile *p) {
+    int R = 0;
+    for (int i = 0; i < p->n_batch; i++) R = p->b[i].load.ranks > R ? p->b[i].load.ranks : R;
+    fm_sb_puts(sb, "<table class=\"ep-load\"><tr><th>rank: pairs / active / MB per layer</th>");
+    for (int i = 0; i < p->n_batch; i++) fm_sb_printf(sb, "<th>bs %d</th>", p->b[i].batch);
+    fm_sb_puts(sb, "</tr>\n");
+    for (int r = 0; r < R; r++) {
+        fm_sb_printf(sb, "<tr><td>%d%s</td>", r, r == p->shard.rank ? " (this rank)" : "");
+        for (int i = 0; i < p->n_batch; i++) {
+            const fm_prof_batch *b = &p->b[i];
+            const double n = b->load_calls > 0 ? b->load_calls : 1;
+            const int m = r == b->load.max_rank;
+            fm_sb_printf(sb, "<td data-batch=\"%d\" data-rank=\"%d\">%s%.1f / %.1f / %.2f%s</td>", b->batch, r,
+                         m ? "<b>" : "", b->load.pairs[r] / n, b->load.active[r] / n, b->load.bytes[r] / n / 1e6,
+                         m ? "</b>" : "");
+        }
+        fm_sb_puts(sb, "</tr>\n");
+    }
+    fm_sb_puts(sb, "</table>\n");
+}
+
 static void telem_table(fm_sb *sb, const fm_profile *p) {
     /* One row per metric this run sampled (a CPU run has no GPU rows), one
      * column per batch size: narrow enough for any number of metrics. */
@@ -435,6 +458,10 @@ fm_status fm_profile_report_html(const fm_profile *p, char **out) {
     }
     fm_sb_puts(&sb, "<h2>Performance model</h2>\n");
     model_table(&sb, p);
+    if (p->shard.mode == FM_DIST_EP) {
+        fm_sb_puts(&sb, "<h2>EP ranks' load (the most loaded in bold: the step waits for it)</h2>\n");
+        ep_load_table(&sb, p);
+    }
     fm_sb_puts(&sb, "<h2>Telemetry</h2>\n");
     telem_table(&sb, p);
     for (int m = 0; m < FM_TM_COUNT; m++) telemetry_chart(&sb, p, (fm_telem_metric)m);

@@ -3,6 +3,8 @@
  * engine, telemetry in the background, and the numbers the model needs
  * (bandwidth, compute peak, active experts, tile fill). */
 #include "prof/prof_internal.h"
+#include "io/io_internal.h"
+#include "parallel/parallel_internal.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -186,7 +188,7 @@ static fm_status check_opts(const fm_prof_opts *o) {
  * profile being filled. */
 typedef struct {
     const fm_prof_opts *o;
-    fm_model_desc d;      /* the layer profiled: a TP shard's slice shape   */
+    fm_model_desc d;      /* the layer profiled: a shard's shape            */
     fm_model_desc full;   /* the whole model                                */
     const fm_shard *shard;
     fm_ckpt *ckpt;
@@ -233,7 +235,7 @@ static fm_status host_layers(run_ctx *c, int want, fm_moe_layer ***out, int *n_o
         } else {
             st = fm_moe_layer_random(&c->full, c->p->fmt, c->o->seed, c->moe_idx[i], &ls[n]);
         }
-        if (st == FM_OK && c->shard) { /* the rank's slices, which own the full layer */
+        if (st == FM_OK && c->shard && c->shard->mode == FM_DIST_TP) { /* the rank's slices own the full layer */
             fm_moe_layer *full = ls[n];
             st = fm_shard_tp_layer(&c->full, &full, c->shard, NULL, &ls[n]);
             if (st != FM_OK) fm_moe_layer_free(full);
@@ -290,6 +292,71 @@ static fm_status io_alloc(step_io *s, const fm_model_desc *d, int B) {
 
 /* Distinct layers in memory: --layers, else up to two of the model's. */
 static int layers_wanted(const run_ctx *c) { return c->o->layers > 0 ? c->o->layers : (c->n_moe < 2 ? c->n_moe : 2); }
+
+static int is_ep(const run_ctx *c) { return c->shard && c->shard->mode == FM_DIST_EP; }
+
+/* An EP rank's inputs of one step: the full routing of x by every distinct
+ * layer's router (ids / w [n][B][k], k the full model's), the rank's view
+ * of it for each of the step's layers (lids / lw [layers_per_step][B][kl])
+ * and the load each distinct layer's routing puts on every rank. */
+typedef struct {
+    int32_t *ids, *lids;
+    float *w, *lw;
+    fm_shard_load *load;
+} ep_route;
+
+static void ep_route_free(ep_route *r) {
+    free(r->ids);
+    free(r->lids);
+    free(r->w);
+    free(r->lw);
+    free(r->load);
+    memset(r, 0, sizeof *r);
+}
+
+/* For up to B tokens, n distinct layers, L layers a step (lids: 0 for none). */
+static fm_status ep_route_alloc(ep_route *r, const run_ctx *c, int B, int n, int L) {
+    const size_t k = (size_t)c->full.topk, kl = (size_t)c->d.topk;
+    memset(r, 0, sizeof *r);
+    r->ids = fm_malloc((size_t)n * B * k * sizeof *r->ids);
+    r->w = fm_malloc((size_t)n * B * k * sizeof *r->w);
+    r->load = fm_calloc((size_t)n, sizeof *r->load);
+    if (L > 0) {
+        r->lids = fm_malloc((size_t)L * B * kl * sizeof *r->lids);
+        r->lw = fm_malloc((size_t)L * B * kl * sizeof *r->lw);
+    }
+    if (r->ids && r->w && r->load && (L == 0 || (r->lids && r->lw))) return FM_OK;
+    ep_route_free(r);
+    return FM_E_NOMEM;
+}
+
+/* Routes x [B, H] by the full routers of layers[0..n) on the host (as the
+ * sharded layer does before the rank's pre-routed call) and counts the
+ * loads; with lids, maps each of the step's L layers to the rank's view. */
+static fm_status ep_route_step(ep_route *r, const run_ctx *c, fm_moe_layer *const *layers, int n, int L,
+                               const float *x, const int32_t *tok, int B) {
+    const size_t k = (size_t)c->full.topk, kl = (size_t)c->d.topk;
+    for (int i = 0; i < n; i++) {
+        int32_t *ids = r->ids + (size_t)i * B * k;
+        float *w = r->w + (size_t)i * B * k;
+        fm_status st = fm_route(&c->full, layers[i], x, B, tok, ids, w);
+        if (st == FM_OK) st = fm_shard_load_of(&c->full, c->p->fmt, c->shard, ids, B, &r->load[i]);
+        if (st != FM_OK) return st;
+    }
+    for (int l = 0; r->lids && l < L; l++)
+        fm_shard_local_ids(c->shard, c->full.n_experts, (int)k, B, r->ids + (size_t)(l % n) * B * k,
+                           r->w + (size_t)(l % n) * B * k, (int)kl, r->lids + (size_t)l * B * kl,
+                           r->lw + (size_t)l * B * kl);
+    return FM_OK;
+}
+
+/* The loads of a measured step's layers into the batch's sums. */
+static void ep_add_load(fm_prof_batch *b, const ep_route *r, int n, int L) {
+    for (int l = 0; l < L; l++) {
+        fm_shard_load_add(&b->load, &r->load[l % n]);
+        b->load_calls++;
+    }
+}
 
 /* ------------------------------------------------------ the devices */
 
@@ -369,6 +436,8 @@ typedef struct {
     int32_t *tpe;     /* tokens per expert */
     uint8_t *seen;
     fm_phase_times pt;
+    ep_route er;      /* an EP rank: the full routing of a step */
+    fm_shard_ep_work wk;
 } cpu_dev;
 
 static fm_status cpu_open(run_ctx *c, void **out) {
@@ -411,6 +480,11 @@ static fm_status cpu_prepare(void *dev, run_ctx *c) {
     v->tpe = fm_malloc((size_t)E * sizeof *v->tpe);
     v->seen = fm_malloc((size_t)E);
     if (!v->tpe || !v->seen || io_alloc(&v->io, &c->d, maxB) != FM_OK) return FM_E_NOMEM;
+    if (is_ep(c)) {
+        fm_status st = ep_route_alloc(&v->er, c, maxB, v->nl, 0);
+        if (st == FM_OK) st = fm_shard_ep_work_init(&v->wk, &c->full, c->shard, maxB);
+        if (st != FM_OK) return st;
+    }
     memset(&v->pt, 0, sizeof v->pt);
     fm_cpu_engine_set_phase_times(v->e, &v->pt);
     return FM_OK;
@@ -418,14 +492,28 @@ static fm_status cpu_prepare(void *dev, run_ctx *c) {
 
 /* One layer call of a step: its span, its phases laid out in pipeline
  * order, and (measured steps) the phase rows, active experts and tiles. */
-static fm_status cpu_layer(cpu_dev *v, run_ctx *c, fm_prof_batch *b, const fm_moe_layer *L, int measured,
-                           double acc[3]) {
+static fm_status cpu_layer(cpu_dev *v, run_ctx *c, fm_prof_batch *b, int dl, int measured, double acc[3]) {
     fm_profile *p = c->p;
-    const int B = b->batch, k = c->d.topk, E = c->d.n_experts, tile_n = c->o->tile_n;
+    const fm_moe_layer *L = v->ls[dl];
+    const int B = b->batch, E = c->d.n_experts, tile_n = c->o->tile_n;
+    const int32_t *ids = v->io.ids;
+    int n_ids = B * c->d.topk;
     fm_phase_times before = v->pt;
-    fm_moe_out mo = {v->io.out, v->io.ids, v->io.w};
     uint64_t l0 = fm_now_ns();
-    fm_status st = fm_cpu_forward(v->e, &c->d, L, v->io.x, FM_DT_F32, B, v->io.tok, &mo);
+    fm_status st;
+    if (is_ep(c)) {
+        const size_t kf = (size_t)c->full.topk, at = (size_t)dl * B * kf;
+        fm_shard_local_ids(c->shard, c->full.n_experts, (int)kf, B, v->er.ids + at, v->er.w + at, v->wk.kl,
+                           v->wk.lids, v->wk.lw);
+        /* the rank's routing phase: its pairs picked out of the full routing */
+        v->pt.ns[FM_PH_ROUTE] += (double)(fm_now_ns() - l0);
+        st = fm_shard_ep_run_cpu(v->e, &c->full, L, c->shard, v->io.x, B, v->wk.lids, v->wk.lw, &v->wk, v->io.out);
+        ids = v->wk.lids;
+        n_ids = B * v->wk.kl;
+    } else {
+        fm_moe_out mo = {v->io.out, v->io.ids, v->io.w};
+        st = fm_cpu_forward(v->e, &c->d, L, v->io.x, FM_DT_F32, B, v->io.tok, &mo);
+    }
     uint64_t l1 = fm_now_ns();
     if (st != FM_OK) return st;
     char nm[64];
@@ -440,11 +528,10 @@ static fm_status cpu_layer(cpu_dev *v, run_ctx *c, fm_prof_batch *b, const fm_mo
         t += (uint64_t)d;
     }
     if (!measured) return FM_OK;
-    const int32_t *ids = v->io.ids;
-    acc[0] += count_distinct(ids, B * k, E, v->seen);
+    acc[0] += count_distinct(ids, n_ids, E, v->seen);
     if (tile_n > 0) {
         memset(v->tpe, 0, (size_t)E * sizeof *v->tpe);
-        for (int i = 0; i < B * k; i++)
+        for (int i = 0; i < n_ids; i++)
             if (ids[i] >= 0 && ids[i] < E) v->tpe[ids[i]]++;
         for (int q = 0; q < E; q++)
             if (v->tpe[q] > 0) {
@@ -471,13 +558,15 @@ static fm_status cpu_batch(void *dev, run_ctx *c, int bi, fm_prof_batch *b, uint
     for (int s = 0; s < o->warmup + o->steps && st == FM_OK; s++) {
         int measured = s >= o->warmup;
         fill_inputs(c, B, s, v->io.x, v->io.tok);
+        if (is_ep(c) && (st = ep_route_step(&v->er, c, v->ls, v->nl, 0, v->io.x, v->io.tok, B)) != FM_OK) break;
         uint64_t s0 = fm_now_ns();
         for (int l = 0; l < p->layers_per_step && st == FM_OK; l++) {
-            st = cpu_layer(v, c, b, v->ls[l % v->nl], measured, acc);
+            st = cpu_layer(v, c, b, l % v->nl, measured, acc);
             layer_calls += measured;
         }
         if (st != FM_OK) break;
         uint64_t s1 = fm_now_ns();
+        if (measured && is_ep(c)) ep_add_load(b, &v->er, v->nl, p->layers_per_step);
         char nm[64];
         snprintf(nm, sizeof nm, "%s B=%d", measured ? "step" : "warm-up step", B);
         add_span(p, c->t0, s0, s1, 1, 1, p->n_batch, 1, -1, nm);
@@ -515,6 +604,8 @@ static void cpu_close(void *dev) {
     cpu_dev *v = dev;
     if (!v) return;
     io_free(&v->io);
+    ep_route_free(&v->er);
+    fm_shard_ep_work_free(&v->wk);
     free(v->tpe);
     free(v->seen);
     for (int i = 0; i < v->nl; i++) fm_moe_layer_free(v->ls[i]);
@@ -572,6 +663,13 @@ typedef struct {
     fm_cuda_layer **step; /* a step's layers, cycling cl */
     int nl;
     fm_cupti *cu;
+    /* an EP rank: the full routers (host), the views' zero router, the
+     * inputs of a batch and their full routing */
+    fm_moe_layer **router;
+    int nr;
+    float *zero, *ep_x;
+    int32_t *ep_tok;
+    ep_route er;
     /* token rows an expert's count is padded to, per batch: tile_n on the
      * large path (every pass runs all its 8-token tiles), 8 on the wgmma
      * path (a pass's N is its count rounded up to 8) */
@@ -618,22 +716,35 @@ static fm_status cuda_open(run_ctx *c, void **out) {
     v->cl = fm_calloc((size_t)want, sizeof *v->cl);
     v->step = fm_calloc((size_t)p->layers_per_step, sizeof *v->step);
     if (!v->cl || !v->step) return FM_E_NOMEM;
+    const int ep = is_ep(c);
+    if (ep && !(v->zero = fm_calloc((size_t)c->d.n_experts * c->d.hidden, sizeof(float)))) return FM_E_NOMEM;
     if (c->ckpt) {
         fm_moe_layer **hl = NULL;
         int hn = 0;
         st = host_layers(c, want, &hl, &hn);
         for (int i = 0; st == FM_OK && i < hn; i++) {
-            st = fm_cuda_layer_upload(v->e, &c->d, hl[i], &v->cl[i]);
+            fm_model_desc dv = c->d;
+            fm_moe_layer lv = *hl[i];
+            if (ep) fm_shard_ep_view(&c->full, hl[i], c->shard, v->zero, &dv, &lv); /* the rank's experts */
+            st = fm_cuda_layer_upload(v->e, &dv, &lv, &v->cl[i]);
             if (st == FM_OK) v->nl++;
         }
         if (hn) p->fmt = hl[0]->fmt;
-        for (int i = 0; i < hn; i++) fm_moe_layer_free(hl[i]);
-        free(hl);
+        if (ep) { /* the full layers route on the host */
+            v->router = hl;
+            v->nr = hn;
+        } else {
+            for (int i = 0; i < hn; i++) fm_moe_layer_free(hl[i]);
+            free(hl);
+        }
     } else {
+        if (ep && !(v->router = fm_calloc((size_t)want, sizeof *v->router))) return FM_E_NOMEM;
         for (int i = 0; st == FM_OK && i < want && i < c->n_moe; i++) {
             st = c->shard ? fm_cuda_layer_random_shard(v->e, &c->full, p->fmt, o->seed, c->moe_idx[i], c->shard, &v->cl[i])
                           : fm_cuda_layer_random(v->e, &c->d, p->fmt, o->seed, c->moe_idx[i], &v->cl[i]);
             if (st == FM_OK) v->nl++;
+            if (st == FM_OK && ep) st = fm_io_router_random(&c->full, p->fmt, o->seed, c->moe_idx[i], &v->router[v->nr]);
+            if (st == FM_OK && ep) v->nr++;
         }
     }
     if (st != FM_OK) return st;
@@ -654,6 +765,15 @@ static double cuda_peak(const run_ctx *c, char *note, size_t cap) { return gpu_p
 static fm_status cuda_prepare(void *dev, run_ctx *c) {
     cuda_dev *v = dev;
     fm_profile *p = c->p;
+    if (is_ep(c)) {
+        int maxB = 0;
+        for (int i = 0; i < c->o->n_batch; i++) maxB = c->o->batches[i] > maxB ? c->o->batches[i] : maxB;
+        v->ep_x = fm_malloc((size_t)maxB * c->d.hidden * sizeof *v->ep_x);
+        v->ep_tok = fm_malloc((size_t)maxB * sizeof *v->ep_tok);
+        if (!v->ep_x || !v->ep_tok) return FM_E_NOMEM;
+        fm_status st = ep_route_alloc(&v->er, c, maxB, v->nl, p->layers_per_step);
+        if (st != FM_OK) return st;
+    }
     if (fm_cupti_start(&v->cu) == FM_OK) {
         p->time_source = FM_TSRC_CUPTI;
         snprintf(p->time_note, sizeof p->time_note,
@@ -695,16 +815,42 @@ static fm_status events_step(cuda_dev *v, run_ctx *c, fm_prof_batch *b) {
     return FM_OK;
 }
 
+/* An EP rank's batch: seeded inputs, their full routing on the host, the
+ * load it puts on every rank (one step's layers) and the rank's pairs. */
+static fm_status ep_prepare(cuda_dev *v, run_ctx *c, fm_prof_batch *b) {
+    const int B = b->batch, L = c->p->layers_per_step;
+    fill_inputs(c, B, 0, v->ep_x, v->ep_tok);
+    fm_status st = ep_route_step(&v->er, c, v->router, v->nr, L, v->ep_x, v->ep_tok, B);
+    if (st == FM_OK) ep_add_load(b, &v->er, v->nr, L);
+    return st;
+}
+
+/* reps replays of a step's graph: the whole layers (fm_cuda_bench) or an
+ * EP rank's pre-routed experts and shared expert (the bench's EP call). */
+static fm_status step_bench(cuda_dev *v, run_ctx *c, int B, int reps, fm_cuda_bench_result *r) {
+    const int L = c->p->layers_per_step;
+    if (!is_ep(c)) return fm_cuda_bench(v->e, &c->d, v->step, L, B, c->o->seed, reps, r);
+    memset(r, 0, sizeof *r);
+    int t0, nc;
+    fm_shard_token_chunk(c->shard, B, &t0, &nc);
+    snprintf(r->kernel, sizeof r->kernel, "pre-routed experts");
+    return fm_cuda_bench_ep_rank(v->e, v->step, L, B, v->ep_x, v->er.lids, v->er.lw, t0, nc, reps, &r->us_per_layer,
+                                 &r->us_min, &r->us_max);
+}
+
 static fm_status cuda_batch(void *dev, run_ctx *c, int bi, fm_prof_batch *b, uint64_t win[2], char *name, size_t cap) {
     cuda_dev *v = dev;
     const fm_prof_opts *o = c->o;
     fm_profile *p = c->p;
     const int B = b->batch;
     if (o->tile_n == 0) b->tile_n = v->tiles[bi];
+    fm_status st = is_ep(c) ? ep_prepare(v, c, b) : FM_OK;
+    if (st != FM_OK) return st;
+    win[0] = fm_now_ns(); /* the routing on the host is not the GPU's */
     if (v->cu) fm_cupti_clear(v->cu);
     fm_cuda_bench_result r;
     memset(&r, 0, sizeof r);
-    fm_status st = fm_cuda_bench(v->e, &c->d, v->step, p->layers_per_step, B, o->seed, o->steps, &r);
+    st = step_bench(v, c, B, o->steps, &r);
     win[1] = fm_now_ns();
     int reps = o->steps;
     /* NVML averages utilization and power over its own window (up to
@@ -721,7 +867,7 @@ static fm_status cuda_batch(void *dev, run_ctx *c, int bi, fm_prof_batch *b, uin
             reps = (int)want;
             if (v->cu) fm_cupti_clear(v->cu);
             win[0] = fm_now_ns();
-            st = fm_cuda_bench(v->e, &c->d, v->step, p->layers_per_step, B, o->seed, reps, &r);
+            st = step_bench(v, c, B, reps, &r);
             win[1] = fm_now_ns();
         }
     }
@@ -732,6 +878,13 @@ static fm_status cuda_batch(void *dev, run_ctx *c, int bi, fm_prof_batch *b, uin
     b->step_ns_max = r.us_max * 1e3 * p->layers_per_step;
     b->active_observed = r.active_experts;
     snprintf(name, cap, "batch %d (%.40s)", B, r.kernel);
+    if (!v->cu && is_ep(c)) {
+        /* the pre-routed call has no phase events: the step total stays */
+        size_t l = strlen(p->time_note);
+        if (!strstr(p->time_note, "EP rank"))
+            snprintf(p->time_note + l, sizeof p->time_note - l, "; an EP rank's phases need CUPTI");
+        return FM_OK;
+    }
     if (!v->cu) return events_step(v, c, b);
     if ((st = fm_cupti_flush(v->cu)) != FM_OK) return st;
     const fm_kernel_rec *rec = NULL;
@@ -776,6 +929,12 @@ static void cuda_close(void *dev) {
     if (!v) return;
     fm_cupti_stop(v->cu);
     for (int i = 0; i < v->nl; i++) fm_cuda_layer_free(v->cl[i]);
+    for (int i = 0; i < v->nr; i++) fm_moe_layer_free(v->router[i]);
+    free(v->router);
+    free(v->zero);
+    free(v->ep_x);
+    free(v->ep_tok);
+    ep_route_free(&v->er);
     free(v->cl);
     free(v->step);
     if (v->e) fm_cuda_engine_free(v->e);
@@ -812,12 +971,10 @@ fm_status fm_profile_run(const fm_prof_opts *o, fm_profile **out) {
     if (st != FM_OK) goto fail;
     c.full = c.d;
     if (o->shard && o->shard->mode) {
-        if (o->shard->mode != FM_DIST_TP) {
-            st = fm_error(FM_E_UNSUPPORTED, "profile --shard ep: an EP rank runs pre-routed, which the profile's "
-                                            "phases do not cover; use bench --shard ep:R/r");
-            goto fail;
-        }
         c.shard = o->shard;
+        p->shard = *o->shard;
+        p->full_E = c.full.n_experts;
+        p->full_k = c.full.topk;
         fm_qformat f = o->fmt != FM_QF_NONE ? o->fmt : c.full.expert_format;
         if ((st = fm_shard_desc(&c.full, f, c.shard, &c.d)) != FM_OK) goto fail;
         char sd[192];
