@@ -81,8 +81,57 @@ static void test_profile_cuda(void **st) {
     fm_profile_free(p);
 }
 
+/* `profile --device cuda --shard ep:4/1`: the rank's pre-routed graph is
+ * timed and broken down, and the model counts the rank's load. */
+static void test_profile_cuda_ep(void **st) {
+    (void)st;
+    char why[256] = "";
+    if (!fm_cuda_available(why, sizeof why)) {
+        printf("SKIPPED: no CUDA GPU (%s)\n", why);
+        skip();
+    }
+    fm_prof_opts o;
+    fm_prof_opts_default(&o);
+    fm_shard sh = {FM_DIST_EP, 4, 1};
+    o.preset = "tiny-deepseek";
+    o.device = FM_DEV_CUDA;
+    o.shard = &sh;
+    o.batches[0] = 4;
+    o.batches[1] = 32;
+    o.n_batch = 2;
+    o.steps = 5;
+    o.bw_probe_bytes = 256u << 20;
+    o.read_power_s = 0;
+    fm_profile *p = NULL;
+    fm_status s = fm_profile_run(&o, &p);
+    if (s != FM_OK) fprintf(stderr, "fm_profile_run: %s\n", fm_last_error());
+    assert_int_equal(s, FM_OK);
+    fm_profile_print(p, stdout);
+    assert_int_equal(p->E, 4);
+    assert_int_equal(p->full_E, 16);
+    for (int i = 0; i < 2; i++) {
+        const fm_prof_batch *b = &p->b[i];
+        assert_true(b->step_ns > 0);
+        assert_int_equal(b->load_calls, p->layers_per_step);
+        int64_t pairs = 0;
+        for (int r = 0; r < 4; r++) pairs += b->load.pairs[r];
+        assert_int_equal(pairs, (int64_t)b->batch * p->full_k * p->layers_per_step);
+        assert_true(fabs(b->bytes_per_step - (double)b->load.bytes[1]) < 1.0); /* L calls of L layers */
+        if (p->time_source == FM_TSRC_CUPTI) {
+            /* the grouping kernel and both expert GEMMs were seen and categorized */
+            assert_true(b->row_ns[FM_PH_ROUTE] > 0);
+            assert_true(b->row_ns[FM_PH_GATEUP] > 0);
+            assert_true(b->row_ns[FM_PH_DOWN] > 0);
+            double sum = 0;
+            for (int q = 0; q < FM_PH_COUNT; q++) sum += b->row_ns[q];
+            assert_true(sum < 1.5 * b->step_ns);
+        }
+    }
+    fm_profile_free(p);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_profile_cuda)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_profile_cuda), cmocka_unit_test(test_profile_cuda_ep)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     /* without a GPU the one test skipped itself: exit 77 so that ctest lists
      * the program as skipped, not passed */
