@@ -11,7 +11,9 @@ Checks, each printed as it runs, then a summary and the benchmark table last:
   - equality with the C path on the same inputs (fm_cuda_forward with host
     buffers, through ctypes, on the same engine and layer) up to the order of
     the k-way combine's float atomic additions, which varies from run to run
-    (routing ids and weights bit for bit);
+    (routing ids and weights bit for bit); bit for bit on the atomic-free
+    splitk kernels (forced by fm_cuda_engine_set_config), the op, the C call
+    and a CUDA-graph replay alike;
   - experts(moe's routing) equals moe, and experts with ids < 0 / int64;
   - CUDA-graph capture and replay equal eager (up to the combine order);
   - from_tensors with torch device tensors (ModelOpt layout stacked from
@@ -353,6 +355,56 @@ def check_layer(tmp, preset, fmt, layer, T):
             sync()
             ok &= same_out(go, eo) and same(gi, ei) and same(gw, ew) and same_out(ge, ee)
         record(f"{what}: CUDA graph replay == eager (3 inputs)", ok)
+
+    @step(f"{what}: atomic-free path, bit for bit")
+    def _():
+        """The splitk kernels add every partial sum in a fixed order (no
+        atomics), so there the op, the C call and a graph replay must give
+        the same bits; the other paths' k-way combine adds with float atomics
+        in run-dependent order, which the checks above allow."""
+        if DRY:
+            return
+        kc = _lib.KernelConfig(3, 16, 3, 8, 1, 16 if T > 8 else 8, 0.1)  # FM_PATH_SPLITK, K in 3 chunks
+        f = _lib.lib().fm_cuda_engine_set_config
+        f.restype, f.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_lib.KernelConfig)]
+        if f(m._cuda, ctypes.byref(kc)) != 0:
+            record(f"{what}: splitk config accepted", False, _lib.cstr(_lib.lib().fm_last_error()))
+            return
+        try:
+            so, si, sw = m(x, return_routing=True)
+            sync()
+            got = _lib.KernelConfig()
+            kern = ctypes.create_string_buffer(256)
+            _lib.call("fm_cuda_layer_call_config", m._cuda, m._clayer, T, ctypes.byref(got), kern, 256, None, 0)
+            record(f"{what}: the forced config runs the splitk kernels", got.path == 3 and b"splitk" in kern.value,
+                   _lib.cstr(kern.value))
+            co, ci, cw = c_forward(m, x)
+            record(f"{what}: splitk: op == fm_cuda_forward bit for bit", same(so.cpu(), co) and same(si.cpu(), ci)
+                   and same(sw.cpu(), cw), f"max diff {float((so.cpu() - co).abs().max()):.3g}")
+            record(f"{what}: splitk: experts(moe's routing) == moe bit for bit", same(m.experts(x, si, sw), so))
+            e = rel_err(so, torch_experts(cfg, L, x, si, sw))
+            record(f"{what}: splitk: moe vs torch float32 reference", e <= TOL, f"relative error {e:.2e}")
+            xs = x.clone()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(3):
+                    m(xs)
+            torch.cuda.current_stream().wait_stream(s)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                go = m(xs)
+            ok = True
+            for i in range(3):
+                xn = torch.randn(T, H, generator=g).to(DEV)
+                xs.copy_(xn)
+                graph.replay()
+                sync()
+                cn, _, _ = c_forward(m, xn)
+                ok &= same(go.cpu(), cn)
+            record(f"{what}: splitk: CUDA graph replay == fm_cuda_forward bit for bit (3 inputs)", ok)
+        finally:
+            f(m._cuda, None)
 
     @step(f"{what}: torch.compile")
     def _():
