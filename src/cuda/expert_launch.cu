@@ -2,19 +2,46 @@
  * the grid of work items, the block shape and K split, the launch
  * attributes (PDL, clusters), and the kernels' names for provenance. */
 #include "cuda_internal.h"
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 /* The wgmma kernels' K split: each (row block, pass) item becomes 2 blocks
- * over half of K each where the launch's grid is under 5 blocks per SM
- * (about one wave of 4 resident blocks and a short tail) and each half keeps
- * at least 8 segments of K (down) or 10 (gate/up, which also pays the
- * cluster's reduction): the blocks then fill the SMs more evenly. blocks is
- * the grid without the split, nseg the segments of K. */
-static int wg_ks(int gu, int64_t blocks, int sms, int nseg) {
-    return nseg >= (gu ? 20 : 16) && blocks > 0 && blocks < 5L * (sms > 0 ? sms : 132) ? 2 : 1;
+ * over half of K each where each half keeps at least 8 segments of K (down)
+ * or 10 (gate/up, which also pays the cluster's reduction) and either the
+ * grid is under 5 blocks per SM (about one wave of 4 resident blocks and a
+ * short tail) or the split fills the last wave of resident blocks much
+ * better: equal blocks that stream the same bytes end in waves, and a last
+ * wave of few blocks keeps few bytes in flight. The waves count the blocks
+ * of the experts that uniform routing of T tokens would activate (an
+ * inactive expert's blocks exit at once). blocks is the grid without the
+ * split, nseg the segments of K. */
+static double wave_fill(double blocks, double slots) {
+    const double w = blocks / slots;
+    return w / ceil(w);
 }
-
+static int wg_ks(const fm_expert_params *p, int gu, int64_t blocks, int64_t sh_blocks, int rpb, int nseg,
+                 fm_expert_kfn fn, int threads, size_t smem) {
+    const int sms = p->sms > 0 ? p->sms : 132;
+    if (nseg < (gu ? 20 : 16) || blocks <= 0) return 1;
+    if (blocks < 5L * sms) return 2;
+    const fm_dmat *m = gu ? &p->gate : &p->down;
+    int per_sm = 0;
+    /* the occupancy counts only the dynamic shared memory the function allows */
+    const size_t limit =
+        smem + FM_CUDA_SHARED_SMEM_MARK <= (size_t)p->smem_optin ? smem + FM_CUDA_SHARED_SMEM_MARK : smem;
+    if (fn && limit > 48 * 1024) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)limit);
+    if (!fn || m->n <= 0 || p->k <= 0 ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem) != cudaSuccess || per_sm < 1) {
+        cudaGetLastError();
+        return 1;
+    }
+    const double E = m->n, k = p->k < m->n ? p->k : m->n;
+    double act = E * (1.0 - pow(1.0 - k / E, p->T));
+    if (act > p->max_active) act = p->max_active;
+    const double eb = ceil(act) * ((m->rows_p + rpb - 1) / rpb) + (double)sh_blocks, slots = (double)per_sm * sms;
+    return wave_fill(2 * eb, slots) >= wave_fill(eb, slots) + 0.15 ? 2 : 1;
+}
 /* The work items of one expert launch: max_active x row blocks, and the
  * shared expert's (row block, chunk) items (*sh_blocks of them, *sh_chunks
  * chunks per row block). */
@@ -105,12 +132,14 @@ static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nma
     const size_t smem = fm_expert_wg_smem(2, nmax, nmat == 1, wgs);
     int64_t sh_blocks;
     int sh_chunks;
+    const fm_expert_kfn fn = fm_expert_wg_kernel_for(kind, p->mx, nmax, wgs);
+    const int64_t items = grid_items(p, nmat, rpb, chunk, &sh_blocks, &sh_chunks);
     int ks = wgs > 1 ? 1
-                     : wg_ks(nmat == 2, grid_items(p, nmat, rpb, chunk, &sh_blocks, &sh_chunks), p->sms,
-                             (int)((nmat == 2 ? p->gate.kp : p->down.kp) / FM_KSEG));
+                     : wg_ks(p, nmat == 2, items, sh_blocks, rpb,
+                             (int)((nmat == 2 ? p->gate.kp : p->down.kp) / FM_KSEG), fn, 128 * wgs, smem);
     /* gate/up's cluster reduction reuses CTA 0's rings for the others' sums */
     while (nmat == 2 && ks > 1 && (size_t)(ks - 1) * 2 * 4 * nmax * 128 * sizeof(float) > smem) ks /= 2;
-    return launch_grid(p, nmat, fm_expert_wg_kernel_for(kind, p->mx, nmax, wgs), rpb, chunk, 128 * wgs, smem, pdl,
+    return launch_grid(p, nmat, fn, rpb, chunk, 128 * wgs, smem, pdl,
                        4 * wgs, ks, ks, nmat == 2 ? ks : 1, s,
                        nmat == 2 ? "fm_expert_wg_kernel (gate/up)" : "fm_expert_wg_kernel (down)");
 }
@@ -159,7 +188,7 @@ extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char
         else
             snprintf(buf, cap,
                      "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16, A in registers, B in shared memory; "
-                     "64-row gate/up and 128-row down blocks, K split in 2 where a grid is under 5 blocks per SM; "
+                     "64-row gate/up and 128-row down blocks, K split in 2 where a grid is under 5 blocks per SM or the split fills its last wave; "
                      "up to %d tokens per pass)",
                      mx ? "mxfp4" : "nvfp4", c->nt > 2 ? 32 : 8 * c->nt);
         return buf;
