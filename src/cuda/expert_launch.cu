@@ -2,46 +2,31 @@
  * the grid of work items, the block shape and K split, the launch
  * attributes (PDL, clusters), and the kernels' names for provenance. */
 #include "cuda_internal.h"
-#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-/* The wgmma kernels' K split: each (row block, pass) item becomes 2 blocks
- * over half of K each where each half keeps at least 8 segments of K (down)
- * or 10 (gate/up, which also pays the cluster's reduction) and either the
- * grid is under 5 blocks per SM (about one wave of 4 resident blocks and a
- * short tail) or the split fills the last wave of resident blocks much
- * better: equal blocks that stream the same bytes end in waves, and a last
- * wave of few blocks keeps few bytes in flight. The waves count the blocks
- * of the experts that uniform routing of T tokens would activate (an
- * inactive expert's blocks exit at once). blocks is the grid without the
- * split, nseg the segments of K. */
-static double wave_fill(double blocks, double slots) {
-    const double w = blocks / slots;
-    return w / ceil(w);
-}
+/* The wgmma kernels' K split (fm_sched_wg_ksplit): the resident blocks per
+ * SM it weighs come from the occupancy API, asked only where the grid is
+ * large enough for them to matter. blocks is the grid without the split. */
 static int wg_ks(const fm_expert_params *p, int gu, int64_t blocks, int64_t sh_blocks, int rpb, int nseg,
                  fm_expert_kfn fn, int threads, size_t smem) {
     const int sms = p->sms > 0 ? p->sms : 132;
-    if (nseg < (gu ? 20 : 16) || blocks <= 0) return 1;
-    if (blocks < 5L * sms) return 2;
     const fm_dmat *m = gu ? &p->gate : &p->down;
     int per_sm = 0;
-    /* the occupancy counts only the dynamic shared memory the function allows */
-    const size_t limit =
-        smem + FM_CUDA_SHARED_SMEM_MARK <= (size_t)p->smem_optin ? smem + FM_CUDA_SHARED_SMEM_MARK : smem;
-    if (fn && limit > 48 * 1024) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)limit);
-    if (!fn || m->n <= 0 || p->k <= 0 ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem) != cudaSuccess || per_sm < 1) {
-        cudaGetLastError();
-        return 1;
+    if (fn && nseg >= (gu ? FM_WG_KS_MIN_SEG_GU : FM_WG_KS_MIN_SEG_DOWN) && blocks >= 5L * sms) {
+        /* the occupancy counts only the dynamic shared memory the function allows */
+        const size_t limit =
+            smem + FM_CUDA_SHARED_SMEM_MARK <= (size_t)p->smem_optin ? smem + FM_CUDA_SHARED_SMEM_MARK : smem;
+        if (limit > 48 * 1024) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)limit);
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem) != cudaSuccess) {
+            cudaGetLastError();
+            per_sm = 0;
+        }
     }
-    const double E = m->n, k = p->k < m->n ? p->k : m->n;
-    double act = E * (1.0 - pow(1.0 - k / E, p->T));
-    if (act > p->max_active) act = p->max_active;
-    const double eb = ceil(act) * ((m->rows_p + rpb - 1) / rpb) + (double)sh_blocks, slots = (double)per_sm * sms;
-    return wave_fill(2 * eb, slots) >= wave_fill(eb, slots) + 0.15 ? 2 : 1;
+    return fm_sched_wg_ksplit(gu, blocks, sh_blocks, m->rows_p, rpb, nseg, m->n, p->k, p->T, p->max_active, sms,
+                              per_sm);
 }
+
 /* The work items of one expert launch: max_active x row blocks, and the
  * shared expert's (row block, chunk) items (*sh_blocks of them, *sh_chunks
  * chunks per row block). */

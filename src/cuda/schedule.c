@@ -1,6 +1,7 @@
 /* The layer schedule's decisions (schedule.h). */
 #include "schedule.h"
 #include "cuda_env.h"
+#include <math.h>
 
 void fm_sched_read(fm_sched *s, int cc_major) {
     s->pdl = cc_major >= 9 && !fm_cuda_env_is("FP4MOE_CUDA_PDL", "0");
@@ -29,4 +30,25 @@ int fm_sched_trigger(const fm_sched *s, int fork) {
 int fm_sched_sel_spread(const fm_sched *s, int elementwise, int T, int k) {
     (void)s;
     return elementwise && T <= 1 && T * k <= 32;
+}
+
+double fm_sched_wave_fill(double blocks, double slots) {
+    if (blocks <= 0 || slots <= 0) return 0.0;
+    const double w = blocks / slots;
+    return w / ceil(w);
+}
+
+int fm_sched_wg_ksplit(int gu, long long blocks, long long sh_blocks, int rows_p, int rpb, int nseg, int E, int k,
+                       int T, int max_active, int sms, int per_sm) {
+    if (sms <= 0) sms = 132;
+    if (nseg < (gu ? FM_WG_KS_MIN_SEG_GU : FM_WG_KS_MIN_SEG_DOWN) || blocks <= 0) return 1;
+    if (blocks < 5LL * sms) return 2;
+    /* equal blocks that stream the same bytes end in waves, and a last wave
+     * of few blocks keeps few bytes in flight */
+    if (per_sm <= 0 || E <= 0 || k <= 0 || T <= 0 || rpb <= 0) return 1;
+    const double kk = k < E ? k : E;
+    double act = E * (1.0 - pow(1.0 - kk / E, T));
+    if (act > max_active) act = max_active;
+    const double eb = ceil(act) * ((rows_p + rpb - 1) / rpb) + (double)sh_blocks, slots = (double)per_sm * sms;
+    return fm_sched_wave_fill(2 * eb, slots) >= fm_sched_wave_fill(eb, slots) + 0.15 ? 2 : 1;
 }

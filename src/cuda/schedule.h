@@ -33,6 +33,24 @@ int fm_sched_trigger(const fm_sched *s, int fork);
  * block: elementwise scoring families (noaux_tc, DeepSeek-V4), T = 1. */
 int fm_sched_sel_spread(const fm_sched *s, int elementwise, int T, int k);
 
+/* The wgmma kernels' K split: 2 (each (row block, pass) item becomes two
+ * blocks over half of K each) or 1. Each half keeps at least
+ * FM_WG_KS_MIN_SEG_GU / 2 segments of K (gate/up, which also pays its
+ * cluster's reduction) or FM_WG_KS_MIN_SEG_DOWN / 2 (down); then the grid
+ * splits where it is under 5 blocks per SM (about one wave of 4 resident
+ * blocks and a short tail), or where splitting raises the fill of its last
+ * wave of resident blocks (per_sm x sms slots; per_sm <= 0: unknown, no such
+ * split) by 0.15 or more. The fill counts the blocks of the experts that
+ * uniform routing of T tokens to k of E would activate (an inactive expert's
+ * blocks exit at once; at most max_active), rows_p / rpb row blocks each,
+ * plus the shared expert's sh_blocks. blocks: the grid without the split. */
+#define FM_WG_KS_MIN_SEG_GU 20
+#define FM_WG_KS_MIN_SEG_DOWN 16
+int fm_sched_wg_ksplit(int gu, long long blocks, long long sh_blocks, int rows_p, int rpb, int nseg, int E, int k,
+                       int T, int max_active, int sms, int per_sm);
+/* blocks / slots over its ceiling: how full the last of the waves is */
+double fm_sched_wave_fill(double blocks, double slots);
+
 #ifdef __cplusplus
 }
 #endif

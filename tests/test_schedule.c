@@ -1,0 +1,77 @@
+/* The layer schedule's K-split rule for the wgmma kernels (schedule.c):
+ * the minimum segments per half, the small-grid split, and the split where
+ * it fills the last wave of resident blocks, on the shapes it was measured
+ * on (docs/history/19-wave-fill-k-split.md). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+
+#include "cuda/schedule.h"
+
+static void test_wave_fill(void **state) {
+    (void)state;
+    assert_true(fabs(fm_sched_wave_fill(792, 792) - 1.0) < 1e-12);
+    assert_true(fabs(fm_sched_wave_fill(396, 792) - 0.5) < 1e-12);
+    /* one block past a full wave: a second wave holding it alone */
+    assert_true(fabs(fm_sched_wave_fill(793, 792) - 793.0 / 1584.0) < 1e-12);
+    assert_true(fabs(fm_sched_wave_fill(2000, 792) - 2000.0 / 2376.0) < 1e-12);
+    assert_true(fm_sched_wave_fill(0, 792) == 0.0);
+    assert_true(fm_sched_wave_fill(10, 0) == 0.0);
+}
+
+static void test_minimum_segments(void **state) {
+    (void)state;
+    /* gate/up: halves of 10 segments or more; down: of 8 */
+    assert_int_equal(fm_sched_wg_ksplit(1, 100, 0, 256, 64, 19, 256, 8, 1, 8, 132, 6), 1);
+    assert_int_equal(fm_sched_wg_ksplit(1, 100, 0, 256, 64, 20, 256, 8, 1, 8, 132, 6), 2);
+    assert_int_equal(fm_sched_wg_ksplit(0, 100, 0, 6144, 128, 15, 256, 8, 1, 8, 132, 6), 1);
+    assert_int_equal(fm_sched_wg_ksplit(0, 100, 0, 6144, 128, 16, 256, 8, 1, 8, 132, 6), 2);
+    /* a TP8 rank's down (K 256: 2 segments) never splits */
+    assert_int_equal(fm_sched_wg_ksplit(0, 12288, 0, 6144, 128, 2, 256, 8, 64, 256, 132, 6), 1);
+    assert_int_equal(fm_sched_wg_ksplit(1, 0, 0, 256, 64, 48, 256, 8, 1, 8, 132, 6), 1);
+}
+
+static void test_small_grid(void **state) {
+    (void)state;
+    /* under 5 blocks per SM: split, whatever the occupancy */
+    assert_int_equal(fm_sched_wg_ksplit(1, 659, 0, 2048, 64, 32, 256, 6, 1, 6, 132, 0), 2);
+    assert_int_equal(fm_sched_wg_ksplit(1, 659, 0, 2048, 64, 32, 256, 6, 1, 6, 132, 6), 2);
+    /* at 5 per SM and above, only with a known occupancy */
+    assert_int_equal(fm_sched_wg_ksplit(1, 660, 0, 2048, 64, 32, 256, 6, 4, 24, 132, 0), 1);
+    /* the SM count defaults to 132 */
+    assert_int_equal(fm_sched_wg_ksplit(1, 659, 0, 2048, 64, 32, 256, 6, 1, 6, 0, 0), 2);
+}
+
+static void test_wave_fill_split(void **state) {
+    (void)state;
+    /* GLM-5's TP8 rank at B = 64: 256 slots x 4 row blocks of 64; ~222.4
+     * experts active -> 892 blocks on 6 x 132 = 792 slots, fill 0.56;
+     * split 1,784, fill 0.75: split */
+    assert_int_equal(fm_sched_wg_ksplit(1, 1024, 0, 256, 64, 48, 256, 8, 64, 256, 132, 6), 2);
+    /* the same with max_active 150 (a cap below the expected 222): 600
+     * blocks against 1,200, both 0.76 full: no split */
+    assert_int_equal(fm_sched_wg_ksplit(1, 1024, 0, 256, 64, 48, 256, 8, 64, 150, 132, 6), 1);
+    /* B = 128, 16-token passes (4 blocks per SM): 252 x 4 = 1,008 blocks
+     * on 528 slots, 0.95 full either way */
+    assert_int_equal(fm_sched_wg_ksplit(1, 1024, 0, 256, 64, 48, 256, 8, 128, 256, 132, 4), 1);
+    /* the whole DeepSeek-V4-Flash layer at B = 64: ~200 experts x 32 row
+     * blocks = 6,400 on 792 slots, 0.90 against 0.95 split: no split */
+    assert_int_equal(fm_sched_wg_ksplit(1, 8192, 0, 2048, 64, 32, 256, 6, 64, 256, 132, 6), 1);
+    /* the shared expert's blocks count: GLM-5's 892 routed blocks at B = 64
+     * and 700 shared ones, 1,592 on 792 slots (0.67 full) against 3,184
+     * (0.80): under the 0.15 margin, no split */
+    assert_int_equal(fm_sched_wg_ksplit(1, 1724, 700, 256, 64, 48, 256, 8, 64, 256, 132, 6), 1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_wave_fill),
+        cmocka_unit_test(test_minimum_segments),
+        cmocka_unit_test(test_small_grid),
+        cmocka_unit_test(test_wave_fill_split),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
