@@ -22,56 +22,62 @@ static void test_wave_fill(void **state) {
     assert_true(fm_sched_wave_fill(10, 0) == 0.0);
 }
 
-static void test_minimum_segments(void **state) {
-    (void)state;
+/* One call of the rule and the split it must give. */
+typedef struct {
+    const char *what;
+    int gu;
+    long long blocks, sh_blocks;
+    int rows_p, rpb, nseg, E, k, T, max_active, sms, per_sm;
+    int want;
+} ks_case;
+
+static const ks_case cases[] = {
     /* gate/up: halves of 10 segments or more; down: of 8 */
-    assert_int_equal(fm_sched_wg_ksplit(1, 100, 0, 256, 64, 19, 256, 8, 1, 8, 132, 6), 1);
-    assert_int_equal(fm_sched_wg_ksplit(1, 100, 0, 256, 64, 20, 256, 8, 1, 8, 132, 6), 2);
-    assert_int_equal(fm_sched_wg_ksplit(0, 100, 0, 6144, 128, 15, 256, 8, 1, 8, 132, 6), 1);
-    assert_int_equal(fm_sched_wg_ksplit(0, 100, 0, 6144, 128, 16, 256, 8, 1, 8, 132, 6), 2);
+    {"gate/up, 19 segments", 1, 100, 0, 256, 64, 19, 256, 8, 1, 8, 132, 6, 1},
+    {"gate/up, 20 segments", 1, 100, 0, 256, 64, 20, 256, 8, 1, 8, 132, 6, 2},
+    {"down, 15 segments", 0, 100, 0, 6144, 128, 15, 256, 8, 1, 8, 132, 6, 1},
+    {"down, 16 segments", 0, 100, 0, 6144, 128, 16, 256, 8, 1, 8, 132, 6, 2},
     /* a TP8 rank's down (K 256: 2 segments) never splits */
-    assert_int_equal(fm_sched_wg_ksplit(0, 12288, 0, 6144, 128, 2, 256, 8, 64, 256, 132, 6), 1);
-    assert_int_equal(fm_sched_wg_ksplit(1, 0, 0, 256, 64, 48, 256, 8, 1, 8, 132, 6), 1);
-}
-
-static void test_small_grid(void **state) {
-    (void)state;
+    {"TP8 down", 0, 12288, 0, 6144, 128, 2, 256, 8, 64, 256, 132, 6, 1},
+    {"empty grid", 1, 0, 0, 256, 64, 48, 256, 8, 1, 8, 132, 6, 1},
     /* under 5 blocks per SM: split, whatever the occupancy */
-    assert_int_equal(fm_sched_wg_ksplit(1, 659, 0, 2048, 64, 32, 256, 6, 1, 6, 132, 0), 2);
-    assert_int_equal(fm_sched_wg_ksplit(1, 659, 0, 2048, 64, 32, 256, 6, 1, 6, 132, 6), 2);
+    {"659 blocks, occupancy unknown", 1, 659, 0, 2048, 64, 32, 256, 6, 1, 6, 132, 0, 2},
+    {"659 blocks", 1, 659, 0, 2048, 64, 32, 256, 6, 1, 6, 132, 6, 2},
+    {"SM count defaults to 132", 1, 659, 0, 2048, 64, 32, 256, 6, 1, 6, 0, 0, 2},
     /* at 5 per SM and above, only with a known occupancy */
-    assert_int_equal(fm_sched_wg_ksplit(1, 660, 0, 2048, 64, 32, 256, 6, 4, 24, 132, 0), 1);
-    /* the SM count defaults to 132 */
-    assert_int_equal(fm_sched_wg_ksplit(1, 659, 0, 2048, 64, 32, 256, 6, 1, 6, 0, 0), 2);
-}
-
-static void test_wave_fill_split(void **state) {
-    (void)state;
+    {"660 blocks, occupancy unknown", 1, 660, 0, 2048, 64, 32, 256, 6, 4, 24, 132, 0, 1},
     /* GLM-5's TP8 rank at B = 64: 256 slots x 4 row blocks of 64; ~222.4
      * experts active -> 892 blocks on 6 x 132 = 792 slots, fill 0.56;
-     * split 1,784, fill 0.75: split */
-    assert_int_equal(fm_sched_wg_ksplit(1, 1024, 0, 256, 64, 48, 256, 8, 64, 256, 132, 6), 2);
-    /* the same with max_active 150 (a cap below the expected 222): 600
-     * blocks against 1,200, both 0.76 full: no split */
-    assert_int_equal(fm_sched_wg_ksplit(1, 1024, 0, 256, 64, 48, 256, 8, 64, 150, 132, 6), 1);
-    /* B = 128, 16-token passes (4 blocks per SM): 252 x 4 = 1,008 blocks
-     * on 528 slots, 0.95 full either way */
-    assert_int_equal(fm_sched_wg_ksplit(1, 1024, 0, 256, 64, 48, 256, 8, 128, 256, 132, 4), 1);
+     * split 1,784, fill 0.75 */
+    {"GLM-5 TP8 B = 64", 1, 1024, 0, 256, 64, 48, 256, 8, 64, 256, 132, 6, 2},
+    /* max_active 150, below the expected 222: 600 blocks against 1,200,
+     * both 0.76 full */
+    {"GLM-5 TP8 B = 64, max_active 150", 1, 1024, 0, 256, 64, 48, 256, 8, 64, 150, 132, 6, 1},
+    /* B = 128, 16-token passes (4 blocks per SM): 252 x 4 = 1,008 blocks on
+     * 528 slots, 0.95 full either way */
+    {"GLM-5 TP8 B = 128", 1, 1024, 0, 256, 64, 48, 256, 8, 128, 256, 132, 4, 1},
     /* the whole DeepSeek-V4-Flash layer at B = 64: ~200 experts x 32 row
-     * blocks = 6,400 on 792 slots, 0.90 against 0.95 split: no split */
-    assert_int_equal(fm_sched_wg_ksplit(1, 8192, 0, 2048, 64, 32, 256, 6, 64, 256, 132, 6), 1);
-    /* the shared expert's blocks count: GLM-5's 892 routed blocks at B = 64
-     * and 700 shared ones, 1,592 on 792 slots (0.67 full) against 3,184
-     * (0.80): under the 0.15 margin, no split */
-    assert_int_equal(fm_sched_wg_ksplit(1, 1724, 700, 256, 64, 48, 256, 8, 64, 256, 132, 6), 1);
+     * blocks = 6,400 on 792 slots, 0.90 against 0.95 split */
+    {"DeepSeek-V4-Flash B = 64", 1, 8192, 0, 2048, 64, 32, 256, 6, 64, 256, 132, 6, 1},
+    /* the shared expert's blocks count: 892 routed and 700 shared, 1,592
+     * on 792 slots (0.67 full) against 3,184 (0.80): under the margin */
+    {"GLM-5 TP8 B = 64 with 700 shared blocks", 1, 1724, 700, 256, 64, 48, 256, 8, 64, 256, 132, 6, 1},
+};
+
+static void test_ksplit(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const ks_case *c = &cases[i];
+        int got = fm_sched_wg_ksplit(c->gu, c->blocks, c->sh_blocks, c->rows_p, c->rpb, c->nseg, c->E, c->k, c->T,
+                                     c->max_active, c->sms, c->per_sm);
+        if (got != c->want) fail_msg("%s: split %d, expected %d", c->what, got, c->want);
+    }
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wave_fill),
-        cmocka_unit_test(test_minimum_segments),
-        cmocka_unit_test(test_small_grid),
-        cmocka_unit_test(test_wave_fill_split),
+        cmocka_unit_test(test_ksplit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
