@@ -159,7 +159,8 @@ extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char
         snprintf(buf, cap,
                  "fm_splitk_gu_kernel<%s> gate_up (mma.m16n8k16 bf16, a warp per 16 rows x 1/%d of K, partials "
                  "added in chunk order by the row group's last warp) + fm_splitk_down_kernel<%s> down (a block per "
-                 "16 output rows over every expert, no atomics); shared expert inside both launches",
+                 "16 output rows over every expert, no atomics, three blocks per SM where two would take two "
+                 "waves); shared expert inside both launches",
                  mx ? "mxfp4" : "nvfp4", c->ksplit, mx ? "mxfp4" : "nvfp4");
         return buf;
     }

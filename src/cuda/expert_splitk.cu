@@ -233,8 +233,8 @@ static __device__ __forceinline__ void sk_dn_load(const fm_dmat &dA, int e, int 
  * column of token n is that token's h row for the expert (or zero), and
  * the sums are added times the token's routing weight.
  */
-template <int NT, int NSEG, bool MX>
-__global__ void __launch_bounds__(32 * SK_WARPS, 2) fm_splitk_down_kernel(fm_expert_params p) {
+template <int NT, int NSEG, bool MX, int MINB>
+__global__ void __launch_bounds__(32 * SK_WARPS, MINB) fm_splitk_down_kernel(fm_expert_params p) {
     __shared__ float red[SK_WARPS][NT * 4][32];
     __shared__ int colpos[SK_WARPS][8 * NT];
     __shared__ float colw[SK_WARPS][8 * NT];
@@ -345,13 +345,18 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 2) fm_splitk_down_kernel(fm_exp
 }
 
 typedef void (*sk_dn_kfn)(fm_expert_params);
+/* three: blocks of three per SM (at most 80 registers: one token tile,
+ * K <= 256, where that needs no spills) */
 template <int NT, bool MX>
-static sk_dn_kfn sk_dn_for(int nseg) {
+static sk_dn_kfn sk_dn_for(int nseg, bool three) {
     switch (nseg) {
-    case 1: return fm_splitk_down_kernel<NT, 1, MX>;
-    case 2: return fm_splitk_down_kernel<NT, 2, MX>;
-    case 3: return fm_splitk_down_kernel<NT, 3, MX>;
-    case 4: return fm_splitk_down_kernel<NT, 4, MX>;
+    case 1: return fm_splitk_down_kernel<NT, 1, MX, 2>;
+    case 2:
+        if constexpr (NT == 1)
+            if (three) return fm_splitk_down_kernel<NT, 2, MX, 3>;
+        return fm_splitk_down_kernel<NT, 2, MX, 2>;
+    case 3: return fm_splitk_down_kernel<NT, 3, MX, 2>;
+    case 4: return fm_splitk_down_kernel<NT, 4, MX, 2>;
     }
     return NULL;
 }
@@ -377,8 +382,12 @@ extern "C" fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int
         return fm_error(FM_E_UNSUPPORTED, "splitk path: the shared expert's %d row groups x %d chunks do not fill "
                                           "blocks of %d warps", nrg_s, C, SK_WARPS);
     const int nseg = dn.kp / FM_KSEG;
-    sk_dn_kfn fn = nt == 1 ? (p->mx ? sk_dn_for<1, true>(nseg) : sk_dn_for<1, false>(nseg))
-                           : (p->mx ? sk_dn_for<2, true>(nseg) : sk_dn_for<2, false>(nseg));
+    /* down's blocks in one wave where two per SM would need two waves: the
+     * second wave's blocks start only when the first's have finished */
+    const int sms = p->sms > 0 ? p->sms : 132;
+    const bool three = nt == 1 && nseg <= 2 && dn.rows_p / 16 > 2 * sms;
+    sk_dn_kfn fn = nt == 1 ? (p->mx ? sk_dn_for<1, true>(nseg, three) : sk_dn_for<1, false>(nseg, three))
+                           : (p->mx ? sk_dn_for<2, true>(nseg, three) : sk_dn_for<2, false>(nseg, three));
     if (!fn) return fm_error(FM_E_UNSUPPORTED, "splitk path: down K of %d segments", nseg);
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
