@@ -64,6 +64,28 @@ static const ks_case cases[] = {
     {"GLM-5 TP8 B = 64 with 700 shared blocks", 1, 1724, 700, 256, 64, 48, 256, 8, 64, 256, 132, 6, 1},
 };
 
+/* The splitk grids: GLM-5's TP8 rank at B = 1 (gate rows 256, shared 256,
+ * 8 experts, 16 K chunks) is 288 gate/up blocks; down runs three per SM
+ * only where 2 per SM take more than one wave, at one token tile and K of
+ * at most two segments. */
+static void test_splitk_grids(void **state) {
+    (void)state;
+    assert_true(fm_sched_splitk_gu_blocks(256, 256, 8, 16) == 288);
+    assert_true(fm_sched_splitk_gu_blocks(256, 0, 8, 16) == 256);
+    assert_true(fm_sched_splitk_gu_blocks(256, 256, 6, 11) == 154); /* DeepSeek-V4-Flash TP8 */
+    assert_true(fm_sched_splitk_gu_blocks(128, 0, 3, 3) == 9);
+    assert_true(fm_sched_splitk_gu_blocks(256, 256, 8, 0) == 0);
+    assert_int_equal(fm_sched_splitk_down_per_sm(6144, 1, 2, 132), 3); /* GLM-5: 384 blocks */
+    assert_int_equal(fm_sched_splitk_down_per_sm(7168, 1, 2, 132), 3); /* Kimi-K2: 448 */
+    assert_int_equal(fm_sched_splitk_down_per_sm(4096, 1, 2, 132), 2); /* 256 blocks: one wave at 2 */
+    assert_int_equal(fm_sched_splitk_down_per_sm(4224, 1, 2, 132), 2); /* exactly 264 */
+    assert_int_equal(fm_sched_splitk_down_per_sm(4240, 1, 2, 132), 3);
+    assert_int_equal(fm_sched_splitk_down_per_sm(6144, 2, 2, 132), 2); /* 16-token tiles */
+    assert_int_equal(fm_sched_splitk_down_per_sm(6144, 1, 3, 132), 2); /* K of 3 segments */
+    assert_int_equal(fm_sched_splitk_down_per_sm(6144, 1, 2, 192), 2); /* 384 blocks on 192 SMs */
+    assert_int_equal(fm_sched_splitk_down_per_sm(6144, 1, 2, 0), 3);   /* unknown SMs: 132 */
+}
+
 static void test_ksplit(void **state) {
     (void)state;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -77,6 +99,7 @@ static void test_ksplit(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wave_fill),
+        cmocka_unit_test(test_splitk_grids),
         cmocka_unit_test(test_ksplit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -592,6 +592,30 @@ static void test_explain(void **state) {
     free(text);
     rm_cfg(d->b, &k);
 
+    /* the splitk grids of GLM-5's TP8 rank at B = 1 (the built-in splitk
+     * default there): 288 gate/up blocks on 264 slots, 384 down blocks at
+     * three per SM */
+    fm_model_desc gd;
+    assert_int_equal(fm_preset_desc("glm-5", FM_QF_NVFP4, &gd), FM_OK);
+    fm_shard tp8 = {.mode = FM_DIST_TP, .ranks = 8, .rank = 0};
+    const int b1[] = {1};
+    fm_explain_opts go = {.desc = &gd, .model_label = "--preset glm-5", .fmt = FM_QF_NVFP4, .batches = b1,
+                          .n_batches = 1, .gpu = "NVIDIA H200", .shard = &tp8};
+    assert_int_equal(fm_explain(&go, &text), FM_OK);
+    assert_non_null(strstr(text, "splitk grids: gate/up 288 blocks, 2 per SM (1.09 waves); down 384 blocks, 3 per SM "
+                                 "(0.97 waves)"));
+    free(text);
+    go.json = 1;
+    assert_int_equal(fm_explain(&go, &text), FM_OK);
+    j = json_loads(text, 0, &e);
+    assert_non_null(j);
+    json_t *g = json_object_get(json_object_get(json_array_get(json_object_get(j, "batches"), 0), "schedule"),
+                                "splitk_grids");
+    assert_int_equal(json_integer_value(json_object_get(g, "gateup_blocks")), 288);
+    assert_int_equal(json_integer_value(json_object_get(g, "down_per_sm")), 3);
+    json_decref(j);
+    free(text);
+
     o.json = 0;
     o.gpu = "Voodoo 2";
     assert_int_equal(fm_explain(&o, &text), FM_E_NOTFOUND);

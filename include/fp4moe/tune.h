@@ -200,6 +200,10 @@ typedef struct {
     int selection_spread;          /* one token's selection over the block     */
     const char *shared_how;        /* "none", "own stream", "in the routed launches" */
     const char *expert_launch;     /* where the expert kernels are launched    */
+    /* the splitk path's grids (0: not the splitk path): */
+    long long splitk_gu_blocks;    /* gate/up blocks, FM_SPLITK_PER_SM per SM  */
+    int splitk_down_blocks;        /* down blocks ...                          */
+    int splitk_down_per_sm;        /* ... and how many run per SM              */
 } fm_explain_batch;
 
 typedef struct {

@@ -22,8 +22,9 @@
  * (expert_mma.cu, expert_common.cuh).
  */
 #include "expert_common.cuh"
+#include "schedule.h"
 
-#define SK_WARPS 8
+#define SK_WARPS FM_SPLITK_WARPS
 /* gate/up segments whose loads a warp issues together */
 #define SK_GU_SEGS 3
 /* a gate/up warp's shared memory: a group's activations (16 bytes per lane,
@@ -76,7 +77,7 @@ static __device__ __forceinline__ uint4 sk_ld_x(const uint16_t *src, int s, int 
  * cnt[row group] for the shared expert, then cnt[nrg_s + slot * nrg + rg].
  */
 template <bool MX>
-__global__ void __launch_bounds__(32 * SK_WARPS, 2) fm_splitk_gu_kernel(fm_expert_params p, int C) {
+__global__ void __launch_bounds__(32 * SK_WARPS, FM_SPLITK_PER_SM) fm_splitk_gu_kernel(fm_expert_params p, int C) {
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int nrg = p.gate.n ? p.gate.rows_p / 16 : 0, nrg_s = p.sgate.n ? p.sgate.rows_p / 16 : 0;
@@ -382,10 +383,7 @@ extern "C" fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int
         return fm_error(FM_E_UNSUPPORTED, "splitk path: the shared expert's %d row groups x %d chunks do not fill "
                                           "blocks of %d warps", nrg_s, C, SK_WARPS);
     const int nseg = dn.kp / FM_KSEG;
-    /* down's blocks in one wave where two per SM would need two waves: the
-     * second wave's blocks start only when the first's have finished */
-    const int sms = p->sms > 0 ? p->sms : 132;
-    const bool three = nt == 1 && nseg <= 2 && dn.rows_p / 16 > 2 * sms;
+    const bool three = fm_sched_splitk_down_per_sm(dn.rows_p, nt, nseg, p->sms) == 3;
     sk_dn_kfn fn = nt == 1 ? (p->mx ? sk_dn_for<1, true>(nseg, three) : sk_dn_for<1, false>(nseg, three))
                            : (p->mx ? sk_dn_for<2, true>(nseg, three) : sk_dn_for<2, false>(nseg, three));
     if (!fn) return fm_error(FM_E_UNSUPPORTED, "splitk path: down K of %d segments", nseg);

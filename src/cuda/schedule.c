@@ -52,3 +52,15 @@ int fm_sched_wg_ksplit(int gu, long long blocks, long long sh_blocks, int rows_p
     const double eb = ceil(act) * ((rows_p + rpb - 1) / rpb) + (double)sh_blocks, slots = (double)per_sm * sms;
     return fm_sched_wave_fill(2 * eb, slots) >= fm_sched_wave_fill(eb, slots) + 0.15 ? 2 : 1;
 }
+
+long long fm_sched_splitk_gu_blocks(int gate_rows_p, int sgate_rows_p, int max_active, int C) {
+    if (C < 1 || max_active < 0 || gate_rows_p < 0 || sgate_rows_p < 0) return 0;
+    const long long units = ((long long)(sgate_rows_p / 16) + (long long)max_active * (gate_rows_p / 16)) * C;
+    return (units + FM_SPLITK_WARPS - 1) / FM_SPLITK_WARPS;
+}
+
+int fm_sched_splitk_down_per_sm(int down_rows_p, int nt, int nseg, int sms) {
+    if (sms <= 0) sms = 132;
+    /* a second wave's blocks start only when the first's have finished */
+    return nt == 1 && nseg <= 2 && down_rows_p / 16 > 2LL * sms ? 3 : 2;
+}

@@ -51,6 +51,18 @@ int fm_sched_wg_ksplit(int gu, long long blocks, long long sh_blocks, int rows_p
 /* blocks / slots over its ceiling: how full the last of the waves is */
 double fm_sched_wave_fill(double blocks, double slots);
 
+/* The splitk path's grids (expert_splitk.cu). Gate/up: blocks of
+ * FM_SPLITK_WARPS warps, a warp per (row group of 16, K chunk): the shared
+ * expert's sgate_rows_p / 16 x C units (whole blocks), then max_active x
+ * gate_rows_p / 16 x C; FM_SPLITK_PER_SM blocks per SM. Down: one block per
+ * 16 of down_rows_p output rows, 3 per SM (a build bounded to 80 registers)
+ * where 2 per SM would take more than one wave, at one token tile (nt 1)
+ * and down's K in at most 2 segments, else 2. */
+#define FM_SPLITK_WARPS 8
+#define FM_SPLITK_PER_SM 2
+long long fm_sched_splitk_gu_blocks(int gate_rows_p, int sgate_rows_p, int max_active, int C);
+int fm_sched_splitk_down_per_sm(int down_rows_p, int nt, int nseg, int sms);
+
 #ifdef __cplusplus
 }
 #endif

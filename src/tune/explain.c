@@ -111,6 +111,17 @@ static fm_status decide_gpu(fm_explanation *x, const fm_sched *sch, fm_explain_b
                        : trig == 1 ? "before the selection's wait on the logits"
                        : trig == 2 ? "right after the selection's wait on the logits"
                                    : "after the selection";
+    /* the splitk path's grids, as expert_splitk.cu launches them: rows
+     * padded as the engine stores the matrices (gate/up to 128, down to 16) */
+    if (sk) {
+        const int gate_rp = (d->moe_inter + 127) / 128 * 128;
+        const int sgate_rp = d->n_shared > 0 && d->shared_inter > 0 ? (d->shared_inter + 127) / 128 * 128 : 0;
+        const int ta = T * d->topk, max_active = ta < d->n_experts ? ta : d->n_experts;
+        const int down_rp = (d->hidden + 15) / 16 * 16, nseg = (d->moe_inter + 127) / 128;
+        e->splitk_gu_blocks = fm_sched_splitk_gu_blocks(gate_rp, sgate_rp, max_active, c->cfg.k_split);
+        e->splitk_down_blocks = down_rp / 16;
+        e->splitk_down_per_sm = fm_sched_splitk_down_per_sm(down_rp, nt, nseg, sms);
+    }
     /* each ignored file once, however many batches saw it */
     if (c->warnings[0] && !strstr(x->warnings, c->warnings))
         fm_tune_appendf(x->warnings, sizeof x->warnings, "%s", c->warnings);
@@ -252,6 +263,14 @@ static void text_gpu_batch(const fm_explanation *x, const fm_explain_batch *e, F
                 e->selection_spread ? "the token's sums and scores over the selection block's warps, one warp's top-k"
                                     : "one warp per token");
         fprintf(f, "                   expert kernels launched %s\n", e->expert_launch);
+        if (e->splitk_gu_blocks > 0) {
+            const double slots = (double)e->logits_sms;
+            fprintf(f, "                   splitk grids: gate/up %lld blocks, %d per SM (%.2f waves); down %d blocks, "
+                       "%d per SM (%.2f waves)\n",
+                    e->splitk_gu_blocks, FM_SPLITK_PER_SM, (double)e->splitk_gu_blocks / (FM_SPLITK_PER_SM * slots),
+                    e->splitk_down_blocks, e->splitk_down_per_sm,
+                    (double)e->splitk_down_blocks / (e->splitk_down_per_sm * slots));
+        }
     }
     fprintf(f, "  config lookup    %s\n", x->config_file);
     for (int i = 0; i < FM_TUNE_NDIRS; i++)
@@ -359,6 +378,11 @@ static json_t *json_gpu_batch(const fm_explanation *x, const fm_explain_batch *e
                                e->selection_spread ? "spread over the block" : "one warp per token", "expert_launch",
                                e->expert_launch);
         if (d->n_shared) json_object_set_new(sj, "shared_tokens_per_pass", json_integer(e->shared_tokens));
+        if (e->splitk_gu_blocks > 0)
+            json_object_set_new(sj, "splitk_grids",
+                                json_pack("{s:I, s:i, s:i, s:i}", "gateup_blocks", (json_int_t)e->splitk_gu_blocks,
+                                          "gateup_per_sm", FM_SPLITK_PER_SM, "down_blocks", e->splitk_down_blocks,
+                                          "down_per_sm", e->splitk_down_per_sm));
         json_object_set_new(j, "schedule", sj);
     }
     json_object_set_new(j, "default", fm_tune_params_json(&e->default_cfg));
