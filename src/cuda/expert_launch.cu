@@ -2,27 +2,60 @@
  * the grid of work items, the block shape and K split, the launch
  * attributes (PDL, clusters), and the kernels' names for provenance. */
 #include "cuda_internal.h"
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
+/* Resident blocks per SM of one kernel at its block shape and shared memory,
+ * from the occupancy API once per (device, kernel, shape): the answer never
+ * changes, and the query (with the shared-memory attribute it needs) is a
+ * driver call that would otherwise come with every launch outside a graph.
+ * 0 where the API fails. */
+static int blocks_per_sm(fm_expert_kfn fn, int threads, size_t smem, int smem_optin) {
+    struct occ {
+        int device, threads, per_sm;
+        fm_expert_kfn fn;
+        size_t smem;
+    };
+    static occ cache[64];
+    static int n;
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < n; i++)
+        if (cache[i].fn == fn && cache[i].device == device && cache[i].threads == threads && cache[i].smem == smem) {
+            const int r = cache[i].per_sm;
+            pthread_mutex_unlock(&mu);
+            return r;
+        }
+    /* the occupancy counts only the dynamic shared memory the function allows */
+    const size_t limit = smem + FM_CUDA_SHARED_SMEM_MARK <= (size_t)smem_optin ? smem + FM_CUDA_SHARED_SMEM_MARK : smem;
+    int per_sm = 0;
+    if (limit > 48 * 1024) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)limit);
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem) != cudaSuccess) {
+        cudaGetLastError();
+        per_sm = 0;
+    } else if (n < (int)(sizeof cache / sizeof cache[0])) {
+        cache[n++] = occ{device, threads, per_sm, fn, smem};
+    }
+    pthread_mutex_unlock(&mu);
+    return per_sm;
+}
+
 /* The wgmma kernels' K split (fm_sched_wg_ksplit): the resident blocks per
- * SM it weighs come from the occupancy API, asked only where the grid is
- * large enough for them to matter. blocks is the grid without the split. */
+ * SM it weighs are asked only where the grid is large enough for them to
+ * matter. blocks is the grid without the split. */
 static int wg_ks(const fm_expert_params *p, int gu, int64_t blocks, int64_t sh_blocks, int rpb, int nseg,
                  fm_expert_kfn fn, int threads, size_t smem) {
     const int sms = p->sms > 0 ? p->sms : 132;
     const fm_dmat *m = gu ? &p->gate : &p->down;
-    int per_sm = 0;
-    if (fn && nseg >= (gu ? FM_WG_KS_MIN_SEG_GU : FM_WG_KS_MIN_SEG_DOWN) && blocks >= 5L * sms) {
-        /* the occupancy counts only the dynamic shared memory the function allows */
-        const size_t limit =
-            smem + FM_CUDA_SHARED_SMEM_MARK <= (size_t)p->smem_optin ? smem + FM_CUDA_SHARED_SMEM_MARK : smem;
-        if (limit > 48 * 1024) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)limit);
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem) != cudaSuccess) {
-            cudaGetLastError();
-            per_sm = 0;
-        }
-    }
+    const int per_sm = fn && nseg >= (gu ? FM_WG_KS_MIN_SEG_GU : FM_WG_KS_MIN_SEG_DOWN) && blocks >= 5L * sms
+                           ? blocks_per_sm(fn, threads, smem, p->smem_optin)
+                           : 0;
     return fm_sched_wg_ksplit(gu, blocks, sh_blocks, m->rows_p, rpb, nseg, m->n, p->k, p->T, p->max_active, sms,
                               per_sm);
 }

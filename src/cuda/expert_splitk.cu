@@ -374,7 +374,7 @@ extern "C" fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int
     if (p->down.n && p->sdown.n && p->sdown.kp != p->down.kp)
         return fm_error(FM_E_UNSUPPORTED, "splitk path: the shared expert's I (K %d) differs from the routed experts' "
                                           "(K %d)", p->sdown.kp, p->down.kp);
-    const int nrg = p->gate.n ? p->gate.rows_p / 16 : 0, nrg_s = p->sgate.n ? p->sgate.rows_p / 16 : 0;
+    const int nrg_s = p->sgate.n ? p->sgate.rows_p / 16 : 0;
     /* The shared expert's units must fill whole blocks: a block of them lets
      * down launch without waiting for the routing, which down then reads
      * before its own wait; a block holding routed units too would do so
@@ -395,9 +395,11 @@ extern "C" fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int
     cfg.stream = s;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
-    const int64_t units = ((int64_t)nrg_s + (int64_t)p->max_active * nrg) * C;
-    if (units > 0) {
-        cfg.gridDim = dim3((unsigned)((units + SK_WARPS - 1) / SK_WARPS));
+    const long long gu_blocks =
+        fm_sched_splitk_gu_blocks(p->gate.n ? p->gate.rows_p : 0, p->sgate.n ? p->sgate.rows_p : 0, p->max_active, C);
+    if (gu_blocks > 0x7fffffff) return fm_error(FM_E_RANGE, "splitk gate/up grid of %lld blocks is too large", gu_blocks);
+    if (gu_blocks > 0) {
+        cfg.gridDim = dim3((unsigned)gu_blocks);
         const size_t smem = (size_t)SK_WARPS * SK_GU_XBYTES;
         cfg.dynamicSmemBytes = smem;
         void (*gu)(fm_expert_params, int) = p->mx ? fm_splitk_gu_kernel<true> : fm_splitk_gu_kernel<false>;
