@@ -152,6 +152,64 @@ struct fm_wg_pass {
 };
 
 #ifdef FM_HAVE_WGMMA
+/* Down's epilogue in 16-byte reductions: within each group of four lanes
+ * that hold rows 4j .. 4j + 3 of the same token columns, a transpose over
+ * two shuffle steps gives each lane four consecutive rows of one (row half,
+ * token) combination, added with one red.global.add.v4.f32 instead of four
+ * scalar atomics (a quarter of the L2 reduction requests). Rows and H are
+ * multiples of 4, so the four rows are all valid or all past the end.
+ * Only in kernels of passes up to 16 tokens: in the wider ones the
+ * transpose's registers spill. */
+static __device__ __forceinline__ void red_add_v4(float *a, float x, float y, float z, float v) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(a), "f"(x), "f"(y), "f"(z), "f"(v) : "memory");
+}
+template <int N8, int NMAT, bool D2>
+static __device__ __forceinline__ void wg_down_emit4(const fm_expert_params &p, const fm_wg_pass &w,
+                                                     float (&acc)[NMAT][4 * N8], const int *ep_tok,
+                                                     const float *ep_w, int lane) {
+    const int t = lane & 3, c = (lane >> 2) & 3;
+    const int rbase = w.rowA - c; /* the group's first row (rowA = r0 + g) */
+#pragma unroll
+    for (int m = 0; m < (D2 ? 2 : 1); m++) {
+        if (m == 1 && !w.wv2) break;
+        const float *acm = acc[D2 ? m : 0];
+        const int roff = m * 64;
+#pragma unroll
+        for (int n = 0; n < N8; n++) {
+            float v[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int j = n * 8 + 2 * t + (i & 1);
+                v[i] = acm[n * 4 + i] * w.o.s2A;
+                if (w.o.biasA) {
+                    const int row = (i < 2 ? w.rowA : w.rowB) + roff;
+                    if (row < w.o.rows) v[i] += w.o.biasA[(int64_t)w.o.e * w.o.rows_p + row];
+                }
+                v[i] *= ep_w[j];
+            }
+            /* v[i] of lane c becomes v[c] of lane i (lanes 4 apart, then 8) */
+#pragma unroll
+            for (int o = 0; o < 2; o++) {
+                const float snd = (c & 1) ? v[2 * o] : v[2 * o + 1];
+                const float r = __shfl_xor_sync(0xffffffffu, snd, 4);
+                if (c & 1) v[2 * o] = r;
+                else v[2 * o + 1] = r;
+            }
+#pragma unroll
+            for (int o = 0; o < 2; o++) {
+                const float snd = (c & 2) ? v[o] : v[2 + o];
+                const float r = __shfl_xor_sync(0xffffffffu, snd, 8);
+                if (c & 2) v[o] = r;
+                else v[2 + o] = r;
+            }
+            /* this lane now holds rows rbase .. + 3 (+ 8 for c >= 2) of token column 2t + (c & 1) */
+            const int j = n * 8 + 2 * t + (c & 1), row = rbase + (c >> 1) * 8 + roff;
+            if (w.pass0 + j < w.o.cnt && row < w.o.rows)
+                red_add_v4(p.out + (int64_t)ep_tok[j] * p.H + row, v[0], v[1], v[2], v[3]);
+        }
+    }
+}
+
 /* Segment S's weights and scales into this warp's ring stage (cp.async, not
  * committed). */
 template <int NMAT, bool MX, int NSTG>
@@ -310,7 +368,7 @@ static __device__ __forceinline__ bool wg_cluster_reduce(float (&acc)[NMAT][4 * 
  * which the block's 256 threads copy; so the activations cross from L2 once
  * per 128 (gate/up) or 256 (down) rows instead of once per 64 or 128.
  */
-template <int N8, int NMAT, bool MX, bool D2, int WGS>
+template <int N8, int NMAT, bool MX, bool D2, int WGS, bool V4>
 static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, const fm_wg_pass &w, uint8_t *smem) {
     constexpr bool GU = NMAT == 2 && !D2; /* gate/up, else down */
 #ifdef FM_HAVE_WGMMA
@@ -377,6 +435,10 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
     cp_async_wait<0>();
     if (GU && WGS == 1 && w.ksplit > 1 && !wg_cluster_reduce<N8, NMAT>(acc, smem, w.ksplit, tid)) return;
     if (!w.wv) return;
+    if (!GU && V4 && !((w.o.rows | p.H) & 3)) {
+        wg_down_emit4<N8, NMAT, D2>(p, w, acc, ep_tok, ep_w, lane);
+        return;
+    }
 #pragma unroll
     for (int n = 0; n < N8; n++)
 #pragma unroll
@@ -512,11 +574,11 @@ __global__ void __launch_bounds__(128 * WGS, fm_wg_min_blocks(NMAT, NMAX) / WGS)
     for (int pass0 = it.pbeg; pass0 < it.pend; pass0 += 8 * NMAX) {
         w.pass0 = pass0;
         const int n8 = (min(8 * NMAX, it.pend - pass0) + 7) >> 3;
-        if (NMAX == 1 || n8 == 1) wg_pass_body<1, NMAT, MX, D2, WGS>(p, w, wg_smem);
-        else if (n8 == 2 || NMAX == 2) wg_pass_body<2, NMAT, MX, D2, WGS>(p, w, wg_smem);
-        else if (n8 == 3) wg_pass_body<NMAX == 2 ? 2 : 3, NMAT, MX, D2, WGS>(p, w, wg_smem);
-        else if (n8 == 4 || NMAX == 4) wg_pass_body<NMAX == 2 ? 2 : 4, NMAT, MX, D2, WGS>(p, w, wg_smem);
-        else wg_pass_body<NMAX == 8 ? 8 : 4, NMAT, MX, D2, WGS>(p, w, wg_smem);
+        if (NMAX == 1 || n8 == 1) wg_pass_body<1, NMAT, MX, D2, WGS, NMAX <= 2>(p, w, wg_smem);
+        else if (n8 == 2 || NMAX == 2) wg_pass_body<2, NMAT, MX, D2, WGS, NMAX <= 2>(p, w, wg_smem);
+        else if (n8 == 3) wg_pass_body<NMAX == 2 ? 2 : 3, NMAT, MX, D2, WGS, NMAX <= 2>(p, w, wg_smem);
+        else if (n8 == 4 || NMAX == 4) wg_pass_body<NMAX == 2 ? 2 : 4, NMAT, MX, D2, WGS, NMAX <= 2>(p, w, wg_smem);
+        else wg_pass_body<NMAX == 8 ? 8 : 4, NMAT, MX, D2, WGS, NMAX <= 2>(p, w, wg_smem);
         w.pre = false;
         __syncthreads(); /* the next pass restages the ring */
     }
