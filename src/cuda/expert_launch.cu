@@ -198,19 +198,21 @@ extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char
         return buf;
     }
     if (c->wgmma_path) {
+        /* the kernels of passes up to 16 tokens (expert_wgmma.cu) */
+        static const char V4[] = ", down's output added in 16-byte reductions";
         if (c->warps == 8 && c->nt > 1)
             snprintf(buf, cap,
                      "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16, A in registers, B in shared memory; "
                      "two warpgroups per block sharing one activation stage: 128-row gate/up and 256-row down "
-                     "blocks, no K split; up to %d tokens per pass)",
-                     mx ? "mxfp4" : "nvfp4", c->nt > 2 ? 32 : 8 * c->nt);
+                     "blocks, no K split; up to %d tokens per pass%s)",
+                     mx ? "mxfp4" : "nvfp4", c->nt > 2 ? 32 : 8 * c->nt, c->nt <= 2 ? V4 : "");
         else
             snprintf(buf, cap,
                      "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16, A in registers, B in shared memory; "
                      "64-row gate/up and 128-row down blocks, K split in 2 where a grid is under 5 blocks per SM "
                      "or the split fills its last wave; "
-                     "up to %d tokens per pass)",
-                     mx ? "mxfp4" : "nvfp4", c->nt > 2 ? 32 : 8 * c->nt);
+                     "up to %d tokens per pass%s)",
+                     mx ? "mxfp4" : "nvfp4", c->nt > 2 ? 32 : 8 * c->nt, c->nt <= 2 ? V4 : "");
         return buf;
     }
     if (fm_expert_mma_xg(2, c->nt))
