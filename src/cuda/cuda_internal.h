@@ -34,7 +34,7 @@
  * padded weights are zero nibbles with zero scales. The rows of gate/up are
  * padded to a multiple of FM_KSEG too, so that the intermediate activation h
  * (the K of down) is written in full; down rows are padded to 16 (one MMA
- * tile).
+ * tile): schedule.h, which `fp4moe explain` shares.
  *
  * On the GPU a matrix is stored in tiles of 16 rows x 128 K, the piece one
  * warp decodes per step, each tile contiguous and the tiles of a 16-row
@@ -48,7 +48,8 @@
  *   scale tile: spr = 8 (NVFP4) or 4 (MXFP4) scale bytes per row and tile,
  *     row r16 of the group at r16 * spr.
  */
-#define FM_KSEG 128
+#include "schedule.h"
+#define FM_KSEG FM_SCHED_KSEG
 
 /* Byte offset of byte b of row r's packed data in the tiled layout. */
 static FM_HD inline int64_t fm_tile_packed_off(int64_t r, int64_t b, int nseg) {
@@ -246,8 +247,6 @@ fm_status fm_cuda_stream_read_for(const void *buf, size_t bytes, cudaStream_t s,
 
 /* ---------------------------------------------- engine and layer state */
 #ifdef __cplusplus
-#include "schedule.h"
-
 struct fm_cuda_engine {
     int device;
     char name[256];

@@ -95,11 +95,11 @@ fm_status fm_cuda_layer_shell(fm_cuda_engine *e, const fm_model_desc *d, fm_qfor
     l->SI = l->has_shared ? d->shared_inter : 0;
     fm_status s = dmat_alloc(&l->gate, l->E, l->I, l->H, fmt, FM_KSEG, with_bias);
     if (!s) s = dmat_alloc(&l->up, l->E, l->I, l->H, fmt, FM_KSEG, with_bias);
-    if (!s) s = dmat_alloc(&l->down, l->E, l->H, l->I, fmt, 16, with_bias);
+    if (!s) s = dmat_alloc(&l->down, l->E, l->H, l->I, fmt, FM_SCHED_DOWN_ROWS, with_bias);
     if (!s && l->has_shared) {
         s = dmat_alloc(&l->sgate, 1, l->SI, l->H, fmt, FM_KSEG, 0);
         if (!s) s = dmat_alloc(&l->sup, 1, l->SI, l->H, fmt, FM_KSEG, 0);
-        if (!s) s = dmat_alloc(&l->sdown, 1, l->H, l->SI, fmt, 16, 0);
+        if (!s) s = dmat_alloc(&l->sdown, 1, l->H, l->SI, fmt, FM_SCHED_DOWN_ROWS, 0);
     }
     if (s) { fm_cuda_layer_free(l); return s; }
     l->Hp = l->gate.kp;

@@ -7,6 +7,13 @@
 extern "C" {
 #endif
 
+/* How the engine pads a layer's matrices (layer.cu), which the grids below
+ * count: K and gate/up's rows to FM_SCHED_KSEG (so that h, down's K, is
+ * written in full), down's rows to FM_SCHED_DOWN_ROWS (one MMA tile). */
+#define FM_SCHED_KSEG 128
+#define FM_SCHED_DOWN_ROWS 16
+static inline int fm_sched_pad(int n, int mult) { return (n + mult - 1) / mult * mult; }
+
 /* The routed down takes over per expert up to this many tokens: beyond it
  * the gate/up grid is many waves and its tail no longer weighs. */
 #define FM_HANDOFF_MAX_T 32

@@ -111,13 +111,14 @@ static fm_status decide_gpu(fm_explanation *x, const fm_sched *sch, fm_explain_b
                        : trig == 1 ? "before the selection's wait on the logits"
                        : trig == 2 ? "right after the selection's wait on the logits"
                                    : "after the selection";
-    /* the splitk path's grids, as expert_splitk.cu launches them: rows
-     * padded as the engine stores the matrices (gate/up to 128, down to 16) */
+    /* the splitk path's grids, as expert_splitk.cu launches them, on the
+     * matrices padded as the engine stores them */
     if (sk) {
-        const int gate_rp = (d->moe_inter + 127) / 128 * 128;
-        const int sgate_rp = d->n_shared > 0 && d->shared_inter > 0 ? (d->shared_inter + 127) / 128 * 128 : 0;
+        const int gate_rp = fm_sched_pad(d->moe_inter, FM_SCHED_KSEG);
+        const int sgate_rp = d->n_shared > 0 && d->shared_inter > 0 ? fm_sched_pad(d->shared_inter, FM_SCHED_KSEG) : 0;
         const int ta = T * d->topk, max_active = ta < d->n_experts ? ta : d->n_experts;
-        const int down_rp = (d->hidden + 15) / 16 * 16, nseg = (d->moe_inter + 127) / 128;
+        const int down_rp = fm_sched_pad(d->hidden, FM_SCHED_DOWN_ROWS);
+        const int nseg = fm_sched_pad(d->moe_inter, FM_SCHED_KSEG) / FM_SCHED_KSEG;
         e->splitk_gu_blocks = fm_sched_splitk_gu_blocks(gate_rp, sgate_rp, max_active, c->cfg.k_split);
         e->splitk_down_blocks = down_rp / 16;
         e->splitk_down_per_sm = fm_sched_splitk_down_per_sm(down_rp, nt, nseg, sms);
