@@ -695,6 +695,54 @@ static void test_splitk(void **state) {
         }
 }
 
+/* Down in blocks of several row chunks (a short K and many blocks: a TP
+ * rank's shape): E 256, k 8, H 1920 (15 chunks of 128 rows, so that the last
+ * block of an expert holds fewer), I 256 (two K segments), both formats, the
+ * wgmma path at passes of 8, 16 and 32 tokens, T = 64 and 150 (experts in
+ * several passes), against the float64 reference. The bench's kernel line
+ * says that the chunked blocks ran. */
+static void test_down_chunks(void **state) {
+    (void)state;
+    NEED_GPU();
+    const fm_qformat fmts[] = {FM_QF_NVFP4, FM_QF_MXFP4};
+    const int tiles[] = {8, 16, 32}, Ts[] = {64, 150};
+    for (int fi = 0; fi < 2; fi++) {
+        fm_model_desc d;
+        assert_int_equal(fm_preset_desc("tiny-qwen3", fmts[fi], &d), FM_OK);
+        d.n_experts = 256;
+        d.topk = 8;
+        d.hidden = 1920;
+        d.moe_inter = 256;
+        if (fm_model_desc_validate(&d)) fail_msg("widened tiny-qwen3: %s", fm_last_error());
+        const int L = first_moe_layer(&d, 0), H = d.hidden;
+        fm_moe_layer *hl;
+        fm_cuda_layer *cl;
+        assert_int_equal(fm_moe_layer_random(&d, d.expert_format, 1300 + fi, L, &hl), FM_OK);
+        if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+        for (size_t ti = 0; ti < sizeof tiles / sizeof tiles[0]; ti++)
+            for (size_t bi = 0; bi < sizeof Ts / sizeof Ts[0]; bi++) {
+                const int T = Ts[bi];
+                const fm_kernel_config cfg = {FM_PATH_WGMMA, 64, 1, 4, 1, tiles[ti], 1.5f};
+                if (fm_cuda_engine_set_config(g_eng, &cfg)) fail_msg("set config: %s", fm_last_error());
+                uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+                float *xf = malloc(sizeof(float) * (size_t)T * H);
+                assert_non_null(xb); assert_non_null(xf);
+                make_x(77 * T + (int)ti, T, H, xb, xf);
+                cmp_result r;
+                run_compare(&d, hl, cl, T, xb, NULL, &r);
+                fm_cuda_bench_result br;
+                if (fm_cuda_bench(g_eng, &d, &cl, 1, T, 5, 2, &br)) fail_msg("fm_cuda_bench: %s", fm_last_error());
+                fm_cuda_engine_set_config(g_eng, NULL);
+                check_ref(&r, 1, "%s E=256 H=%d I=256 tile_n %d T=%d (%s)", fm_qformat_name(fmts[fi]), H, tiles[ti], T,
+                          strstr(br.kernel, "row chunks") ? "down in row chunks" : "no chunks");
+                if (strstr(br.kernel, "fm_expert_wg_kernel")) assert_non_null(strstr(br.kernel, "row chunks"));
+                free(xb); free(xf);
+            }
+        fm_cuda_layer_free(cl);
+        fm_moe_layer_free(hl);
+    }
+}
+
 /* Weights generated on the GPU are the weights of fm_moe_layer_random: the
  * two layers give the same outputs (up to FP32 atomics order). */
 static void test_layer_random_same(void **state) {
@@ -1262,7 +1310,7 @@ int main(void) {
         cmocka_unit_test(test_input_dtypes),     cmocka_unit_test(test_launch_switches),
         cmocka_unit_test(test_grouping_k8),      cmocka_unit_test(test_route_many_experts),
         cmocka_unit_test(test_router_not_bf16),  cmocka_unit_test(test_sel_spread),
-        cmocka_unit_test(test_device_calls),     cmocka_unit_test(test_splitk),
+        cmocka_unit_test(test_device_calls),     cmocka_unit_test(test_splitk), cmocka_unit_test(test_down_chunks),
         cmocka_unit_test(test_shard_layers),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);

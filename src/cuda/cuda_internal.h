@@ -220,6 +220,9 @@ int fm_cuda_route_logit_stride(int E);
 fm_status fm_cuda_route_prepare(size_t smem);
 fm_status fm_cuda_launch_gateup(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s);
 fm_status fm_cuda_launch_down(const fm_expert_params *p, const fm_launch_cfg *c, cudaStream_t s);
+/* Row chunks per block of that down launch on the wgmma path
+ * (fm_sched_wg_down_chunks; 1 elsewhere). */
+int fm_cuda_down_chunks(const fm_expert_params *p, const fm_launch_cfg *c);
 /* The splitk path's two launches (gate/up in C K chunks, then down), routed
  * and shared experts together, at most 16 tokens (nt 1 or 2). */
 fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int nt, int pdl, cudaStream_t s);

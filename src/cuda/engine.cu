@@ -668,6 +668,18 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
         size_t n = strlen(r->kernel);
         snprintf(r->kernel + n, sizeof r->kernel - n, "; down starts per expert as its gate/up ends");
     }
+    if (lc.wgmma_path && !lc.splitk) {
+        /* the routed down launch as run_layer makes it */
+        fm_expert_params ep;
+        fill_expert_params(e, layers[0], T, e->shared_enabled, NULL, &ep);
+        ep.sms = e->sm_count;
+        ep.smem_optin = e->smem_optin;
+        if (e->sched.sh_fork && ep.sgate.n > 0) ep.sgate.n = ep.sup.n = ep.sdown.n = 0;
+        const int ch = fm_cuda_down_chunks(&ep, &lc);
+        size_t n = strlen(r->kernel);
+        if (ch > 1)
+            snprintf(r->kernel + n, sizeof r->kernel - n, "; routed down blocks of %d row chunks", ch);
+    }
     {
         size_t n = strlen(r->kernel);
         snprintf(r->kernel + n, sizeof r->kernel - n, "; router logits: %s",

@@ -142,29 +142,63 @@ static fm_status launch_grid(const fm_expert_params *p, int nmat, fm_expert_kfn 
  * passes of 8 tokens have one). Two warpgroups never split K. Down runs in
  * 128-row blocks, whose segments carry gate/up's bytes per barrier and per
  * copy group. */
-static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nmax, int wgs, cudaStream_t s) {
+typedef struct {
+    fm_expert_kfn fn;
+    int nmax, wgs, rpb, chunk, ks, ch;
+    size_t smem;
+} wg_plan;
+
+static void plan_wg(const fm_expert_params *p, int nmat, int nmax, int wgs, wg_plan *w) {
     const int kind = nmat == 2 ? 1 : 2;
     if (nmax < 2) wgs = 1;
     if (nmax == 8 && wgs != 1) nmax = 4; /* 64-token passes are built with one warpgroup */
-    const int rpb = (nmat == 1 ? 128 : 64) * wgs, chunk = 8 * nmax;
-    const size_t smem = fm_expert_wg_smem(2, nmax, nmat == 1, wgs);
+    w->nmax = nmax;
+    w->wgs = wgs;
+    w->rpb = (nmat == 1 ? 128 : 64) * wgs;
+    w->chunk = 8 * nmax;
+    w->smem = fm_expert_wg_smem(2, nmax, nmat == 1, wgs);
     int64_t sh_blocks;
     int sh_chunks;
-    const fm_expert_kfn fn = fm_expert_wg_kernel_for(kind, p->mx, nmax, wgs);
-    const int64_t items = grid_items(p, nmat, rpb, chunk, &sh_blocks, &sh_chunks);
+    w->fn = fm_expert_wg_kernel_for(kind, p->mx, nmax, wgs);
+    const int64_t items = grid_items(p, nmat, w->rpb, w->chunk, &sh_blocks, &sh_chunks);
     int ks = wgs > 1 ? 1
-                     : wg_ks(p, nmat == 2, items, sh_blocks, rpb,
-                             (int)((nmat == 2 ? p->gate.kp : p->down.kp) / FM_KSEG), fn, 128 * wgs, smem);
+                     : wg_ks(p, nmat == 2, items, sh_blocks, w->rpb,
+                             (int)((nmat == 2 ? p->gate.kp : p->down.kp) / FM_KSEG), w->fn, 128 * wgs, w->smem);
     /* gate/up's cluster reduction reuses CTA 0's rings for the others' sums */
-    while (nmat == 2 && ks > 1 && (size_t)(ks - 1) * 2 * 4 * nmax * 128 * sizeof(float) > smem) ks /= 2;
-    return launch_grid(p, nmat, fn, rpb, chunk, 128 * wgs, smem, pdl,
-                       4 * wgs, ks, ks, nmat == 2 ? ks : 1, s,
-                       nmat == 2 ? "fm_expert_wg_kernel (gate/up)" : "fm_expert_wg_kernel (down)");
+    while (nmat == 2 && ks > 1 && (size_t)(ks - 1) * 2 * 4 * nmax * 128 * sizeof(float) > w->smem) ks /= 2;
+    w->ks = ks;
+    w->ch = 1;
+    if (nmat == 1 && ks == 1 && w->fn && (!p->sdown.n || p->sdown.rows_p == p->down.rows_p)) {
+        const int sms = p->sms > 0 ? p->sms : 132;
+        w->ch = fm_sched_wg_down_chunks(sh_blocks, p->down.rows_p, w->rpb, (int)(p->down.kp / FM_KSEG), p->down.n,
+                                        p->k, p->T, p->max_active, sms,
+                                        blocks_per_sm(w->fn, 128 * wgs, w->smem, p->smem_optin));
+        if (w->ch < 1 || w->ch > FM_WG_DOWN_CHUNKS_MAX || (w->ch & (w->ch - 1)) || p->down.rows_p % w->rpb) w->ch = 1;
+    }
+}
+
+static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nmax, int wgs, cudaStream_t s) {
+    wg_plan w;
+    plan_wg(p, nmat, nmax, wgs, &w);
+    /* down: items of ch row chunks (W: log2 ch) */
+    int lch = 0;
+    while ((2 << lch) <= w.ch) lch++;
+    return launch_grid(p, nmat, w.fn, w.rpb << lch, w.chunk, 128 * w.wgs, w.smem, pdl, lch, w.ks, w.ks,
+                       nmat == 2 ? w.ks : 1, s, nmat == 2 ? "fm_expert_wg_kernel (gate/up)" : "fm_expert_wg_kernel (down)");
+}
+
+static int wg_nmax(const fm_launch_cfg *c) { return c->nt > 4 ? 8 : c->nt > 2 ? 4 : c->nt; }
+
+extern "C" int fm_cuda_down_chunks(const fm_expert_params *p, const fm_launch_cfg *c) {
+    if (!c->wgmma_path || c->splitk) return 1;
+    wg_plan w;
+    plan_wg(p, 1, wg_nmax(c), c->warps == 8 ? 2 : 1, &w);
+    return w.ch;
 }
 
 static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int nmat, cudaStream_t s) {
     if (c->wgmma_path)
-        return launch_wg(p, nmat, c->pdl, c->nt > 4 ? 8 : c->nt > 2 ? 4 : c->nt, c->warps == 8 ? 2 : 1, s);
+        return launch_wg(p, nmat, c->pdl, wg_nmax(c), c->warps == 8 ? 2 : 1, s);
     if ((c->nt != 1 && c->nt != 2 && c->nt != 4) || c->warps < 1 || c->warps > 8 || c->ksplit < 1 ||
         c->warps % c->ksplit)
         return fm_error(FM_E_ARG, "invalid CUDA kernel config: tile_n %d, warps %d, k_split %d", c->nt * 8, c->warps,

@@ -145,6 +145,8 @@ struct fm_wg_pass {
     int64_t src_stride;
     int nseg, pass0, rowA, rowB;
     int ksplit; /* gate/up: CTAs of the cluster that split K (1: none)     */
+    int nch;    /* down: row chunks of the block, one after the other      */
+    uint32_t ctiles; /* weight tiles from one row chunk to the next         */
     bool wv;
     bool wv2; /* D2: the second 64 rows exist (else they are not written) */
     bool pre; /* the first LA segments' weights were copied before the wait */
@@ -166,9 +168,9 @@ static __device__ __forceinline__ void red_add_v4(float *a, float x, float y, fl
 template <int N8, int NMAT, bool D2>
 static __device__ __forceinline__ void wg_down_emit4(const fm_expert_params &p, const fm_wg_pass &w,
                                                      float (&acc)[NMAT][4 * N8], const int *ep_tok,
-                                                     const float *ep_w, int lane) {
+                                                     const float *ep_w, int lane, int dr) {
     const int t = lane & 3, c = (lane >> 2) & 3;
-    const int rbase = w.rowA - c; /* the group's first row (rowA = r0 + g) */
+    const int rbase = w.rowA + dr - c; /* the group's first row (rowA = r0 + g) */
 #pragma unroll
     for (int m = 0; m < (D2 ? 2 : 1); m++) {
         if (m == 1 && !w.wv2) break;
@@ -182,7 +184,7 @@ static __device__ __forceinline__ void wg_down_emit4(const fm_expert_params &p, 
                 const int j = n * 8 + 2 * t + (i & 1);
                 v[i] = acm[n * 4 + i] * w.o.s2A;
                 if (w.o.biasA) {
-                    const int row = (i < 2 ? w.rowA : w.rowB) + roff;
+                    const int row = (i < 2 ? w.rowA : w.rowB) + dr + roff;
                     if (row < w.o.rows) v[i] += w.o.biasA[(int64_t)w.o.e * w.o.rows_p + row];
                 }
                 v[i] *= ep_w[j];
@@ -213,18 +215,19 @@ static __device__ __forceinline__ void wg_down_emit4(const fm_expert_params &p, 
 /* Segment S's weights and scales into this warp's ring stage (cp.async, not
  * committed). */
 template <int NMAT, bool MX, int NSTG>
-static __device__ __forceinline__ void wg_wcopy(const fm_wg_pass &w, uint32_t wr_s, int lane, int S, uint64_t wpol) {
+static __device__ __forceinline__ void wg_wcopy(const fm_wg_pass &w, uint32_t wr_s, int lane, int q, uint32_t S,
+                                                uint64_t wpol) {
     constexpr int WST = wg_wstage_bytes(NMAT), SPR = MX ? 4 : 8;
 #pragma unroll
     for (int m = 0; m < NMAT; m++) {
-        const uint32_t d_ = wr_s + (S % NSTG) * WST + m * 1152;
+        const uint32_t d_ = wr_s + (q % NSTG) * WST + m * 1152;
         /* unsigned 32-bit offsets: one IMAD.WIDE.U32 per address, where a
          * signed 64-bit product takes three to four */
-        const uint8_t *q_ = w.pa[m] + (uint32_t)S * 1024u;
+        const uint8_t *q_ = w.pa[m] + S * 1024u;
         cp_async16_pol(d_ + lane * 16, q_, wpol);
         cp_async16_pol(d_ + 512 + lane * 16, q_ + 512, wpol);
         if (lane < SPR)
-            cp_async16_pol(d_ + 1024 + lane * 16, w.st[m] + ((uint32_t)S * (16u * SPR) + (uint32_t)lane * 16u), wpol);
+            cp_async16_pol(d_ + 1024 + lane * 16, w.st[m] + (S * (16u * SPR) + (uint32_t)lane * 16u), wpol);
     }
 }
 #endif
@@ -386,10 +389,17 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
     const uint64_t wpol = l2_evict_first();
     /* the weights first: their addresses need no load, so the first
      * segments' weight copies leave before the token rows have arrived */
-    auto copy_seg = [&](int S, bool weights) {
-        if (S < w.nseg) {
-            if (weights) wg_wcopy<NMAT, MX, NSTG>(w, wr_s, lane, S, wpol);
-            xs.copy(sbase + (S % NSTG) * STAGE, S);
+    const int nch = GU ? 1 : w.nch, nq = nch * w.nseg;
+    /* segment q (the block's q-th, stage q % NSTG): K segment S of row chunk c */
+    auto copy_seg = [&](int q, int c, int S, bool weights) {
+        if (!GU)
+            while (S >= w.nseg) {
+                S -= w.nseg;
+                c++;
+            }
+        if (q < nq) {
+            if (weights) wg_wcopy<NMAT, MX, NSTG>(w, wr_s, lane, q, (uint32_t)c * w.ctiles + (uint32_t)S, wpol);
+            xs.copy(sbase + (q % NSTG) * STAGE, S);
         }
         cp_async_commit();
     };
@@ -415,44 +425,66 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
     for (int m = 0; m < NMAT; m++)
 #pragma unroll
         for (int i = 0; i < 4 * N8; i++) acc[m][i] = 0.0f;
+    /* down's output of the row chunk dr rows past the block's first */
+    auto down_out = [&](int dr) {
+        if (!w.wv) return;
+        if (V4 && !((w.o.rows | p.H) & 3)) {
+            wg_down_emit4<N8, NMAT, D2>(p, w, acc, ep_tok, ep_w, lane, dr);
+            return;
+        }
+#pragma unroll
+        for (int n = 0; n < N8; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int j = n * 8 + 2 * t + (i & 1), row = (i < 2 ? w.rowA : w.rowB) + dr;
+                fm_emit_down(p, w.o, row, w.pass0 + j, ep_tok[j], ep_w[j], acc[0][n * 4 + i]);
+                if (D2 && w.wv2)
+                    fm_emit_down(p, w.o, row + 64, w.pass0 + j, ep_tok[j], ep_w[j], acc[NMAT - 1][n * 4 + i]);
+            }
+    };
 
     /* w.pre: the weights of segments 0 .. LA - 1 are in flight already, in
      * a group of their own committed before these */
 #pragma unroll
-    for (int j = 0; j < LA; j++) copy_seg(j, !w.pre);
+    for (int j = 0; j < LA; j++) copy_seg(j, 0, j, !w.pre);
+    /* down walks its row chunks as one stream of segments: the next chunk's
+     * copies are in flight while this one's MMAs end and its output goes */
+    int q = 0;
 #pragma unroll 1
-    for (int s = 0; s < w.nseg; s++) {
-        /* this thread's pieces of segment s have landed; after the barrier
-         * everyone's have, and every warp is past the wait that retired the
-         * MMAs that last read the stage refilled next */
-        cp_async_wait<LA - 1>();
-        fence_proxy_async();
-        __syncthreads();
-        copy_seg(s + LA, true);
-        wg_segment<N8, NMAT, MX>(acc, wr_g + (s % NSTG) * WST, sbase + (s % NSTG) * STAGE, lane);
+    for (int c = 0; c < nch; c++) {
+#pragma unroll 1
+        for (int s = 0; s < w.nseg; s++, q++) {
+            /* this thread's pieces of segment q have landed; after the
+             * barrier everyone's have, and every warp is past the wait that
+             * retired the MMAs that last read the stage refilled next */
+            cp_async_wait<LA - 1>();
+            fence_proxy_async();
+            __syncthreads();
+            copy_seg(q + LA, c, s + LA, true);
+            wg_segment<N8, NMAT, MX>(acc, wr_g + (q % NSTG) * WST, sbase + (q % NSTG) * STAGE, lane);
+        }
+        if (!GU) {
+            down_out(c * (D2 ? 128 : 64) * WGS);
+#pragma unroll
+            for (int m = 0; m < NMAT; m++)
+#pragma unroll
+                for (int i = 0; i < 4 * N8; i++) acc[m][i] = 0.0f;
+        }
     }
     wg_wait<0>();
     cp_async_wait<0>();
     if (GU && WGS == 1 && w.ksplit > 1 && !wg_cluster_reduce<N8, NMAT>(acc, smem, w.ksplit, tid)) return;
-    if (!w.wv) return;
-    if (!GU && V4 && !((w.o.rows | p.H) & 3)) {
-        wg_down_emit4<N8, NMAT, D2>(p, w, acc, ep_tok, ep_w, lane);
-        return;
-    }
+    if constexpr (GU) {
+        if (!w.wv) return;
 #pragma unroll
-    for (int n = 0; n < N8; n++)
+        for (int n = 0; n < N8; n++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int j = n * 8 + 2 * t + (i & 1);
-            if (GU) {
-                fm_emit<NMAT>(p, w.o, i < 2 ? w.rowA : w.rowB, w.pass0 + j, acc[0][n * 4 + i], acc[NMAT - 1][n * 4 + i]);
-            } else {
-                fm_emit_down(p, w.o, i < 2 ? w.rowA : w.rowB, w.pass0 + j, ep_tok[j], ep_w[j], acc[0][n * 4 + i]);
-                if (D2 && w.wv2)
-                    fm_emit_down(p, w.o, (i < 2 ? w.rowA : w.rowB) + 64, w.pass0 + j, ep_tok[j], ep_w[j],
-                                 acc[NMAT - 1][n * 4 + i]);
+            for (int i = 0; i < 4; i++) {
+                const int j = n * 8 + 2 * t + (i & 1);
+                fm_emit<NMAT>(p, w.o, i < 2 ? w.rowA : w.rowB, w.pass0 + j, acc[0][n * 4 + i],
+                              acc[NMAT - 1][n * 4 + i]);
             }
-        }
+    }
 #else
     (void)p;
     (void)w;
@@ -460,17 +492,21 @@ static __device__ __forceinline__ void wg_pass_body(const fm_expert_params &p, c
 #endif
 }
 
-/* Blocks per SM the compiler must fit: 4 gate/up and 6 down blocks where
- * shared memory allows; passes of 8 tokens (NMAX 1) take 80 registers, so
- * that the 128-row down and gate/up fit 6 per SM too; the shared expert's
- * 64-token passes (NMAX 8) two, so that their 64 accumulators per thread
- * fit. Two warpgroups per block keep the registers per thread. */
-static constexpr int fm_wg_min_blocks(int nmat, int nmax) { return nmax > 4 ? 2 : nmat == 2 && nmax > 1 ? 4 : 6; }
+/* Blocks per SM the compiler must fit: 4 where passes are 16 or 32 tokens
+ * (as shared memory allows); 6 for gate/up's passes of 8 tokens (NMAX 1, 80
+ * registers) and 5 for down's (96: its walk over row chunks spills at 80);
+ * the shared expert's 64-token passes (NMAX 8) two, so that their 64
+ * accumulators per thread fit. Two warpgroups per block keep the registers
+ * per thread. */
+static constexpr int fm_wg_min_blocks(int nmat, int nmax, bool d2) {
+    return nmax > 4 ? 2 : nmat == 2 && nmax > 1 ? 4 : d2 ? 5 : 6;
+}
 
 /* The block's work item, its rows and K share, set up once for its passes;
  * false when the block has nothing to do. */
 template <int NMAT, bool MX, int NMAX, bool D2, int WGS>
-static __device__ __forceinline__ bool wg_setup(const fm_expert_params &p, const fm_item &it, int KS, fm_wg_pass &w) {
+static __device__ __forceinline__ bool wg_setup(const fm_expert_params &p, const fm_item &it, int KS, int LCH,
+                                                fm_wg_pass &w) {
     constexpr bool GU = NMAT == 2 && !D2;
     constexpr int RWG = D2 ? 128 : 64; /* rows of one warpgroup */
     constexpr int RPB = RWG * WGS;
@@ -480,10 +516,15 @@ static __device__ __forceinline__ bool wg_setup(const fm_expert_params &p, const
     const fm_dmat &dB = GU ? (it.shared ? p.sup : p.up) : dA;
     w.o = {dA.bias, dB.bias, fm_nv_s2<MX>(dA.scale2[e]), GU ? fm_nv_s2<MX>(dB.scale2[e]) : 0.0f, dA.rows, dA.rows_p, e,
            it.pos0, it.cnt, it.shared};
-    const int r0 = it.rb * RPB + (wi >> 2) * RWG + (wi & 3) * 16;
+    /* down: 2^LCH row chunks of RPB rows per block, those that start inside
+     * the padded rows (the host chunks only rows_p that are whole chunks, so
+     * a chunk after the first has every warp's rows) */
+    const int r0 = (it.rb << LCH) * RPB + (wi >> 2) * RWG + (wi & 3) * 16;
+    w.nch = min(1 << LCH, (dA.rows_p + RPB - 1) / RPB - (it.rb << LCH));
     w.rowA = r0 + g;
     w.rowB = r0 + g + 8;
     const int nseg = dA.kp / FM_KSEG;
+    w.ctiles = (uint32_t)(RPB / 16 * nseg);
     /* a K split (KS > 1): this block's share of the segments. Down adds its
      * partial sums into the output with the epilogue's atomics like every
      * other expert's; a slice without segments (K below KS segments) has
@@ -526,15 +567,16 @@ static __device__ __forceinline__ bool wg_setup(const fm_expert_params &p, const
  * elsewhere the body is empty and the host never launches it
  * (fm_cuda_wgmma_built). */
 template <int NMAT, bool MX, int NMAX, bool D2, int WGS>
-__global__ void __launch_bounds__(128 * WGS, fm_wg_min_blocks(NMAT, NMAX) / WGS)
+__global__ void __launch_bounds__(128 * WGS, fm_wg_min_blocks(NMAT, NMAX, D2) / WGS)
     fm_expert_wg_kernel(fm_expert_params p, int W, int KS) {
 #ifdef FM_HAVE_WGMMA
     extern __shared__ __align__(128) uint8_t wg_smem[];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
-    (void)W;
     constexpr bool GU = NMAT == 2 && !D2;
     constexpr int RPB = (D2 ? 128 : 64) * WGS;
-    const int nrb = ((GU ? p.gate.rows_p : p.down.rows_p) + RPB - 1) / RPB;
+    /* W: log2 of down's row chunks per block (gate/up: 0) */
+    const int LCH = GU ? 0 : W;
+    const int nrb = (((GU ? p.gate.rows_p : p.down.rows_p) + RPB - 1) / RPB + (1 << LCH) - 1) >> LCH;
     /* down's blocks and the shared expert's copy their first segments'
      * weights before the wait: their weights need no earlier grid */
     const bool pre = !GU || (int)blockIdx.x / KS < p.sh_blocks;
@@ -546,7 +588,7 @@ __global__ void __launch_bounds__(128 * WGS, fm_wg_min_blocks(NMAT, NMAX) / WGS)
     fm_item it;
     if (!fm_get_item(p, nrb, it, (int)blockIdx.x / KS)) return;
     fm_wg_pass w;
-    if (!wg_setup<NMAT, MX, NMAX, D2, WGS>(p, it, KS, w)) return;
+    if (!wg_setup<NMAT, MX, NMAX, D2, WGS>(p, it, KS, LCH, w)) return;
     constexpr int LA = wg_la(GU);
     if (pre) {
         if (w.nseg > 0) {
@@ -555,7 +597,11 @@ __global__ void __launch_bounds__(128 * WGS, fm_wg_min_blocks(NMAT, NMAX) / WGS)
             const uint64_t wpol = l2_evict_first();
 #pragma unroll
             for (int j = 0; j < LA; j++)
-                if (j < w.nseg) wg_wcopy<NMAT, MX, LA + 1>(w, wr_s, lane, j, wpol);
+                if (j < (GU ? 1 : w.nch) * w.nseg)
+                    wg_wcopy<NMAT, MX, LA + 1>(w, wr_s, lane, j,
+                                               j < w.nseg ? (uint32_t)j : w.ctiles * (uint32_t)(j / w.nseg) +
+                                                                              (uint32_t)(j % w.nseg),
+                                               wpol);
             cp_async_commit();
             w.pre = true;
         }

@@ -38,6 +38,15 @@ double fm_sched_wave_fill(double blocks, double slots) {
     return w / ceil(w);
 }
 
+/* the blocks of the experts that uniform routing of T tokens to k of E
+ * activates (at most max_active), rows_p / rpb each, and sh_blocks */
+static double expected_blocks(long long sh_blocks, int rows_p, int rpb, int E, int k, int T, int max_active) {
+    const double kk = k < E ? k : E;
+    double act = E * (1.0 - pow(1.0 - kk / E, T));
+    if (act > max_active) act = max_active;
+    return ceil(act) * ((rows_p + rpb - 1) / rpb) + (double)sh_blocks;
+}
+
 int fm_sched_wg_ksplit(int gu, long long blocks, long long sh_blocks, int rows_p, int rpb, int nseg, int E, int k,
                        int T, int max_active, int sms, int per_sm) {
     if (sms <= 0) sms = 132;
@@ -46,11 +55,21 @@ int fm_sched_wg_ksplit(int gu, long long blocks, long long sh_blocks, int rows_p
     /* equal blocks that stream the same bytes end in waves, and a last wave
      * of few blocks keeps few bytes in flight */
     if (per_sm <= 0 || E <= 0 || k <= 0 || T <= 0 || rpb <= 0) return 1;
-    const double kk = k < E ? k : E;
-    double act = E * (1.0 - pow(1.0 - kk / E, T));
-    if (act > max_active) act = max_active;
-    const double eb = ceil(act) * ((rows_p + rpb - 1) / rpb) + (double)sh_blocks, slots = (double)per_sm * sms;
+    const double eb = expected_blocks(sh_blocks, rows_p, rpb, E, k, T, max_active), slots = (double)per_sm * sms;
     return fm_sched_wave_fill(2 * eb, slots) >= fm_sched_wave_fill(eb, slots) + 0.15 ? 2 : 1;
+}
+
+int fm_sched_wg_down_chunks(long long sh_blocks, int rows_p, int rpb, int nseg, int E, int k, int T, int max_active,
+                            int sms, int per_sm) {
+    if (sms <= 0) sms = 132;
+    if (per_sm <= 0 || nseg <= 0 || E <= 0 || k <= 0 || T <= 0 || rpb <= 0 || rows_p % rpb) return 1;
+    int cap = FM_WG_DOWN_CHUNK_SEGS / nseg;
+    if (cap > FM_WG_DOWN_CHUNKS_MAX) cap = FM_WG_DOWN_CHUNKS_MAX;
+    /* as many chunks as keep the grid at least one wave of resident blocks */
+    const double waves = expected_blocks(sh_blocks, rows_p, rpb, E, k, T, max_active) / ((double)per_sm * sms);
+    int ch = 1;
+    while (2 * ch <= cap && waves >= 2 * ch) ch *= 2;
+    return ch;
 }
 
 long long fm_sched_splitk_gu_blocks(int gate_rows_p, int sgate_rows_p, int max_active, int C) {

@@ -55,6 +55,18 @@ int fm_sched_sel_spread(const fm_sched *s, int elementwise, int T, int k);
 #define FM_WG_KS_MIN_SEG_DOWN 16
 int fm_sched_wg_ksplit(int gu, long long blocks, long long sh_blocks, int rows_p, int rpb, int nseg, int E, int k,
                        int T, int max_active, int sms, int per_sm);
+/* Down's row chunks per wgmma block: 1, or a power of two up to
+ * FM_WG_DOWN_CHUNKS_MAX, at most FM_WG_DOWN_CHUNK_SEGS / nseg, and no more
+ * than keep the grid of the expected blocks (as the K split counts them,
+ * rows_p / rpb per active expert, plus sh_blocks) at one wave of per_sm x
+ * sms resident blocks or more. A block walks its chunks' segments as one
+ * stream, so where K is a few segments (a TP rank's down) the next chunk's
+ * weights load while a chunk's MMAs end and its output goes out. rows_p
+ * must be whole chunks (else 1). */
+#define FM_WG_DOWN_CHUNK_SEGS 8
+#define FM_WG_DOWN_CHUNKS_MAX 8
+int fm_sched_wg_down_chunks(long long sh_blocks, int rows_p, int rpb, int nseg, int E, int k, int T, int max_active,
+                            int sms, int per_sm);
 /* blocks / slots over its ceiling: how full the last of the waves is */
 double fm_sched_wave_fill(double blocks, double slots);
 
