@@ -98,16 +98,17 @@ static void test_ksplit(void **state) {
 
 /* Down's row chunks per block: GLM-5's TP8 rank (H 6144, 48 chunks of 128
  * rows, K of 2 segments) at B = 16 expects 102 active experts, 4,896
- * blocks on 660 slots (7.4 waves): 4, the most that K of 2 segments takes;
- * at B = 4 31 experts, 1,488 blocks (2.25 waves): 2; DeepSeek-V4-Flash's
- * rank at B = 4 24 experts, 768 blocks (1.16 waves): 1; the whole layer's K
- * of 16 segments never; K of one segment up to 8. */
+ * blocks on 660 slots of the 8-token kernel (7.4 waves): 4, the most that K
+ * of 2 segments takes; at B = 4 31 experts, 1,488 blocks on the 16-token
+ * kernel's 528 slots (2.8 waves): 2; DeepSeek-V4-Flash's rank at B = 4 24
+ * experts, 768 blocks (1.45 waves): 1; the whole layer's K of 16 segments
+ * never; K of one segment up to 8. */
 static void test_down_chunks(void **state) {
     (void)state;
     assert_int_equal(fm_sched_wg_down_chunks(0, 6144, 128, 2, 256, 8, 16, 128, 132, 5), 4);
     assert_int_equal(fm_sched_wg_down_chunks(0, 6144, 128, 2, 256, 8, 256, 256, 132, 4), 4);
-    assert_int_equal(fm_sched_wg_down_chunks(0, 6144, 128, 2, 256, 8, 4, 32, 132, 5), 2);
-    assert_int_equal(fm_sched_wg_down_chunks(0, 4096, 128, 2, 256, 6, 4, 24, 132, 5), 1);
+    assert_int_equal(fm_sched_wg_down_chunks(0, 6144, 128, 2, 256, 8, 4, 32, 132, 4), 2);
+    assert_int_equal(fm_sched_wg_down_chunks(0, 4096, 128, 2, 256, 6, 4, 24, 132, 4), 1);
     assert_int_equal(fm_sched_wg_down_chunks(0, 4096, 128, 16, 256, 6, 256, 256, 132, 5), 1);
     /* K of one segment (Qwen3-30B-A3B's TP8 rank, I 96): 2,048 blocks on 792 slots */
     assert_int_equal(fm_sched_wg_down_chunks(0, 2048, 128, 1, 128, 8, 256, 128, 132, 6), 2);
