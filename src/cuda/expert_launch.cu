@@ -138,16 +138,19 @@ static fm_status launch_grid(const fm_expert_params *p, int nmat, fm_expert_kfn 
     return FM_OK;
 }
 
+/* One wgmma launch's shape: kernel, rows per block (down: per row chunk),
+ * tokens per pass, shared memory, K split, and down's row chunks per block
+ * (lch: their log2). */
+typedef struct {
+    fm_expert_kfn fn;
+    int nmax, wgs, rpb, chunk, ks, lch;
+    size_t smem;
+} wg_plan;
+
 /* wgs: warpgroups per block (1, or 2 from the config's 128 rows per block;
  * passes of 8 tokens have one). Two warpgroups never split K. Down runs in
  * 128-row blocks, whose segments carry gate/up's bytes per barrier and per
  * copy group. */
-typedef struct {
-    fm_expert_kfn fn;
-    int nmax, wgs, rpb, chunk, ks, ch;
-    size_t smem;
-} wg_plan;
-
 static void plan_wg(const fm_expert_params *p, int nmat, int nmax, int wgs, wg_plan *w) {
     const int kind = nmat == 2 ? 1 : 2;
     if (nmax < 2) wgs = 1;
@@ -167,23 +170,24 @@ static void plan_wg(const fm_expert_params *p, int nmat, int nmax, int wgs, wg_p
     /* gate/up's cluster reduction reuses CTA 0's rings for the others' sums */
     while (nmat == 2 && ks > 1 && (size_t)(ks - 1) * 2 * 4 * nmax * 128 * sizeof(float) > w->smem) ks /= 2;
     w->ks = ks;
-    w->ch = 1;
-    if (nmat == 1 && ks == 1 && w->fn && (!p->sdown.n || p->sdown.rows_p == p->down.rows_p)) {
+    w->lch = 0;
+    /* the occupancy is asked only where K is short enough for two chunks */
+    const int dseg = (int)(p->down.kp / FM_KSEG);
+    if (nmat == 1 && ks == 1 && w->fn && dseg > 0 && 2 * dseg <= FM_WG_DOWN_CHUNK_SEGS &&
+        (!p->sdown.n || p->sdown.rows_p == p->down.rows_p)) {
         const int sms = p->sms > 0 ? p->sms : 132;
-        w->ch = fm_sched_wg_down_chunks(sh_blocks, p->down.rows_p, w->rpb, (int)(p->down.kp / FM_KSEG), p->down.n,
-                                        p->k, p->T, p->max_active, sms,
-                                        blocks_per_sm(w->fn, 128 * wgs, w->smem, p->smem_optin));
-        if (w->ch < 1 || w->ch > FM_WG_DOWN_CHUNKS_MAX || (w->ch & (w->ch - 1)) || p->down.rows_p % w->rpb) w->ch = 1;
+        const int ch = fm_sched_wg_down_chunks(sh_blocks, p->down.rows_p, w->rpb, dseg, p->down.n, p->k, p->T,
+                                               p->max_active, sms,
+                                               blocks_per_sm(w->fn, 128 * wgs, w->smem, p->smem_optin));
+        while ((2 << w->lch) <= ch) w->lch++;
     }
 }
 
 static fm_status launch_wg(const fm_expert_params *p, int nmat, int pdl, int nmax, int wgs, cudaStream_t s) {
     wg_plan w;
     plan_wg(p, nmat, nmax, wgs, &w);
-    /* down: items of ch row chunks (W: log2 ch) */
-    int lch = 0;
-    while ((2 << lch) <= w.ch) lch++;
-    return launch_grid(p, nmat, w.fn, w.rpb << lch, w.chunk, 128 * w.wgs, w.smem, pdl, lch, w.ks, w.ks,
+    /* down: items of 2^lch row chunks (the kernel's W) */
+    return launch_grid(p, nmat, w.fn, w.rpb << w.lch, w.chunk, 128 * w.wgs, w.smem, pdl, w.lch, w.ks, w.ks,
                        nmat == 2 ? w.ks : 1, s, nmat == 2 ? "fm_expert_wg_kernel (gate/up)" : "fm_expert_wg_kernel (down)");
 }
 
@@ -193,7 +197,7 @@ extern "C" int fm_cuda_down_chunks(const fm_expert_params *p, const fm_launch_cf
     if (!c->wgmma_path || c->splitk) return 1;
     wg_plan w;
     plan_wg(p, 1, wg_nmax(c), c->warps == 8 ? 2 : 1, &w);
-    return w.ch;
+    return 1 << w.lch;
 }
 
 static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int nmat, cudaStream_t s) {
