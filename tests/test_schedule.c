@@ -122,6 +122,13 @@ static void test_down_chunks(void **state) {
     assert_int_equal(fm_sched_wg_down_chunks(0, 6144, 128, 2, 256, 8, 256, 256, 132, 0), 1);
     assert_int_equal(fm_sched_wg_down_chunks(0, 6144, 128, 2, 0, 8, 256, 0, 132, 5), 1);
     assert_int_equal(fm_sched_wg_down_chunks(0, 6144, 128, 0, 256, 8, 256, 256, 132, 5), 1);
+    /* the most chunks, whatever the grid: 8 segments per block, at most 8 chunks */
+    assert_int_equal(fm_sched_wg_down_chunks_max(6144, 128, 2), 4);
+    assert_int_equal(fm_sched_wg_down_chunks_max(6144, 128, 1), 8);
+    assert_int_equal(fm_sched_wg_down_chunks_max(6144, 128, 3), 2);
+    assert_int_equal(fm_sched_wg_down_chunks_max(4096, 128, 16), 1);
+    assert_int_equal(fm_sched_wg_down_chunks_max(2880, 128, 2), 1);
+    assert_int_equal(fm_sched_wg_down_chunks_max(6144, 128, 0), 1);
     /* unknown SMs count as 132 */
     assert_int_equal(fm_sched_wg_down_chunks(0, 6144, 128, 2, 256, 8, 16, 128, 0, 5), 4);
 }

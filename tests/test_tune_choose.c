@@ -615,6 +615,28 @@ static void test_explain(void **state) {
     assert_int_equal(json_integer_value(json_object_get(g, "down_per_sm")), 3);
     json_decref(j);
     free(text);
+    /* at B = 16 the wgmma path: down's K of 2 segments allows blocks of up
+     * to 4 row chunks; the whole layer's K of 16 segments none */
+    const int b16[] = {16};
+    go.batches = b16;
+    go.json = 0;
+    assert_int_equal(fm_explain(&go, &text), FM_OK);
+    assert_non_null(strstr(text, "down blocks: up to 4 row chunks each"));
+    free(text);
+    go.json = 1;
+    assert_int_equal(fm_explain(&go, &text), FM_OK);
+    j = json_loads(text, 0, &e);
+    assert_non_null(j);
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_object_get(json_array_get(json_object_get(j, "batches"), 0), "schedule"), "down_chunks_max")),
+                     4);
+    json_decref(j);
+    free(text);
+    go.shard = NULL;
+    go.json = 0;
+    assert_int_equal(fm_explain(&go, &text), FM_OK);
+    assert_null(strstr(text, "row chunks"));
+    free(text);
 
     o.json = 0;
     o.gpu = "Voodoo 2";

@@ -204,6 +204,7 @@ typedef struct {
     long long splitk_gu_blocks;    /* gate/up blocks, FM_SPLITK_PER_SM per SM  */
     int splitk_down_blocks;        /* down blocks ...                          */
     int splitk_down_per_sm;        /* ... and how many run per SM              */
+    int down_chunks_max;           /* wgmma down: most row chunks per block    */
 } fm_explain_batch;
 
 typedef struct {

@@ -59,12 +59,17 @@ int fm_sched_wg_ksplit(int gu, long long blocks, long long sh_blocks, int rows_p
     return fm_sched_wave_fill(2 * eb, slots) >= fm_sched_wave_fill(eb, slots) + 0.15 ? 2 : 1;
 }
 
+int fm_sched_wg_down_chunks_max(int rows_p, int rpb, int nseg) {
+    if (nseg <= 0 || rpb <= 0 || rows_p % rpb) return 1;
+    const int cap = FM_WG_DOWN_CHUNK_SEGS / nseg;
+    return cap < 1 ? 1 : cap > FM_WG_DOWN_CHUNKS_MAX ? FM_WG_DOWN_CHUNKS_MAX : cap;
+}
+
 int fm_sched_wg_down_chunks(long long sh_blocks, int rows_p, int rpb, int nseg, int E, int k, int T, int max_active,
                             int sms, int per_sm) {
     if (sms <= 0) sms = 132;
-    if (per_sm <= 0 || nseg <= 0 || E <= 0 || k <= 0 || T <= 0 || rpb <= 0 || rows_p % rpb) return 1;
-    int cap = FM_WG_DOWN_CHUNK_SEGS / nseg;
-    if (cap > FM_WG_DOWN_CHUNKS_MAX) cap = FM_WG_DOWN_CHUNKS_MAX;
+    const int cap = fm_sched_wg_down_chunks_max(rows_p, rpb, nseg);
+    if (per_sm <= 0 || E <= 0 || k <= 0 || T <= 0) return 1;
     /* as many chunks as keep the grid at least one wave of resident blocks */
     const double waves = expected_blocks(sh_blocks, rows_p, rpb, E, k, T, max_active) / ((double)per_sm * sms);
     int ch = 1;

@@ -65,6 +65,8 @@ int fm_sched_wg_ksplit(int gu, long long blocks, long long sh_blocks, int rows_p
  * must be whole chunks (else 1). */
 #define FM_WG_DOWN_CHUNK_SEGS 8
 #define FM_WG_DOWN_CHUNKS_MAX 8
+/* the most chunks that rule gives for these rows and K, whatever the grid */
+int fm_sched_wg_down_chunks_max(int rows_p, int rpb, int nseg);
 int fm_sched_wg_down_chunks(long long sh_blocks, int rows_p, int rpb, int nseg, int E, int k, int T, int max_active,
                             int sms, int per_sm);
 /* blocks / slots over its ceiling: how full the last of the waves is */

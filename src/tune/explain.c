@@ -123,6 +123,14 @@ static fm_status decide_gpu(fm_explanation *x, const fm_sched *sch, fm_explain_b
         e->splitk_down_blocks = down_rp / 16;
         e->splitk_down_per_sm = fm_sched_splitk_down_per_sm(down_rp, nt, nseg, sms);
     }
+    /* the wgmma down's row chunks per block: the most the rule can give
+     * (how many it gives depends on the occupancy the engine asks at run
+     * time), in 128-row chunks, or 256 with two warpgroups */
+    if (wg) {
+        const int rpb = c->cfg.warps == 8 && nt > 1 ? 256 : 128;
+        e->down_chunks_max = fm_sched_wg_down_chunks_max(fm_sched_pad(d->hidden, FM_SCHED_DOWN_ROWS), rpb,
+                                                         fm_sched_pad(d->moe_inter, FM_SCHED_KSEG) / FM_SCHED_KSEG);
+    }
     /* each ignored file once, however many batches saw it */
     if (c->warnings[0] && !strstr(x->warnings, c->warnings))
         fm_tune_appendf(x->warnings, sizeof x->warnings, "%s", c->warnings);
@@ -260,6 +268,10 @@ static void text_gpu_batch(const fm_explanation *x, const fm_explain_batch *e, F
         fprintf(f, "                   down: %s\n",
                 e->down_per_expert ? "starts per expert as its gate/up ends (up to 32 tokens)"
                                    : "waits for the whole gate/up launch");
+        if (e->down_chunks_max > 1)
+            fprintf(f, "                   down blocks: up to %d row chunks each (a short K: as many as keep one wave "
+                       "of resident blocks; the bench's kernel line names how many ran)\n",
+                    e->down_chunks_max);
         fprintf(f, "                   selection: %s\n",
                 e->selection_spread ? "the token's sums and scores over the selection block's warps, one warp's top-k"
                                     : "one warp per token");
@@ -379,6 +391,7 @@ static json_t *json_gpu_batch(const fm_explanation *x, const fm_explain_batch *e
                                e->selection_spread ? "spread over the block" : "one warp per token", "expert_launch",
                                e->expert_launch);
         if (d->n_shared) json_object_set_new(sj, "shared_tokens_per_pass", json_integer(e->shared_tokens));
+        if (e->down_chunks_max > 1) json_object_set_new(sj, "down_chunks_max", json_integer(e->down_chunks_max));
         if (e->splitk_gu_blocks > 0)
             json_object_set_new(sj, "splitk_grids",
                                 json_pack("{s:I, s:i, s:i, s:i}", "gateup_blocks", (json_int_t)e->splitk_gu_blocks,
