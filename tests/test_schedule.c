@@ -75,6 +75,10 @@ static void test_splitk_grids(void **state) {
     assert_true(fm_sched_splitk_gu_blocks(256, 256, 6, 11) == 154); /* DeepSeek-V4-Flash TP8 */
     assert_true(fm_sched_splitk_gu_blocks(128, 0, 3, 3) == 9);
     assert_true(fm_sched_splitk_gu_blocks(256, 256, 8, 0) == 0);
+    /* a grid past 2^31 - 1 blocks is counted without overflow (the launch
+     * refuses it by this count) */
+    assert_true(fm_sched_splitk_gu_blocks(1 << 24, 0, 4096, 16) == (1LL << 20) * 4096 * 16 / 8);
+    assert_true(fm_sched_splitk_gu_blocks(1 << 24, 0, 4096, 16) > 0x7fffffffLL);
     assert_int_equal(fm_sched_splitk_down_per_sm(6144, 1, 2, 132), 3); /* GLM-5: 384 blocks */
     assert_int_equal(fm_sched_splitk_down_per_sm(7168, 1, 2, 132), 3); /* Kimi-K2: 448 */
     assert_int_equal(fm_sched_splitk_down_per_sm(4096, 1, 2, 132), 2); /* 256 blocks: one wave at 2 */
