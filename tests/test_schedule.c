@@ -107,25 +107,39 @@ static void test_ksplit(void **state) {
  * kernel's 528 slots (2.8 waves): 2; DeepSeek-V4-Flash's rank at B = 4 24
  * experts, 768 blocks (1.45 waves): 1; the whole layer's K of 16 segments
  * never; K of one segment up to 8. */
+typedef struct {
+    const char *what;
+    long long sh_blocks;
+    int rows_p, rpb, nseg, E, k, T, max_active, sms, per_sm, want;
+} dc_case;
+
+static const dc_case dc_cases[] = {
+    {"GLM-5 TP8 B = 16, 8-token kernel", 0, 6144, 128, 2, 256, 8, 16, 128, 132, 5, 4},
+    {"GLM-5 TP8 B = 256, 32-token kernel", 0, 6144, 128, 2, 256, 8, 256, 256, 132, 4, 4},
+    {"GLM-5 TP8 B = 4, 16-token kernel", 0, 6144, 128, 2, 256, 8, 4, 32, 132, 4, 2},
+    {"DeepSeek-V4-Flash TP8 B = 4", 0, 4096, 128, 2, 256, 6, 4, 24, 132, 4, 1},
+    {"DeepSeek-V4-Flash whole layer, K of 16 segments", 0, 4096, 128, 16, 256, 6, 256, 256, 132, 5, 1},
+    /* K of one segment (Qwen3-30B-A3B's TP8 rank, I 96): 2,048 blocks on 792 slots */
+    {"K of one segment", 0, 2048, 128, 1, 128, 8, 256, 128, 132, 6, 2},
+    {"K of one segment, one block per SM", 0, 2048, 128, 1, 128, 8, 256, 128, 132, 1, 8},
+    /* the shared expert's blocks count: 500 routed + 1,000 shared on 660 slots */
+    {"500 routed blocks", 0, 6400, 128, 2, 10, 10, 64, 10, 132, 5, 1},
+    {"500 routed and 1,000 shared blocks", 1000, 6400, 128, 2, 10, 10, 64, 10, 132, 5, 2},
+    {"rows not whole chunks (gpt-oss's 2,880)", 0, 2880, 128, 2, 256, 8, 256, 256, 132, 5, 1},
+    {"unknown occupancy", 0, 6144, 128, 2, 256, 8, 256, 256, 132, 0, 1},
+    {"no experts", 0, 6144, 128, 2, 0, 8, 256, 0, 132, 5, 1},
+    {"no K", 0, 6144, 128, 0, 256, 8, 256, 256, 132, 5, 1},
+    {"unknown SMs count as 132", 0, 6144, 128, 2, 256, 8, 16, 128, 0, 5, 4},
+};
+
 static void test_down_chunks(void **state) {
     (void)state;
-    assert_int_equal(fm_sched_wg_down_chunks(0, 6144, 128, 2, 256, 8, 16, 128, 132, 5), 4);
-    assert_int_equal(fm_sched_wg_down_chunks(0, 6144, 128, 2, 256, 8, 256, 256, 132, 4), 4);
-    assert_int_equal(fm_sched_wg_down_chunks(0, 6144, 128, 2, 256, 8, 4, 32, 132, 4), 2);
-    assert_int_equal(fm_sched_wg_down_chunks(0, 4096, 128, 2, 256, 6, 4, 24, 132, 4), 1);
-    assert_int_equal(fm_sched_wg_down_chunks(0, 4096, 128, 16, 256, 6, 256, 256, 132, 5), 1);
-    /* K of one segment (Qwen3-30B-A3B's TP8 rank, I 96): 2,048 blocks on 792 slots */
-    assert_int_equal(fm_sched_wg_down_chunks(0, 2048, 128, 1, 128, 8, 256, 128, 132, 6), 2);
-    assert_int_equal(fm_sched_wg_down_chunks(0, 2048, 128, 1, 128, 8, 256, 128, 132, 1), 8);
-    /* the shared expert's blocks count: 500 routed + 1,000 shared on 660 slots */
-    assert_int_equal(fm_sched_wg_down_chunks(0, 6400, 128, 2, 10, 10, 64, 10, 132, 5), 1);
-    assert_int_equal(fm_sched_wg_down_chunks(1000, 6400, 128, 2, 10, 10, 64, 10, 132, 5), 2);
-    /* rows that are not whole chunks (gpt-oss's 2,880), unknown occupancy,
-     * no experts, no K: 1 */
-    assert_int_equal(fm_sched_wg_down_chunks(0, 2880, 128, 2, 256, 8, 256, 256, 132, 5), 1);
-    assert_int_equal(fm_sched_wg_down_chunks(0, 6144, 128, 2, 256, 8, 256, 256, 132, 0), 1);
-    assert_int_equal(fm_sched_wg_down_chunks(0, 6144, 128, 2, 0, 8, 256, 0, 132, 5), 1);
-    assert_int_equal(fm_sched_wg_down_chunks(0, 6144, 128, 0, 256, 8, 256, 256, 132, 5), 1);
+    for (size_t i = 0; i < sizeof dc_cases / sizeof dc_cases[0]; i++) {
+        const dc_case *c = &dc_cases[i];
+        int got = fm_sched_wg_down_chunks(c->sh_blocks, c->rows_p, c->rpb, c->nseg, c->E, c->k, c->T, c->max_active,
+                                          c->sms, c->per_sm);
+        if (got != c->want) fail_msg("%s: %d chunks, expected %d", c->what, got, c->want);
+    }
     /* the most chunks, whatever the grid: 8 segments per block, at most 8 chunks */
     assert_int_equal(fm_sched_wg_down_chunks_max(6144, 128, 2), 4);
     assert_int_equal(fm_sched_wg_down_chunks_max(6144, 128, 1), 8);
@@ -133,8 +147,6 @@ static void test_down_chunks(void **state) {
     assert_int_equal(fm_sched_wg_down_chunks_max(4096, 128, 16), 1);
     assert_int_equal(fm_sched_wg_down_chunks_max(2880, 128, 2), 1);
     assert_int_equal(fm_sched_wg_down_chunks_max(6144, 128, 0), 1);
-    /* unknown SMs count as 132 */
-    assert_int_equal(fm_sched_wg_down_chunks(0, 6144, 128, 2, 256, 8, 16, 128, 0, 5), 4);
 }
 
 int main(void) {
