@@ -104,9 +104,10 @@ static void test_ksplit(void **state) {
  * rows, K of 2 segments) at B = 16 expects 102 active experts, 4,896
  * blocks on 660 slots of the 8-token kernel (7.4 waves): 4, the most that K
  * of 2 segments takes; at B = 4 31 experts, 1,488 blocks on the 16-token
- * kernel's 528 slots (2.8 waves): 2; DeepSeek-V4-Flash's rank at B = 4 24
- * experts, 768 blocks (1.45 waves): 1; the whole layer's K of 16 segments
- * never; K of one segment up to 8. */
+ * kernel's 528 slots (2.8 waves): 4 (halved twice, 0.7 waves); DeepSeek-V4-
+ * Flash's rank at B = 4 24 experts, 768 blocks (1.45 waves): 2 (0.73 waves;
+ * 4 would leave 0.36); the whole layer's K of 16 segments never; K of one
+ * segment up to 8. */
 typedef struct {
     const char *what;
     long long sh_blocks;
@@ -116,15 +117,17 @@ typedef struct {
 static const dc_case dc_cases[] = {
     {"GLM-5 TP8 B = 16, 8-token kernel", 0, 6144, 128, 2, 256, 8, 16, 128, 132, 5, 4},
     {"GLM-5 TP8 B = 256, 32-token kernel", 0, 6144, 128, 2, 256, 8, 256, 256, 132, 4, 4},
-    {"GLM-5 TP8 B = 4, 16-token kernel", 0, 6144, 128, 2, 256, 8, 4, 32, 132, 4, 2},
-    {"DeepSeek-V4-Flash TP8 B = 4", 0, 4096, 128, 2, 256, 6, 4, 24, 132, 4, 1},
+    {"GLM-5 TP8 B = 4, 16-token kernel", 0, 6144, 128, 2, 256, 8, 4, 32, 132, 4, 4},
+    {"DeepSeek-V4-Flash TP8 B = 4", 0, 4096, 128, 2, 256, 6, 4, 24, 132, 4, 2},
+    /* under one wave (0.97: 512 blocks on 528 slots) a grid is not halved */
+    {"just under one wave", 0, 2048, 128, 2, 128, 8, 256, 32, 132, 4, 1},
     {"DeepSeek-V4-Flash whole layer, K of 16 segments", 0, 4096, 128, 16, 256, 6, 256, 256, 132, 5, 1},
-    /* K of one segment (Qwen3-30B-A3B's TP8 rank, I 96): 2,048 blocks on 792 slots */
-    {"K of one segment", 0, 2048, 128, 1, 128, 8, 256, 128, 132, 6, 2},
+    /* K of one segment (Qwen3-30B-A3B's TP8 rank, I 96): 2,048 blocks on 792 slots (2.6 waves) */
+    {"K of one segment", 0, 2048, 128, 1, 128, 8, 256, 128, 132, 6, 4},
     {"K of one segment, one block per SM", 0, 2048, 128, 1, 128, 8, 256, 128, 132, 1, 8},
     /* the shared expert's blocks count: 500 routed + 1,000 shared on 660 slots */
     {"500 routed blocks", 0, 6400, 128, 2, 10, 10, 64, 10, 132, 5, 1},
-    {"500 routed and 1,000 shared blocks", 1000, 6400, 128, 2, 10, 10, 64, 10, 132, 5, 2},
+    {"500 routed and 1,000 shared blocks", 1000, 6400, 128, 2, 10, 10, 64, 10, 132, 5, 4},
     {"rows not whole chunks (gpt-oss's 2,880)", 0, 2880, 128, 2, 256, 8, 256, 256, 132, 5, 1},
     {"unknown occupancy", 0, 6144, 128, 2, 256, 8, 256, 256, 132, 0, 1},
     {"no experts", 0, 6144, 128, 2, 0, 8, 256, 0, 132, 5, 1},

@@ -70,10 +70,12 @@ int fm_sched_wg_down_chunks(long long sh_blocks, int rows_p, int rpb, int nseg, 
     if (sms <= 0) sms = 132;
     const int cap = fm_sched_wg_down_chunks_max(rows_p, rpb, nseg);
     if (per_sm <= 0 || E <= 0 || k <= 0 || T <= 0) return 1;
-    /* as many chunks as keep the grid at least one wave of resident blocks */
+    /* each doubling halves the grid: double while the grid keeps half a
+     * wave of resident blocks or more (a block of several chunks holds its
+     * slot's loads in flight for as long as a wave of single chunks would) */
     const double waves = expected_blocks(sh_blocks, rows_p, rpb, E, k, T, max_active) / ((double)per_sm * sms);
     int ch = 1;
-    while (2 * ch <= cap && waves >= 2 * ch) ch *= 2;
+    while (2 * ch <= cap && waves >= ch) ch *= 2;
     return ch;
 }
 

@@ -58,8 +58,8 @@ int fm_sched_wg_ksplit(int gu, long long blocks, long long sh_blocks, int rows_p
 /* Down's row chunks per wgmma block: 1, or a power of two up to
  * FM_WG_DOWN_CHUNKS_MAX, at most FM_WG_DOWN_CHUNK_SEGS / nseg, and no more
  * than keep the grid of the expected blocks (as the K split counts them,
- * rows_p / rpb per active expert, plus sh_blocks) at one wave of per_sm x
- * sms resident blocks or more. A block walks its chunks' segments as one
+ * rows_p / rpb per active expert, plus sh_blocks) at half a wave of
+ * per_sm x sms resident blocks or more. A block walks its chunks' segments as one
  * stream, so where K is a few segments (a TP rank's down) the next chunk's
  * weights load while a chunk's MMAs end and its output goes out. rows_p
  * must be whole chunks (else 1). */
