@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""The routing's timeline from the stamps that dev/gpu/patches/route-stamps.patch
+prints: `fp4moe bench --device cuda ... > LOG` with a build of that patch, then
+
+  python3 dev/analysis/route_stamps.py LOG [...]
+
+STAMP lines (µs from the first logits block's start, %globaltimer): every
+logits block past its wait (lgwait), the last logits block done (lgend), the
+first selection block started (selstart), the first and the last past their
+wait (selwait0, selwait1), the last warp's top-k written (selected), the
+grouping block elected (elect), the grouping done (grouped). GST lines (SM
+cycles of the grouping block, clock64): its wait, its own tokens' selection,
+the election, then the grouping's steps (zero, pass1, scans, act, pass2, end).
+Prints the median of every field per batch size; each field's median is taken
+alone. Exit 2 with a message on a log without stamps or with a broken line.
+"""
+import statistics as st
+import sys
+
+STAMP = ('lgwait', 'lgend', 'selstart', 'selwait0', 'selwait1', 'selected', 'elect', 'grouped')
+GST = ('wait', 'select', 'elect', 'zero', 'pass1', 'scans', 'act', 'pass2', 'end')
+
+
+def parse(path):
+    """{('STAMP'|'GST', T): [ {field: value} ]} of the log at path."""
+    rows = {}
+    with open(path, errors='replace') as f:
+        for n, line in enumerate(f, 1):
+            if not (line.startswith('STAMP ') or line.startswith('GST ')):
+                continue
+            w = line.split()
+            kind = w[0]
+            names = STAMP if kind == 'STAMP' else GST
+            try:
+                if not w[1].startswith('T='):
+                    raise ValueError
+                T = int(w[1][2:])
+                rest = w[2:]
+                if kind == 'STAMP':
+                    if not rest or not rest[0].startswith('k='):
+                        raise ValueError
+                    rest = rest[1:]
+                got = dict(zip(rest[0::2], rest[1::2]))
+                if len(rest) != 2 * len(names) or set(got) != set(names) or T <= 0:
+                    raise ValueError
+                vals = {k: float(v) for k, v in got.items()}
+            except ValueError:
+                raise ValueError('%s:%d: not a %s line: %s' % (path, n, kind, line.strip()[:120]))
+            rows.setdefault((kind, T), []).append(vals)
+    if not rows:
+        raise ValueError('%s: no STAMP or GST lines (a bench log of a route-stamps build?)' % path)
+    return rows
+
+
+def main():
+    if len(sys.argv) < 2:
+        print('usage: route_stamps.py LOG [...]', file=sys.stderr)
+        return 2
+    for path in sys.argv[1:]:
+        try:
+            rows = parse(path)
+        except (OSError, ValueError) as e:
+            print('route_stamps: %s' % e, file=sys.stderr)
+            return 2
+        print('== %s' % path)
+        for kind, names, unit in (('STAMP', STAMP, 'us'), ('GST', GST, 'cycles')):
+            for T in sorted(t for k, t in rows if k == kind):
+                r = rows[(kind, T)]
+                med = ' '.join('%s %.2f' % (c, st.median(x[c] for x in r)) for c in names)
+                print('%-5s T=%-4d n=%-3d %s: %s' % (kind, T, len(r), unit, med))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""dev/analysis/route_stamps.py (the routing's stamps printed by a build of
+dev/gpu/patches/route-stamps.patch) on a log whose medians are known, and on
+broken input, which must give exit 2 and a message, not a traceback; and the
+patch still applies to the tree."""
+import os
+import subprocess
+import sys
+import tempfile
+
+src = os.environ.get("FM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), ".."))
+script = os.path.join(src, "dev", "analysis", "route_stamps.py")
+sys.path.insert(0, os.path.join(src, "dev", "analysis"))
+import route_stamps as rs  # noqa: E402
+
+
+def stamp(T, lgwait, grouped):
+    return ("STAMP T=%d k=8 lgwait %.2f lgend 7.00 selstart 3.60 selwait0 7.00 selwait1 7.40 selected 11.90 "
+            "elect 12.00 grouped %.2f\n" % (T, lgwait, grouped))
+
+
+def gst(T, pass1):
+    return "GST T=%d wait 10 select 20 elect 30 zero 40 pass1 %d scans 60 act 70 pass2 80 end 90\n" % (T, pass1)
+
+
+def run(text):
+    with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
+        f.write(text)
+        path = f.name
+    try:
+        p = subprocess.run([sys.executable, script, path], capture_output=True, text=True)
+    finally:
+        os.unlink(path)
+    return p
+
+
+# medians per batch size, each field alone; other lines of the log ignored
+log = ("timing: median of 50 graph replays\n" + stamp(1, 3.0, 13.0) + stamp(1, 5.0, 11.0) + stamp(1, 4.0, 30.0) +
+       stamp(256, 13.7, 60.8) + gst(256, 500) + gst(256, 700) + "     1        29.0   (28.8 .. 29.4)\n")
+p = run(log)
+assert p.returncode == 0, p.stderr
+out = p.stdout
+assert "STAMP T=1    n=3" in out and "lgwait 4.00" in out and "grouped 13.00" in out, out
+assert "STAMP T=256  n=1" in out and "grouped 60.80" in out, out
+assert "GST   T=256  n=2" in out and "pass1 600.00" in out and "end 90.00" in out, out
+with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
+    f.write(stamp(16, 2.0, 9.0) + gst(16, 7))
+try:
+    rows = rs.parse(f.name)
+finally:
+    os.unlink(f.name)
+assert sorted(rows) == [("GST", 16), ("STAMP", 16)] and rows[("STAMP", 16)][0]["lgwait"] == 2.0, rows
+assert rows[("GST", 16)][0]["pass1"] == 7.0
+
+# broken input: a message naming the problem, exit 2, no traceback
+for bad, why in (("no stamps here\n", "no STAMP or GST lines"),
+                 ("STAMP T=4 k=8 lgwait 1.0\n", "not a STAMP line"),
+                 ("STAMP T=x k=8 " + stamp(4, 1, 2)[14:], "not a STAMP line"),
+                 (gst(64, 5).replace("pass1", "passX"), "not a GST line"),
+                 (stamp(4, 1.0, 2.0).replace("12.00", "twelve"), "not a STAMP line")):
+    p = run(bad)
+    assert p.returncode == 2, (bad, p.returncode, p.stdout)
+    assert why in p.stderr and "Traceback" not in p.stderr, (bad, p.stderr)
+p = subprocess.run([sys.executable, script], capture_output=True, text=True)
+assert p.returncode == 2 and "usage" in p.stderr
+p = subprocess.run([sys.executable, script, "/nonexistent/route.log"], capture_output=True, text=True)
+assert p.returncode == 2 and "route_stamps:" in p.stderr and "Traceback" not in p.stderr
+
+# the development patch applies to this tree (a source change that breaks it
+# shows here, not on the GPU machine)
+git = subprocess.run(["git", "-C", src, "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True)
+if git.returncode == 0 and git.stdout.strip() == "true":
+    patch = os.path.join(src, "dev", "gpu", "patches", "route-stamps.patch")
+    p = subprocess.run(["git", "-C", src, "apply", "--check", patch], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+else:
+    print("patch check skipped: the source is not a git work tree")
+print("py_route_stamps: OK")
