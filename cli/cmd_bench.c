@@ -16,7 +16,8 @@ static void bench_usage(FILE *f) {
             "usage: fp4moe bench [--model DIR | --preset NAME] [--format nvfp4|mxfp4|bf16]\n"
             "                    [--batch 1,4,16,64,256] [--layers N] [--device cpu|cuda] [--json FILE]\n"
             "                    [--threads N] [--isa auto|scalar|avx2|avx512] [--time-ms MS] [--seed S]\n"
-            "                    [--bw-mib MIB] [--sustain-ms MS] [--shard tp:R[/r] | ep:R/r]\n\n"
+            "                    [--bw-mib MIB] [--sustain-ms MS] [--act f32|bf16|f16]\n"
+            "                    [--shard tp:R[/r] | ep:R/r]\n\n"
             "Measures this machine's memory bandwidth (streaming read, all threads), then for each\n"
             "batch size times one MoE layer: us per layer, tokens/s, active experts, bytes of weights\n"
             "read (active routed experts + shared expert + router), achieved GB/s and %% of the\n"
@@ -30,7 +31,10 @@ static void bench_usage(FILE *f) {
             "after three warm-up replays: a burst, before the GPU's power management lowers its\n"
             "clocks. --sustain-ms first replays the graph for MS milliseconds, so that the timed\n"
             "replays run at the clocks the power limit allows under sustained load (a decode\n"
-            "server's case; on an H200 1000 ms is enough, docs/perf.md).\n\npresets:");
+            "server's case; on an H200 1000 ms is enough, docs/perf.md).\n"
+            "--act feeds the GPU benchmark activations of that type (default f32); an engine passes\n"
+            "bf16, for which the router logits take one BF16 term instead of three (one GPU's layer\n"
+            "or a TP shard).\n\npresets:");
     for (size_t i = 0; i < fm_preset_count(); i++) fprintf(f, " %s", fm_preset_name(i));
     fprintf(f, "\n");
 }
@@ -90,6 +94,7 @@ static int write_json(const char *path, const fm_bench_report *r) {
     json_object_set_new(root, "bandwidth_gbps", json_real(r->bandwidth_Bps * 1e-9));
     json_object_set_new(root, "bandwidth_probe", json_string(r->bandwidth_probe));
     json_object_set_new(root, "sustain_ms", json_integer((json_int_t)r->sustain_ms));
+    if (r->device == FM_DEV_CUDA) json_object_set_new(root, "activations", json_string(fm_dtype_name(r->act)));
     for (int i = 0; i < r->n_rows; i++) {
         const fm_bench_row *w = &r->rows[i];
         json_t *j = json_object();
@@ -172,6 +177,7 @@ static void print_row(void *ctx, const fm_bench_report *r, int row) {
         if (r->shard.mode) printf("shard: %s; floor and %%bw count this rank's bytes only\n", r->shard_desc);
         if (r->device == FM_DEV_CUDA) {
             printf("device: %s\n", r->device_desc);
+            if (r->act != FM_DT_F32 && r->act != FM_DT_INVALID) printf("activations: %s\n", fm_dtype_name(r->act));
             if (r->sustain_ms > 0)
                 printf("timing: median of 50 graph replays per batch size, after %.0f ms of sustained replays\n",
                        r->sustain_ms);
@@ -222,6 +228,7 @@ int fm_cmd_bench(int argc, char **argv) {
     int batches[FM_BENCH_MAX_BATCH] = {1, 4, 16, 64, 256}, n_batch = 5;
     int n_layers = 0, threads = 0, cuda = 0;
     long time_ms = 1000, bw_mib = 0, seed = 1, sustain_ms = -1;
+    fm_dtype act = FM_DT_INVALID;
     fm_cpu_isa isa = FM_CPU_AUTO;
     fm_cli_dist dist = {0};
     fm_shard shard = {0};
@@ -259,6 +266,11 @@ int fm_cmd_bench(int argc, char **argv) {
             if (fm_cli_parse_int("bench", a, v, 0, 3600000, &time_ms)) return 2;
         } else if (!strcmp(a, "--sustain-ms")) {
             if (fm_cli_parse_int("bench", a, v, 0, 600000, &sustain_ms)) return 2;
+        } else if (!strcmp(a, "--act")) {
+            if (!strcmp(v, "f32")) act = FM_DT_F32;
+            else if (!strcmp(v, "bf16")) act = FM_DT_BF16;
+            else if (!strcmp(v, "f16")) act = FM_DT_F16;
+            else { fprintf(stderr, "fp4moe bench: error: --act '%s' (expected f32, bf16 or f16)\n", v); return 2; }
         } else if (!strcmp(a, "--bw-mib")) {
             if (fm_cli_parse_int("bench", a, v, 1, 1 << 20, &bw_mib)) return 2;
         } else if (!strcmp(a, "--seed")) {
@@ -279,6 +291,15 @@ int fm_cmd_bench(int argc, char **argv) {
         return 2;
     }
     if (sustain_ms < 0) sustain_ms = 0;
+    if (act != FM_DT_INVALID && !cuda) {
+        fprintf(stderr, "fp4moe bench: error: --act applies to --device cuda (the CPU path feeds f32)\n");
+        return 2;
+    }
+    if ((act == FM_DT_BF16 || act == FM_DT_F16) && (fm_cli_dist_active(&dist) || shard.mode == FM_DIST_EP)) {
+        fprintf(stderr, "fp4moe bench: error: %s activations apply to one GPU's layer or a TP shard (--tp / --ep and "
+                        "an EP shard feed F32)\n", fm_dtype_name(act));
+        return 2;
+    }
     if (sustain_ms > 0 && fm_cli_dist_active(&dist)) {
         fprintf(stderr, "fp4moe bench: error: --sustain-ms times one GPU's graph; it does not apply with --tp / --ep\n");
         return 2;
@@ -297,7 +318,7 @@ int fm_cmd_bench(int argc, char **argv) {
     fm_bench_opts o = {.model_dir = model, .preset = preset, .fmt = fmt, .device = cuda ? FM_DEV_CUDA : FM_DEV_CPU,
                        .batches = batches, .n_batches = n_batch, .layers = n_layers, .isa = isa, .threads = threads,
                        .min_seconds = time_ms * 1e-3, .bw_probe_bytes = (size_t)bw_mib << 20,
-                       .sustain_ms = (double)sustain_ms, .seed = (uint64_t)seed,
+                       .sustain_ms = (double)sustain_ms, .act = act, .seed = (uint64_t)seed,
                        .dist = fm_cli_dist_active(&dist) ? &dop : NULL, .dist_mpi = dist.mpi,
                        .shard = shard.mode ? &shard : NULL,
                        .progress = progress, .progress_ctx = &ps, .on_row = print_row, .row_ctx = (void *)model};

@@ -743,6 +743,39 @@ static void test_down_chunks(void **state) {
     }
 }
 
+/* The benchmark's activations in F32, BF16 or F16 (fm_cuda_engine_set_bench_act):
+ * each times, and the router logits' line names the terms that type takes
+ * (three, one, two) where the tiled kernel runs (T = 200); any other type is
+ * refused and leaves the setting as it was. */
+static void test_bench_act(void **state) {
+    (void)state;
+    NEED_GPU();
+    fm_model_desc d;
+    assert_int_equal(fm_preset_desc("tiny-qwen3", FM_QF_NVFP4, &d), FM_OK);
+    const int L = first_moe_layer(&d, 0);
+    fm_moe_layer *hl;
+    fm_cuda_layer *cl;
+    assert_int_equal(fm_moe_layer_random(&d, d.expert_format, 1400, L, &hl), FM_OK);
+    if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+    const fm_dtype dts[] = {FM_DT_BF16, FM_DT_F16, FM_DT_F32};
+    const char *terms[] = {"one term", "two terms", "three terms"};
+    for (int i = 0; i < 3; i++)
+        for (int T = 64; T <= 200; T += 136) {
+            assert_int_equal(fm_cuda_engine_set_bench_act(g_eng, dts[i]), FM_OK);
+            fm_cuda_bench_result br;
+            if (fm_cuda_bench(g_eng, &d, &cl, 1, T, 5, 2, &br))
+                fail_msg("fm_cuda_bench %s: %s", fm_dtype_name(dts[i]), fm_last_error());
+            assert_true(br.us_per_layer > 0);
+            if (T == 200 && strstr(br.kernel, "BF16 mma.sync") && !strstr(br.kernel, terms[i]))
+                fail_msg("%s activations, T = %d: the kernel line does not say %s: %s", fm_dtype_name(dts[i]), T, terms[i],
+                         br.kernel);
+        }
+    assert_int_equal(fm_cuda_engine_set_bench_act(g_eng, FM_DT_I8), FM_E_ARG);
+    assert_int_equal(fm_cuda_engine_set_bench_act(NULL, FM_DT_BF16), FM_E_ARG);
+    fm_cuda_layer_free(cl);
+    fm_moe_layer_free(hl);
+}
+
 /* Weights generated on the GPU are the weights of fm_moe_layer_random: the
  * two layers give the same outputs (up to FP32 atomics order). */
 static void test_layer_random_same(void **state) {
@@ -1310,7 +1343,7 @@ int main(void) {
         cmocka_unit_test(test_input_dtypes),     cmocka_unit_test(test_launch_switches),
         cmocka_unit_test(test_grouping_k8),      cmocka_unit_test(test_route_many_experts),
         cmocka_unit_test(test_router_not_bf16),  cmocka_unit_test(test_sel_spread),
-        cmocka_unit_test(test_device_calls),     cmocka_unit_test(test_splitk), cmocka_unit_test(test_down_chunks),
+        cmocka_unit_test(test_device_calls),     cmocka_unit_test(test_splitk), cmocka_unit_test(test_down_chunks), cmocka_unit_test(test_bench_act),
         cmocka_unit_test(test_shard_layers),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);

@@ -227,6 +227,21 @@ static void test_bench_bad_options(void **state) {
     b.sustain_ms = 100; /* the CPU path has no sustained replays */
     assert_int_equal(fm_bench_run(&b, r), FM_E_ARG);
     b = o;
+    b.act = FM_DT_BF16; /* the CPU path feeds F32 */
+    assert_int_equal(fm_bench_run(&b, r), FM_E_ARG);
+    b = o;
+    b.device = FM_DEV_CUDA;
+    b.act = FM_DT_I8; /* not an activation type */
+    assert_int_equal(fm_bench_run(&b, r), FM_E_ARG);
+    {
+        fm_shard ep = {.mode = FM_DIST_EP, .ranks = 8, .rank = 0};
+        b = o;
+        b.device = FM_DEV_CUDA;
+        b.act = FM_DT_F16; /* an EP shard feeds the pre-routed call F32 */
+        b.shard = &ep;
+        assert_int_equal(fm_bench_run(&b, r), FM_E_ARG);
+    }
+    b = o;
     b.fmt = (fm_qformat)42;
     assert_int_equal(fm_bench_run(&b, r), FM_E_ARG);
     b = o;

@@ -8,6 +8,7 @@
 # instead of .devbuild/bin (DIR relative to the checkout or absolute):
 #   AB_VARIANTS="new: base:FM_AB_BIN=.devbuild/base/bin" AB_ROUNDS=3 bash dev/gpu/ab.sh
 #   AB_VARIANTS="pdl: nopdl:FP4MOE_CUDA_PDL=0" AB_BATCH=1,2,4,8,16 bash dev/gpu/ab.sh
+#   AB_VARIANTS="f32: bf16:FM_AB_ACT=bf16" AB_PRESET="glm-5@tp:8" bash dev/gpu/ab.sh
 # Each variant runs `fp4moe bench --device cuda` on each case of AB_PRESET
 # (space-separated PRESET or PRESET@SHARD, e.g. "deepseek-v4-flash
 # glm-5@tp:8"; by default DeepSeek-V4-Flash, full layer), shipped configs. AB_TEST=1 also runs
@@ -39,6 +40,14 @@ bin_of() {
     done
     echo "$BIN"
 }
+# FM_AB_ACT=bf16 (or f16) among a variant's settings feeds its bench
+# activations of that type (--act), as an engine passes them
+act_of() {
+    local v
+    for v in $(vars_of "$1"); do
+        [[ $v == FM_AB_ACT=* ]] && { echo "--act ${v#FM_AB_ACT=}"; return; }
+    done
+}
 for spec in $VARIANTS; do
     [[ -x "$(bin_of "$spec")/fp4moe" ]] || { echo "ab: no $(bin_of "$spec")/fp4moe for variant '${spec%%:*}'" >&2; exit 2; }
 done
@@ -58,7 +67,7 @@ for r in $(seq 1 "$ROUNDS"); do
         for spec in $VARIANTS; do
             name=${spec%%:*}
             env $(vars_of "$spec") timeout 200 "$(bin_of "$spec")/fp4moe" bench --device cuda --preset "$preset" \
-                "${shard[@]}" --batch "$BATCH" --layers 8 ${AB_SUSTAIN:+--sustain-ms $AB_SUSTAIN} \
+                "${shard[@]}" --batch "$BATCH" --layers 8 ${AB_SUSTAIN:+--sustain-ms $AB_SUSTAIN} $(act_of "$spec") \
                 > "$OUT/ab_${tag}_${name}_$r.txt" 2>&1
             echo "round $r $c [$name] exit $?"
         done

@@ -37,6 +37,12 @@ void fm_cuda_engine_set_shared(fm_cuda_engine *e, int enabled);
  * in the burst before its power management lowers them. ms in (0, 600000];
  * any other value turns it off. */
 void fm_cuda_engine_set_sustain(fm_cuda_engine *e, double ms);
+/* The activations' type the benchmarks (fm_cuda_bench) feed: FM_DT_F32
+ * (the default), FM_DT_BF16 or FM_DT_F16, the same values rounded to the
+ * type, as an engine passes its hidden states. The router logits of BF16 or
+ * F16 activations take one or two BF16 terms where FP32 takes three.
+ * FM_E_ARG for any other type. */
+fm_status fm_cuda_engine_set_bench_act(fm_cuda_engine *e, fm_dtype xdt);
 
 fm_status fm_cuda_layer_upload(fm_cuda_engine *e, const fm_model_desc *d,
                                const fm_moe_layer *l, fm_cuda_layer **out);

@@ -57,6 +57,7 @@ typedef struct fm_bench_report {
     fm_device device;
     char device_desc[640];    /* the GPU, or the CPU engine's kernel           */
     double sustain_ms;        /* GPU: sustained replays before the timed ones  */
+    fm_dtype act;             /* GPU: the activations' type that was fed       */
     int layers_wanted;        /* distinct layers asked for (or the default)   */
     int layers;               /* cycled: fewer when a checkpoint holds fewer   */
     double bandwidth_Bps;
@@ -93,6 +94,10 @@ typedef struct {
     double min_seconds;       /* CPU: minimum timing per batch size            */
     size_t bw_probe_bytes;    /* 0: 1024 MiB on the CPU, 4096 MiB on a GPU     */
     double sustain_ms;        /* GPU: fm_cuda_engine_set_sustain (0: a burst)  */
+    fm_dtype act;             /* GPU: the activations' type, FM_DT_F32 (also
+                                 FM_DT_INVALID, 0), FM_DT_BF16 or FM_DT_F16
+                                 (fm_cuda_engine_set_bench_act); not with
+                                 dist or an EP shard                           */
     uint64_t seed;
     const fm_dist_opts *dist; /* non-NULL: the sharded layer                   */
     int dist_mpi;             /* one GPU per MPI process                       */

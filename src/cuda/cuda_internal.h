@@ -266,6 +266,7 @@ struct fm_cuda_engine {
     int shared_enabled;
     fm_sched sched;    /* the debugging switches (schedule.c, shared with `fp4moe explain`) */
     double sustain_ms; /* benchmarks: replays before the timed ones (fm_cuda_engine_set_sustain) */
+    fm_dtype bench_xdt; /* benchmarks: the activations' type (fm_cuda_engine_set_bench_act) */
     int wgmma;         /* the wgmma kernels can run: sm_90 and built for sm_90a */
     /* workspace, sized for the largest call so far; calls on caller-owned
      * memory never grow it (fm_cuda_engine_reserve) */

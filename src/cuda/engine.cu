@@ -67,6 +67,7 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
     cudaRuntimeGetVersion(&e->rt_ver);
     cudaDriverGetVersion(&e->drv_ver);
     e->shared_enabled = 1;
+    e->bench_xdt = FM_DT_F32;
     fm_sched_read(&e->sched, prop.major);
     snprintf(e->desc, sizeof e->desc, "%s, %d SMs, sm_%d%d, CUDA %d.%d, driver %d.%d, %.0f GB", e->name, e->sm_count,
              e->cc_major, e->cc_minor, e->rt_ver / 1000, (e->rt_ver % 1000) / 10, e->drv_ver / 1000,
@@ -143,6 +144,13 @@ void fm_cuda_engine_set_shared(fm_cuda_engine *e, int enabled) {
 }
 void fm_cuda_engine_set_sustain(fm_cuda_engine *e, double ms) {
     if (e) e->sustain_ms = ms > 0 && ms <= 600000 ? ms : 0;
+}
+fm_status fm_cuda_engine_set_bench_act(fm_cuda_engine *e, fm_dtype xdt) {
+    if (!e) return fm_error(FM_E_ARG, "fm_cuda_engine_set_bench_act: NULL engine");
+    if (xdt != FM_DT_F32 && xdt != FM_DT_BF16 && xdt != FM_DT_F16)
+        return fm_error(FM_E_ARG, "benchmark activations must be F32, BF16 or F16, not %s", fm_dtype_name(xdt));
+    e->bench_xdt = xdt;
+    return FM_OK;
 }
 
 /* Kernel config for (layer shape, T): forced, tuned, or the default; made
@@ -536,7 +544,7 @@ static fm_status graph_time(fm_cuda_engine *e, fm_cuda_layer *const *layers, int
         FM_CU(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
         fm_status cs = FM_OK;
         for (int i = 0; i < n_layers && !cs; i++) {
-            const layer_io io = {e->x_raw,  FM_DT_F32, layers[i]->hash ? e->tok_ids : NULL, NULL, NULL, e->out,
+            const layer_io io = {e->x_raw,  e->bench_xdt, layers[i]->hash ? e->tok_ids : NULL, NULL, NULL, e->out,
                                  e->ids,    e->wts,    e->stats + i, e->shared_enabled};
             cs = run_layer(e, layers[i], T, &io, lc, NULL, parts, e->stream);
         }
@@ -648,7 +656,18 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
     uint64_t kx = fm_hash_str("bench.x"), kt = fm_hash_str("bench.token_ids");
     for (int64_t i = 0; i < (int64_t)T * H; i++) hx[i] = fm_rng_normal(seed, kx, (uint64_t)i);
     for (int t = 0; t < T; t++) ht[t] = vocab > 0 ? (int32_t)(fm_rng_u64(seed, kt, (uint64_t)t) % (uint64_t)vocab) : 0;
-    cudaError_t err = cudaMemcpy(e->x_raw, hx, sizeof(float) * (size_t)T * H, cudaMemcpyHostToDevice);
+    /* in the benchmark's type, the same values rounded (x_raw holds T x H floats) */
+    cudaError_t err;
+    if (e->bench_xdt != FM_DT_F32) {
+        uint16_t *h16 = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)T * H);
+        if (!h16) { free(hx); free(ht); return fm_error(FM_E_NOMEM, "out of memory"); }
+        for (int64_t i = 0; i < (int64_t)T * H; i++)
+            h16[i] = e->bench_xdt == FM_DT_BF16 ? fm_f32_to_bf16(hx[i]) : fm_f32_to_f16(hx[i]);
+        err = cudaMemcpy(e->x_raw, h16, sizeof(uint16_t) * (size_t)T * H, cudaMemcpyHostToDevice);
+        free(h16);
+    } else {
+        err = cudaMemcpy(e->x_raw, hx, sizeof(float) * (size_t)T * H, cudaMemcpyHostToDevice);
+    }
     if (err == cudaSuccess) err = cudaMemcpy(e->tok_ids, ht, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice);
     free(hx);
     free(ht);
@@ -684,7 +703,7 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
         size_t n = strlen(r->kernel);
         snprintf(r->kernel + n, sizeof r->kernel - n, "; router logits: %s",
                  fm_cuda_route_logits_name(T, layers[0]->H, layers[0]->E, e->sm_count, layers[0]->router_wb != NULL,
-                                           FM_DT_F32));
+                                           e->bench_xdt));
     }
 
     const int pdl0 = lc.pdl;

@@ -22,6 +22,11 @@ fm_status fm_cuda_engine_set_config(fm_cuda_engine *e, const fm_kernel_config *c
 void fm_cuda_engine_set_phase_times(fm_cuda_engine *e, fm_phase_times *pt) { (void)e; (void)pt; }
 void fm_cuda_engine_set_shared(fm_cuda_engine *e, int enabled) { (void)e; (void)enabled; }
 void fm_cuda_engine_set_sustain(fm_cuda_engine *e, double ms) { (void)e; (void)ms; }
+fm_status fm_cuda_engine_set_bench_act(fm_cuda_engine *e, fm_dtype xdt) {
+    (void)e;
+    (void)xdt;
+    return fm_error(FM_E_UNSUPPORTED, "fp4moe was built without the CUDA backend");
+}
 fm_status fm_cuda_layer_upload(fm_cuda_engine *e, const fm_model_desc *d, const fm_moe_layer *l, fm_cuda_layer **out) {
     (void)e; (void)d; (void)l; *out = NULL; return NOCUDA;
 }

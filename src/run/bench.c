@@ -85,6 +85,14 @@ static fm_status check_opts(const fm_bench_opts *o) {
         return fm_error(FM_E_ARG, "bench: --shard runs one rank on one device; it does not go with --tp / --ep");
     if (o->sustain_ms > 0 && (o->device != FM_DEV_CUDA || o->dist))
         return fm_error(FM_E_ARG, "bench: sustained replays time one GPU's graph (not the CPU, not a sharded layer)");
+    if (o->act != FM_DT_INVALID && o->act != FM_DT_F32) {
+        if (o->act != FM_DT_BF16 && o->act != FM_DT_F16)
+            return fm_error(FM_E_ARG, "bench: activations must be F32, BF16 or F16, not %s", fm_dtype_name(o->act));
+        if (o->device != FM_DEV_CUDA || o->dist || (o->shard && o->shard->mode == FM_DIST_EP))
+            return fm_error(FM_E_ARG, "bench: %s activations apply to one GPU's layer or a TP shard (--device cuda; "
+                                      "not the CPU, --tp / --ep or an EP shard, which feed F32)",
+                            fm_dtype_name(o->act));
+    }
     return FM_OK;
 }
 
@@ -402,6 +410,7 @@ static fm_status bench_device(bench_run *b) {
         st = fm_cuda_engine_new(0, &b->ge);
         if (st) return st;
         fm_cuda_engine_set_sustain(b->ge, o->sustain_ms);
+        if (o->act != FM_DT_INVALID && (st = fm_cuda_engine_set_bench_act(b->ge, o->act))) return st;
         snprintf(r->device_desc, sizeof r->device_desc, "%s", fm_cuda_engine_describe(b->ge));
     } else {
         st = fm_cpu_engine_new(o->isa, o->threads, &b->ce);
@@ -477,6 +486,7 @@ fm_status fm_bench_run(const fm_bench_opts *o, fm_bench_report *r) {
     r->device = o->device;
     r->n_batches = o->n_batches;
     r->sustain_ms = o->sustain_ms;
+    r->act = o->act == FM_DT_INVALID ? FM_DT_F32 : o->act;
     /* a host shard keeps its full layers: as many as the full model allows */
     const int host_full = r->shard.mode && (o->device == FM_DEV_CPU || o->model_dir);
     r->layers_wanted = o->layers ? o->layers : fm_cpu_bench_default_layers(host_full ? &r->full_desc : &r->desc, r->fmt);
