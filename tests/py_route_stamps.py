@@ -22,6 +22,14 @@ def gst(T, pass1):
     return "GST T=%d wait 10 select 20 elect 30 zero 40 pass1 %d scans 60 act 70 pass2 80 end 90\n" % (T, pass1)
 
 
+def sst(T, group):
+    return "SST T=%d path 1 wait 100 scores 2000 pick 1500 select 3600 sync 40 group %d\n" % (T, group)
+
+
+def exp(T, dnend):
+    return "EXP T=%d guwait 13.50 guend 20.10 dnwait 21.00 dnend %.2f nextlg 32.00\n" % (T, dnend)
+
+
 def run(text):
     with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
         f.write(text)
@@ -35,13 +43,16 @@ def run(text):
 
 # medians per batch size, each field alone; other lines of the log ignored
 log = ("timing: median of 50 graph replays\n" + stamp(1, 3.0, 13.0) + stamp(1, 5.0, 11.0) + stamp(1, 4.0, 30.0) +
-       stamp(256, 13.7, 60.8) + gst(256, 500) + gst(256, 700) + "     1        29.0   (28.8 .. 29.4)\n")
+       stamp(256, 13.7, 60.8) + gst(256, 500) + gst(256, 700) + sst(1, 300) + sst(1, 500) + sst(1, 100) +
+       exp(1, 28.0) + exp(1, 30.0) + "     1        29.0   (28.8 .. 29.4)\n")
 p = run(log)
 assert p.returncode == 0, p.stderr
 out = p.stdout
 assert "STAMP T=1    n=3" in out and "lgwait 4.00" in out and "grouped 13.00" in out, out
 assert "STAMP T=256  n=1" in out and "grouped 60.80" in out, out
 assert "GST   T=256  n=2" in out and "pass1 600.00" in out and "end 90.00" in out, out
+assert "SST   T=1    n=3" in out and "group 300.00" in out and "scores 2000.00" in out, out
+assert "EXP   T=1    n=2" in out and "dnend 29.00" in out and "nextlg 32.00" in out, out
 with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
     f.write(stamp(16, 2.0, 9.0) + gst(16, 7))
 try:
@@ -52,7 +63,9 @@ assert sorted(rows) == [("GST", 16), ("STAMP", 16)] and rows[("STAMP", 16)][0]["
 assert rows[("GST", 16)][0]["pass1"] == 7.0
 
 # broken input: a message naming the problem, exit 2, no traceback
-for bad, why in (("no stamps here\n", "no STAMP or GST lines"),
+for bad, why in (("no stamps here\n", "no STAMP, GST, SST or EXP lines"),
+                 (sst(1, 5).replace("pick", "pik"), "not a SST line"),
+                 (exp(4, 9.0).replace(" nextlg 32.00", ""), "not a EXP line"),
                  ("STAMP T=4 k=8 lgwait 1.0\n", "not a STAMP line"),
                  ("STAMP T=x k=8 " + stamp(4, 1, 2)[14:], "not a STAMP line"),
                  (gst(64, 5).replace("pass1", "passX"), "not a GST line"),

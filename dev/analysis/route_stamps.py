@@ -11,6 +11,14 @@ wait (selwait0, selwait1), the last warp's top-k written (selected), the
 grouping block elected (elect), the grouping done (grouped). GST lines (SM
 cycles of the grouping block, clock64): its wait, its own tokens' selection,
 the election, then the grouping's steps (zero, pass1, scans, act, pass2, end).
+SST lines (SM cycles of the one-block selection, path 1, or of the last
+block's one-warp grouping, path 2): the wait, the block's scores and the
+first warp's top-k (one token), the selection, the block barrier or the
+election, the grouping. EXP lines (µs from the previous layer's first logits
+block's start): the routed gate/up's first block past its wait (guwait) and
+last block done (guend), the routed down's first block past its wait (dnwait)
+and last done (dnend), and this layer's logits past their wait (nextlg, the
+layer's period).
 Prints the median of every field per batch size; each field's median is taken
 alone. Exit 2 with a message on a log without stamps or with a broken line.
 """
@@ -19,18 +27,21 @@ import sys
 
 STAMP = ('lgwait', 'lgend', 'selstart', 'selwait0', 'selwait1', 'selected', 'elect', 'grouped')
 GST = ('wait', 'select', 'elect', 'zero', 'pass1', 'scans', 'act', 'pass2', 'end')
+SST = ('path', 'wait', 'scores', 'pick', 'select', 'sync', 'group')
+EXP = ('guwait', 'guend', 'dnwait', 'dnend', 'nextlg')
+KINDS = {'STAMP': (STAMP, 'us'), 'GST': (GST, 'cycles'), 'SST': (SST, 'cycles'), 'EXP': (EXP, 'us')}
 
 
 def parse(path):
-    """{('STAMP'|'GST', T): [ {field: value} ]} of the log at path."""
+    """{(kind, T): [ {field: value} ]} of the log at path, kind one of KINDS."""
     rows = {}
     with open(path, errors='replace') as f:
         for n, line in enumerate(f, 1):
-            if not (line.startswith('STAMP ') or line.startswith('GST ')):
-                continue
             w = line.split()
+            if not w or w[0] not in KINDS:
+                continue
             kind = w[0]
-            names = STAMP if kind == 'STAMP' else GST
+            names = KINDS[kind][0]
             try:
                 if not w[1].startswith('T='):
                     raise ValueError
@@ -48,7 +59,7 @@ def parse(path):
                 raise ValueError('%s:%d: not a %s line: %s' % (path, n, kind, line.strip()[:120]))
             rows.setdefault((kind, T), []).append(vals)
     if not rows:
-        raise ValueError('%s: no STAMP or GST lines (a bench log of a route-stamps build?)' % path)
+        raise ValueError('%s: no STAMP, GST, SST or EXP lines (a bench log of a route-stamps build?)' % path)
     return rows
 
 
@@ -63,7 +74,7 @@ def main():
             print('route_stamps: %s' % e, file=sys.stderr)
             return 2
         print('== %s' % path)
-        for kind, names, unit in (('STAMP', STAMP, 'us'), ('GST', GST, 'cycles')):
+        for kind, (names, unit) in KINDS.items():
             for T in sorted(t for k, t in rows if k == kind):
                 r = rows[(kind, T)]
                 med = ' '.join('%s %.2f' % (c, st.median(x[c] for x in r)) for c in names)
