@@ -1,7 +1,7 @@
 """dev/analysis/route_stamps.py (the routing's stamps printed by a build of
 dev/gpu/patches/route-stamps.patch) on a log whose medians are known, and on
-broken input, which must give exit 2 and a message, not a traceback; and the
-patch still applies to the tree."""
+broken input, which must give exit 2 and a message, not a traceback; and every
+development patch of dev/gpu/patches still applies to the tree."""
 import os
 import subprocess
 import sys
@@ -78,13 +78,17 @@ assert p.returncode == 2 and "usage" in p.stderr
 p = subprocess.run([sys.executable, script, "/nonexistent/route.log"], capture_output=True, text=True)
 assert p.returncode == 2 and "route_stamps:" in p.stderr and "Traceback" not in p.stderr
 
-# the development patch applies to this tree (a source change that breaks it
-# shows here, not on the GPU machine)
+# every development patch applies to this tree, each alone (a source change
+# that breaks one shows here, not on the GPU machine)
 git = subprocess.run(["git", "-C", src, "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True)
 if git.returncode == 0 and git.stdout.strip() == "true":
-    patch = os.path.join(src, "dev", "gpu", "patches", "route-stamps.patch")
-    p = subprocess.run(["git", "-C", src, "apply", "--check", patch], capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
+    pdir = os.path.join(src, "dev", "gpu", "patches")
+    patches = sorted(f for f in os.listdir(pdir) if f.endswith(".patch"))
+    assert "route-stamps.patch" in patches, patches
+    for name in patches:
+        p = subprocess.run(["git", "-C", src, "apply", "--check", os.path.join(pdir, name)], capture_output=True,
+                           text=True)
+        assert p.returncode == 0, (name, p.stderr)
 else:
     print("patch check skipped: the source is not a git work tree")
 print("py_route_stamps: OK")
