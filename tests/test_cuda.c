@@ -420,6 +420,51 @@ static void test_route_many_experts(void **state) {
                 }
 }
 
+/* Tied scores: the router's rows (and its biases) repeated in pairs, so that
+ * experts 2m and 2m + 1 always tie; a tie goes to the lower expert, as in
+ * the float64 reference (identical ids and weights). Every routing family,
+ * the preset's E and E = 300 / 512 (a selection lane's keys in one, three or
+ * four chunks of 128 experts), T = 1 (the block-wide scores), 3 and 8 (a
+ * warp per token, one block or two). */
+static void test_route_ties(void **state) {
+    (void)state;
+    NEED_GPU();
+    const char *presets[] = {"tiny-deepseek", "tiny-qwen3", "tiny-gptoss", "tiny-deepseek-v4"};
+    const int Es[] = {0, 300, 512}, Ts[] = {1, 3, 8};
+    for (int pi = 0; pi < 4; pi++)
+        for (int ei = 0; ei < 3; ei++) {
+            fm_model_desc d;
+            assert_int_equal(fm_preset_desc(presets[pi], FM_QF_NONE, &d), FM_OK);
+            if (Es[ei]) d.n_experts = Es[ei];
+            const int L = first_moe_layer(&d, 0), H = d.hidden, E = d.n_experts;
+            assert_true(L >= 0);
+            fm_moe_layer *hl;
+            fm_cuda_layer *cl;
+            if (fm_moe_layer_random(&d, d.expert_format, 1500 + pi * 3 + ei, L, &hl))
+                fail_msg("random layer: %s", fm_last_error());
+            float *rw = (float *)hl->router_w;
+            for (int e = 1; e < E; e += 2) {
+                memcpy(rw + (size_t)e * H, rw + (size_t)(e - 1) * H, sizeof(float) * (size_t)H);
+                if (hl->router_bias) ((float *)hl->router_bias)[e] = hl->router_bias[e - 1];
+                if (hl->score_bias) ((float *)hl->score_bias)[e] = hl->score_bias[e - 1];
+            }
+            if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+            for (int ti = 0; ti < 3; ti++) {
+                const int T = Ts[ti];
+                uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+                float *xf = malloc(sizeof(float) * (size_t)T * H);
+                assert_non_null(xb); assert_non_null(xf);
+                make_x(1600 + T, T, H, xb, xf);
+                cmp_result r;
+                run_compare(&d, hl, cl, T, xb, NULL, &r);
+                check_ref(&r, 1, "%-16s tied pairs E=%d T=%d", presets[pi], E, T);
+                free(xb); free(xf);
+            }
+            fm_cuda_layer_free(cl);
+            fm_moe_layer_free(hl);
+        }
+}
+
 /* The selection of one token spreads its sums and scores over the block;
  * from two tokens on one warp selects each. Token 0 alone and token 0 of a
  * batch get the same ids and weights bit for bit, and both calls match the
@@ -1352,7 +1397,7 @@ int main(void) {
         cmocka_unit_test(test_dsv4_flash_shape), cmocka_unit_test(test_dsv4_clamp),
         cmocka_unit_test(test_input_dtypes),     cmocka_unit_test(test_launch_switches),
         cmocka_unit_test(test_grouping_k8),      cmocka_unit_test(test_route_many_experts),
-        cmocka_unit_test(test_router_not_bf16),  cmocka_unit_test(test_sel_spread),
+        cmocka_unit_test(test_router_not_bf16),  cmocka_unit_test(test_sel_spread), cmocka_unit_test(test_route_ties),
         cmocka_unit_test(test_device_calls),     cmocka_unit_test(test_splitk), cmocka_unit_test(test_down_chunks), cmocka_unit_test(test_bench_act),
         cmocka_unit_test(test_shard_layers),
     };
