@@ -1,0 +1,131 @@
+/*
+ * cuda_icache: what code costs the first time an SM runs it. The routing's
+ * selection runs once per layer, after the expert kernels, and its steps
+ * take several times the cycles their instructions issue in; this tool times
+ * straight-line code (independent integer multiply-adds, one SASS instruction each,
+ * no memory access) of 4 to 64 KB on one warp of every SM, with clock64
+ * around the code, in three states:
+ *
+ *   first   the kernel's first launch (its code comes from device memory)
+ *   cold    after kernels of 256 KB of other code ran on every SM (the
+ *           code comes from L2, as a kernel's that other kernels ran
+ *           between)
+ *   warm    the same kernel launched again at once (the SM's caches)
+ *
+ * and prints, per size, the median cycles over the SMs of each state and the
+ * cycles the cold run spends beyond the warm one per 128-byte line of code.
+ * `python3 dev/analysis/sass_lines.py` on the tool's cubin counts what each
+ * kernel really holds (the sizes here are what the source asks for).
+ *
+ *   cuda_icache [--reps N]       (default 5: the cold and warm runs repeated,
+ *                                 each SM's median kept)
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#define TOOL "cuda_icache"
+#include "cuda_check.cuh"
+
+/* N multiply-adds over 8 independent registers (no long dependent chain),
+ * by a multiplier known only at run time, so that ptxas cannot fold them:
+ * one IMAD each; SALT makes kernels of equal N distinct code. */
+template <int N, int SALT>
+__global__ void __launch_bounds__(32) straight_kernel(unsigned *sink, long long *cyc, unsigned m) {
+    unsigned a[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) a[j] = threadIdx.x + j + SALT;
+    __syncwarp();
+    const long long t0 = clock64();
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("mad.lo.u32 %0, %0, %1, %2;" : "+r"(a[i & 7]) : "r"(m), "r"((unsigned)((i * 7 + SALT) & 0xffff)));
+    __syncwarp();
+    const long long t1 = clock64();
+    unsigned s = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) s += a[j];
+    if (threadIdx.x == 0) {
+        cyc[blockIdx.x] = t1 - t0;
+        sink[blockIdx.x] = s;
+    }
+}
+
+typedef void (*kfn)(unsigned *, long long *, unsigned);
+
+static int parse_int(const char *s, int lo, int hi, int *out) {
+    char *end = NULL;
+    long v = strtol(s, &end, 10);
+    if (!s[0] || *end || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static void usage_error(const char *arg) {
+    fprintf(stderr, "%s: bad argument '%s' (usage: %s [--reps 1..1000])\n", TOOL, arg, TOOL);
+    exit(2);
+}
+
+static long long median(std::vector<long long> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+int main(int argc, char **argv) {
+    int reps = 5;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps")) {
+            if (i + 1 >= argc || parse_int(argv[i + 1], 1, 1000, &reps)) usage_error("--reps");
+            i++;
+        } else {
+            usage_error(argv[i]);
+        }
+    }
+    int dev = 0, sms = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, dev));
+    unsigned *sink = NULL;
+    long long *cyc = NULL;
+    CK(cudaMalloc(&sink, sizeof(unsigned) * sms));
+    CK(cudaMalloc(&cyc, sizeof(long long) * sms));
+    std::vector<long long> h(sms);
+
+    /* the measured kernels, 4 .. 64 KB of multiply-adds, and four distinct 64 KB
+     * kernels that push them out of the SMs' caches */
+    const int sizes[] = {256, 1024, 2048, 4096};
+    const kfn meas[] = {straight_kernel<256, 1>, straight_kernel<1024, 2>, straight_kernel<2048, 3>,
+                        straight_kernel<4096, 4>};
+    const kfn evict[] = {straight_kernel<4096, 11>, straight_kernel<4096, 12>, straight_kernel<4096, 13>,
+                         straight_kernel<4096, 14>};
+    auto run = [&](kfn f) -> long long {
+        f<<<sms, 32>>>(sink, cyc, 3u);
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(h.data(), cyc, sizeof(long long) * sms, cudaMemcpyDeviceToHost));
+        return median(h);
+    };
+    printf("%s: %s, %d SMs, one warp per SM; median cycles over the SMs (cold and warm: median of %d runs)\n",
+           TOOL, prop.name, sms, reps);
+    printf("%8s %8s %10s %10s %10s %18s\n", "KB", "IMADs", "first", "cold", "warm", "cold-warm per line");
+    for (int s = 0; s < 4; s++) {
+        const long long first = run(meas[s]);
+        std::vector<long long> cold, warm;
+        for (int r = 0; r < reps; r++) {
+            for (int e = 0; e < 4; e++) run(evict[e]);
+            cold.push_back(run(meas[s]));
+            warm.push_back(run(meas[s]));
+        }
+        const long long c = median(cold), w = median(warm);
+        const double lines = sizes[s] * 16.0 / 128.0;
+        printf("%8d %8d %10lld %10lld %10lld %18.1f\n", sizes[s] * 16 / 1024, sizes[s], first, c, w, (c - w) / lines);
+    }
+    CK(cudaFree(sink));
+    CK(cudaFree(cyc));
+    return 0;
+}
