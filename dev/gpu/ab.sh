@@ -13,7 +13,10 @@
 # (space-separated PRESET or PRESET@SHARD, e.g. "deepseek-v4-flash
 # glm-5@tp:8"; by default DeepSeek-V4-Flash, full layer), shipped configs. AB_TEST=1 also runs
 # test_cuda under each variant first; AB_SUSTAIN=MS times each batch after
-# MS ms of sustained load (--sustain-ms). docs/dev.md has the whole method.
+# MS ms of sustained load (--sustain-ms). Each case's table is printed when
+# its rounds are done; AB_DEADLINE_S=N starts no case after N seconds (a
+# call with a time limit keeps the tables it finished). docs/dev.md has the
+# whole method.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -58,24 +61,10 @@ if [[ "${AB_TEST:-0}" == 1 ]]; then
         echo "test_cuda [$name] exit $? $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/ab_test_$name.log" | tr '\n' ' ')"
     done
 fi
-for r in $(seq 1 "$ROUNDS"); do
-    for c in $CASES; do
-        preset=${c%%@*}
-        shard=()
-        [[ $c == *@* ]] && shard=(--shard "${c#*@}")
-        tag=$(echo "$c" | tr ':/@' '___')
-        for spec in $VARIANTS; do
-            name=${spec%%:*}
-            env $(vars_of "$spec") timeout 200 "$(bin_of "$spec")/fp4moe" bench --device cuda --preset "$preset" \
-                "${shard[@]}" --batch "$BATCH" --layers 8 ${AB_SUSTAIN:+--sustain-ms $AB_SUSTAIN} $(act_of "$spec") \
-                > "$OUT/ab_${tag}_${name}_$r.txt" 2>&1
-            echo "round $r $c [$name] exit $?"
-        done
-    done
-done
-for c in $CASES; do
-tag=$(echo "$c" | tr ':/@' '___')
-echo "== $c"
+# one case's table: best of the rounds per (variant, batch), ratio to the first
+table() {
+tag=$(echo "$1" | tr ':/@' '___')
+echo "== $1"
 python3 - "$OUT" "$ROUNDS" "$tag" $VARIANTS <<'PY'
 import sys, re
 out, rounds, tag, specs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
@@ -106,6 +95,30 @@ for b in bs:
         row += f"{'-':>16}" if v is None else f"{v:9.1f} ({v / base:4.2f})" if base else f"{v:16.1f}"
     print(row)
 PY
+}
+T0=$(date +%s)
+# case after case, each case's rounds interleaving the variants, its table
+# printed as soon as its rounds are done: a call cut short keeps the cases it
+# finished; past AB_DEADLINE_S seconds no further case starts
+for c in $CASES; do
+    if [[ -n ${AB_DEADLINE_S:-} ]] && (($(date +%s) - T0 >= AB_DEADLINE_S)); then
+        echo "== $c: not run (AB_DEADLINE_S=$AB_DEADLINE_S reached)"
+        continue
+    fi
+    preset=${c%%@*}
+    shard=()
+    [[ $c == *@* ]] && shard=(--shard "${c#*@}")
+    tag=$(echo "$c" | tr ':/@' '___')
+    for r in $(seq 1 "$ROUNDS"); do
+        for spec in $VARIANTS; do
+            name=${spec%%:*}
+            env $(vars_of "$spec") timeout 200 "$(bin_of "$spec")/fp4moe" bench --device cuda --preset "$preset" \
+                "${shard[@]}" --batch "$BATCH" --layers 8 ${AB_SUSTAIN:+--sustain-ms $AB_SUSTAIN} $(act_of "$spec") \
+                > "$OUT/ab_${tag}_${name}_$r.txt" 2>&1
+            echo "round $r $c [$name] exit $?"
+        done
+    done
+    table "$c"
 done
 # the logs in one archive: fewer files to copy back
 (cd "$OUT" && shopt -s nullglob && f=(ab_*.txt ab_*.log) && ((${#f[@]})) && tar czf ab_logs.tgz "${f[@]}" && rm -f "${f[@]}")

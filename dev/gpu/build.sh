@@ -21,6 +21,14 @@ PROGRAMS="test_cuda:tests/test_cuda test_cuda_repack:tests/test_cuda_repack test
   cuda_smoke:tests/tools/cuda_smoke cpu_isa_check:tests/tools/cpu_isa_check fp4moe_cli:fp4moe
   cuda_bench:dev/tools/cuda_bench cuda_readpat:dev/tools/cuda_readpat cuda_bwprobe:dev/tools/cuda_bwprobe
   cpu_ab:dev/tools/cpu_ab cpu_kbench:dev/tools/cpu_kbench"
+# FM_GPU_TARGETS="fp4moe_cli test_cuda": only those of the programs (a
+# variant's build for an A/B needs no more)
+if [[ -n ${FM_GPU_TARGETS:-} ]]; then
+    sel=""
+    for p in $PROGRAMS; do [[ " $FM_GPU_TARGETS " == *" ${p%%:*} "* ]] && sel="$sel $p"; done
+    [[ -n $sel ]] || { echo "build.sh: FM_GPU_TARGETS names none of the programs" >&2; exit 2; }
+    PROGRAMS=$sel
+fi
 targets=""
 for p in $PROGRAMS; do targets="$targets ${p%%:*}"; done
 # shellcheck disable=SC2086  # one word per target

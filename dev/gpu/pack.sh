@@ -2,7 +2,8 @@
 # Packs, on the development machine, the GPU binaries that dev/gpu/build.sh
 # made into one xz archive under .carry/ (git-ignored; name it in the GPU
 # call's carry list): the binaries are ~18 MB each, too large to travel
-# unpacked. PACK_EXTRA="base ..." adds .devbuild/base/bin, ... (other builds for an A/B).
+# unpacked. PACK_EXTRA="base ..." adds the same programs of .devbuild/base/bin,
+# ... (other builds for an A/B).
 # On the GPU machine `bash dev/gpu/pack.sh unpack` restores .devbuild.
 #   bash dev/gpu/pack.sh [fp4moe test_cuda ...]
 set -euo pipefail
@@ -20,9 +21,10 @@ for f in .devbuild/lib/*; do
     [[ -L $f || $f == *libfp4moe.so || $f == *libfp4moe.so.?.? ]] && continue
     files+=("lib/${f##*/}")
 done
-# PACK_EXTRA="base pf": the bin/ of those other builds under .devbuild too
+# PACK_EXTRA="base pf": the same programs of those other builds under
+# .devbuild too (those they have)
 for x in ${PACK_EXTRA:-}; do
-    for f in .devbuild/$x/bin/*; do files+=("$x/bin/${f##*/}"); done
+    for p in $progs; do [[ -e .devbuild/$x/bin/$p ]] && files+=("$x/bin/$p"); done
 done
 mkdir -p .carry
 tar -C .devbuild -cf - "${files[@]}" | xz -T0 -6 > .carry/devbuild.tar.xz

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Kernel variants kept as development patches (dev/gpu/patches), tested and
+# A/B'd against the current tree in one GPU call.
+#
+# On the development machine (nvcc):
+#   bash dev/gpu/variants.sh build NAME=PATCH[+PATCH...] ...
+# builds the current tree (dev/gpu/build.sh, into .devbuild) and each variant
+# into .devbuild/NAME: HEAD with the tree's uncommitted changes to tracked
+# files and the variant's patches applied, in one scratch worktree
+# (.devbuild/wt, built in .devbuild/build-wt) reused from variant to variant,
+# so that only what a patch touches compiles again; then packs fp4moe and
+# test_cuda of every build (dev/gpu/pack.sh: .carry/devbuild.tar.xz, to carry).
+# PATCH: a file of dev/gpu/patches, with or without .patch, or a path.
+#
+# On the GPU machine (a checkout of the same tree, .carry carried):
+#   bash dev/gpu/variants.sh run NAME ...
+# unpacks, runs test_cuda of the current build and of each NAME, then
+# dev/gpu/ab.sh with the current build ("cur") first; VAR_PRESET, VAR_BATCH,
+# VAR_ROUNDS and VAR_DEADLINE_S go to it as AB_PRESET, AB_BATCH, AB_ROUNDS and
+# AB_DEADLINE_S (defaults: the TP8 ranks of GLM-5, DeepSeek-V4-Flash and
+# Kimi-K2, GLM-5's EP8 rank 0, the whole DeepSeek-V4-Flash layer; B = 1, 2, 4,
+# 8, 16, 64, 256; 2 rounds; no deadline). Where the GPU is not an H200, the
+# H200's shipped configs are copied under this GPU's name into
+# FP4MOE_CONFIG_DIR (as the A/Bs on H100s have done), and the summary says
+# so. The summary is printed last ($OUT/variants.txt).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+die() { echo "variants: $*" >&2; exit 2; }
+name_ok() { [[ $1 =~ ^[A-Za-z0-9_-]+$ && $1 != cur && $1 != bin && $1 != lib && $1 != wt && $1 != build* ]]; }
+patch_of() {
+    local p=$1
+    for c in "$p" "dev/gpu/patches/$p" "dev/gpu/patches/$p.patch"; do
+        [[ -f $c ]] && { echo "$c"; return 0; }
+    done
+    return 1
+}
+
+cmd=${1:-}
+[[ $cmd == build || $cmd == run ]] || die "usage: variants.sh build NAME=PATCH[+PATCH...] ... | run NAME ..."
+shift
+(($#)) || die "$cmd: no variant named"
+
+if [[ $cmd == build ]]; then
+    names=() specs=()
+    for s in "$@"; do
+        [[ $s == *=* ]] || die "'$s' is not NAME=PATCH[+PATCH...]"
+        n=${s%%=*}
+        name_ok "$n" || die "'$n' is not a variant name (letters, digits, _ and -; not cur, bin, lib, wt, build*)"
+        IFS=+ read -r -a ps <<< "${s#*=}"
+        ((${#ps[@]})) || die "variant '$n' names no patch"
+        for p in "${ps[@]}"; do patch_of "$p" >/dev/null || die "variant '$n': no patch '$p'"; done
+        names+=("$n") specs+=("${s#*=}")
+    done
+    bash dev/gpu/build.sh || die "the current tree's build failed"
+    WT=$ROOT/.devbuild/wt
+    head=$(git rev-parse HEAD) || die "not a git checkout"
+    if [[ ! -d $WT ]]; then git worktree add -q --detach "$WT" "$head" || die "cannot add the worktree $WT"; fi
+    git diff HEAD > "$ROOT/.devbuild/uncommitted.diff"
+    for i in "${!names[@]}"; do
+        n=${names[$i]}
+        git -C "$WT" checkout -q --detach "$head" && git -C "$WT" reset -q --hard "$head" || die "cannot reset $WT"
+        if [[ -s $ROOT/.devbuild/uncommitted.diff ]]; then
+            git -C "$WT" apply "$ROOT/.devbuild/uncommitted.diff" || die "the tree's uncommitted changes do not apply in $WT"
+        fi
+        IFS=+ read -r -a ps <<< "${specs[$i]}"
+        for p in "${ps[@]}"; do
+            f=$(patch_of "$p")
+            [[ $f == /* ]] || f=$ROOT/$f
+            git -C "$WT" apply "$f" || die "variant '$n': $f does not apply"
+        done
+        (cd "$WT" && FM_GPU_TARGETS="fp4moe_cli test_cuda" FM_GPU_BUILD_DIR="$ROOT/.devbuild/build-wt" \
+            FM_GPU_OUT="$ROOT/.devbuild/$n" bash dev/gpu/build.sh) || die "variant '$n': build failed"
+    done
+    PACK_EXTRA="${names[*]}" bash dev/gpu/pack.sh fp4moe test_cuda || die "packing failed"
+    echo "variants: built cur ${names[*]}; carry .carry and run: bash dev/gpu/variants.sh run ${names[*]}"
+    exit 0
+fi
+
+# run
+for n in "$@"; do name_ok "$n" || die "'$n' is not a variant name"; done
+[[ -f .carry/devbuild.tar.xz ]] || die "no .carry/devbuild.tar.xz (variants.sh build, then carry .carry)"
+carried=$(tar -tJf .carry/devbuild.tar.xz) || die "cannot read .carry/devbuild.tar.xz"
+for n in "$@"; do
+    grep -qx "\(\./\)\?$n/bin/fp4moe" <<< "$carried" || die "no $n/bin/fp4moe in the carried builds"
+done
+bash dev/gpu/pack.sh unpack || die "cannot unpack .carry/devbuild.tar.xz"
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+S=$OUT/variants.txt
+export LD_LIBRARY_PATH=$ROOT/.devbuild/lib:${LD_LIBRARY_PATH:-} FP4MOE_SHIPPED_CONFIGS=$ROOT/configs
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+echo "GPU: ${gpu:-unknown}" > "$S"
+if [[ -n $gpu && $gpu != "NVIDIA H200" ]]; then
+    # a config names its GPU in the file name (non [A-Za-z0-9.] as _) and key
+    export FP4MOE_CONFIG_DIR=$ROOT/.devbuild/configs-relabelled
+    rm -rf "$FP4MOE_CONFIG_DIR" && mkdir -p "$FP4MOE_CONFIG_DIR"
+    pfx=$(printf '%s' "$gpu" | sed 's/[^A-Za-z0-9.]/_/g')
+    for f in configs/NVIDIA_H200-*.json; do
+        b=${f##*/}
+        sed "s|\"gpu\": \"NVIDIA H200\"|\"gpu\": \"$gpu\"|" "$f" > "$FP4MOE_CONFIG_DIR/$pfx-${b#NVIDIA_H200-}"
+    done
+    echo "configs: the H200's shipped configs relabelled for $gpu" >> "$S"
+fi
+for n in cur "$@"; do
+    d=.devbuild/bin
+    [[ $n == cur ]] || d=.devbuild/$n/bin
+    (cd "$OUT" && timeout 300 "$ROOT/$d/test_cuda") > "$OUT/test_$n.log" 2>&1
+    echo "test_cuda [$n] exit $? $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/test_$n.log" | tr '\n' ' ')" >> "$S"
+done
+v="cur:"
+for n in "$@"; do v="$v $n:FM_AB_BIN=.devbuild/$n/bin"; done
+OUT=$OUT AB_VARIANTS=$v AB_ROUNDS=${VAR_ROUNDS:-2} AB_BATCH=${VAR_BATCH:-1,2,4,8,16,64,256} \
+    AB_PRESET=${VAR_PRESET:-"glm-5@tp:8 deepseek-v4-flash@tp:8 kimi-k2@tp:8 glm-5@ep:8/0 deepseek-v4-flash"} \
+    AB_DEADLINE_S=${VAR_DEADLINE_S:-} bash dev/gpu/ab.sh > "$OUT/variants_ab.log" 2>&1
+sed -n '/^== /,$p' "$OUT/variants_ab.log" | grep -v '^round ' >> "$S"
+cat "$S"

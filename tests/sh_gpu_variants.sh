@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# dev/gpu/variants.sh and dev/gpu/ab.sh without a GPU: the scripts copied into
+# a scratch tree of the same layout, with stand-ins for fp4moe, test_cuda
+# and nvidia-smi. Checks: variants.sh refuses bad arguments with exit 2 and a
+# message before any work; `run` unpacks the carried builds, runs each
+# test_cuda, relabels the H200's configs for another GPU's name (file name
+# and key) and leaves them alone on an H200; ab.sh's table holds the best of
+# the rounds and the ratio to the first variant, each case's table comes as
+# its rounds end, and AB_DEADLINE_S stops further cases.
+set -u
+for t in xz python3 git; do
+    command -v "$t" > /dev/null || { echo "SKIPPED: sh_gpu_variants: $t not found"; exit 77; }
+done
+SRC=${FM_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
+T=$(mktemp -d /tmp/fm_sh_variants.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+R=$T/tree
+mkdir -p "$R/dev/gpu/patches" "$R/configs" "$R/fakebin"
+cp "$SRC/dev/gpu/variants.sh" "$SRC/dev/gpu/ab.sh" "$SRC/dev/gpu/pack.sh" "$R/dev/gpu/"
+echo "diff" > "$R/dev/gpu/patches/one.patch"
+printf '{"fp4moe_tune_config": 1, "key": {"gpu": "NVIDIA H200", "sm_count": 132}}\n' \
+    > "$R/configs/NVIDIA_H200-132sm-nvfp4-E8-H64-I32-k2.json"
+
+# argument checks: exit 2, a message naming the problem, nothing built
+bad() {
+    local want=$1; shift
+    (cd "$R" && bash dev/gpu/variants.sh "$@") > "$T/out" 2> "$T/err"
+    local rc=$?
+    [ "$rc" = 2 ] || fail "variants.sh $*: exit $rc, expected 2"
+    grep -qF -- "$want" "$T/err" || fail "variants.sh $*: expected '$want', got: $(cat "$T/err")"
+    [ ! -e "$R/.devbuild" ] || fail "variants.sh $*: made .devbuild"
+}
+bad "usage: variants.sh build" 
+bad "usage: variants.sh build" frob a=one
+bad "build: no variant named" build
+bad "'a' is not NAME=PATCH" build a
+bad "'a b' is not a variant name" build "a b=one"
+bad "'cur' is not a variant name" build cur=one
+bad "'build-x' is not a variant name" build build-x=one
+bad "variant 'a': no patch 'two'" build a=one+two
+bad "variant 'a' names no patch" build a=
+bad "run: no variant named" run
+bad "'../x' is not a variant name" run ../x
+bad "no .carry/devbuild.tar.xz" run a
+
+# stand-ins: fp4moe prints a bench table whose times depend on the build
+# (its directory) and the round (a counter file); test_cuda passes
+mk_build() {  # DIR SCALE
+    mkdir -p "$1"
+    cat > "$1/fp4moe" << EOF
+#!/usr/bin/env bash
+n=\$(cat "$T/count_$2" 2>/dev/null || echo 0); echo \$((n + 1)) > "$T/count_$2"
+echo "device bandwidth (probe): 3.00 TB/s"
+echo "     B       us   GB/s  % bw  x floor"
+for b in 1 4; do awk -v b=\$b -v s=$2 -v n=\$n 'BEGIN { printf "%6d %8.1f %6.1f %5.1f %5.2f\n", b, (10 * b + 20 - n) * s, 100, 50, 2 }'; done
+echo "\$@" >> "$T/args_$2"
+EOF
+    printf '#!/usr/bin/env bash\necho "[  PASSED  ] 23 tests."\n' > "$1/test_cuda"
+    chmod +x "$1/fp4moe" "$1/test_cuda"
+}
+mk_build "$T/pack/bin" 1
+mk_build "$T/pack/v1/bin" 2
+mkdir -p "$T/pack/lib" "$R/.carry"
+tar -C "$T/pack" -cf - bin lib v1 | xz > "$R/.carry/devbuild.tar.xz"
+
+cat > "$R/fakebin/nvidia-smi" << 'EOF'
+#!/usr/bin/env bash
+echo "${FAKE_GPU:-NVIDIA H100 80GB HBM3}"
+EOF
+chmod +x "$R/fakebin/nvidia-smi"
+bad "no zz/bin/fp4moe in the carried builds" run zz
+
+(cd "$R" && PATH=$R/fakebin:$PATH OUT=$T/out1 VAR_PRESET="glm-5@tp:8 qwen3" VAR_BATCH=1,4 VAR_ROUNDS=2 \
+    bash dev/gpu/variants.sh run v1) > "$T/run1" 2>&1 || fail "run: exit $?: $(tail -n 5 "$T/run1")"
+S=$T/out1/variants.txt
+grep -q "GPU: NVIDIA H100 80GB HBM3" "$S" || fail "run: GPU line missing: $(cat "$S")"
+grep -q "configs: the H200's shipped configs relabelled for NVIDIA H100 80GB HBM3" "$S" || fail "run: relabel line missing"
+cf=$R/.devbuild/configs-relabelled/NVIDIA_H100_80GB_HBM3-132sm-nvfp4-E8-H64-I32-k2.json
+[ -f "$cf" ] || fail "run: no relabelled config $cf"
+grep -q '"gpu": "NVIDIA H100 80GB HBM3"' "$cf" 2>/dev/null || fail "run: the relabelled config keeps another gpu key"
+grep -q "test_cuda \[cur\] exit 0 \[  PASSED  \] 23 tests." "$S" || fail "run: cur's test line: $(cat "$S")"
+grep -q "test_cuda \[v1\] exit 0" "$S" || fail "run: v1's test line"
+# rounds: cur gives 30, 29 at B = 1 (best 29), v1 2 * (30, 29) (best 58): ratio 2.00
+grep -q "^== glm-5@tp:8" "$S" || fail "run: no glm-5@tp:8 table"
+grep -A6 "^== glm-5@tp:8" "$S" | grep -Eq "^ +1 +29\.0 \(1\.00\) +58\.0 \(2\.00\)" || fail "run: B = 1 row: $(cat "$S")"
+grep -q "^== qwen3" "$S" || fail "run: no qwen3 table"
+grep -q -- "--preset glm-5 --shard tp:8 --batch 1,4 --layers 8" "$T/args_1" || fail "run: bench arguments: $(cat "$T/args_1")"
+grep -q -- "--preset qwen3 --batch 1,4 --layers 8" "$T/args_2" || fail "run: the second case's arguments"
+# the first case's table comes before the second case runs
+log=$T/out1/variants_ab.log
+first_table=$(grep -n "^== glm-5@tp:8" "$log" | head -n 1 | cut -d: -f1)
+second_run=$(grep -n "round 1 qwen3" "$log" | head -n 1 | cut -d: -f1)
+[ -n "$first_table" ] && [ -n "$second_run" ] && [ "$first_table" -lt "$second_run" ] || fail "ab: a case's table not printed as it ends"
+
+# on an H200 the shipped configs stay as they are; a deadline of 0 runs no case
+rm -rf "$R/.devbuild"
+(cd "$R" && PATH=$R/fakebin:$PATH FAKE_GPU="NVIDIA H200" OUT=$T/out2 VAR_PRESET="a b" VAR_DEADLINE_S=0 \
+    bash dev/gpu/variants.sh run v1) > "$T/run2" 2>&1 || fail "run on H200: exit $?"
+! grep -q "relabelled" "$T/out2/variants.txt" || fail "run on H200: configs relabelled"
+[ ! -d "$R/.devbuild/configs-relabelled" ] || fail "run on H200: made a relabelled config folder"
+grep -q "== a: not run (AB_DEADLINE_S=0 reached)" "$T/out2/variants.txt" || fail "deadline: $(cat "$T/out2/variants.txt")"
+grep -q "== b: not run" "$T/out2/variants.txt" || fail "deadline: second case"
+
+if [ "$fails" -gt 0 ]; then echo "$fails failure(s)"; exit 1; fi
+echo "variants.sh and ab.sh: all checks passed"
