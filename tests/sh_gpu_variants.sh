@@ -62,6 +62,8 @@ EOF
     chmod +x "$1/fp4moe" "$1/test_cuda"
 }
 mk_build "$T/pack/bin" 1
+printf '#!/usr/bin/env bash\necho "cold-warm per line 42.0"\n' > "$T/pack/bin/cuda_icache"
+chmod +x "$T/pack/bin/cuda_icache"
 mk_build "$T/pack/v1/bin" 2
 mkdir -p "$T/pack/lib" "$R/.carry"
 tar -C "$T/pack" -cf - bin lib v1 | xz > "$R/.carry/devbuild.tar.xz"
@@ -81,6 +83,7 @@ grep -q "configs: the H200's shipped configs relabelled for NVIDIA H100 80GB HBM
 cf=$R/.devbuild/configs-relabelled/NVIDIA_H100_80GB_HBM3-132sm-nvfp4-E8-H64-I32-k2.json
 [ -f "$cf" ] || fail "run: no relabelled config $cf"
 grep -q '"gpu": "NVIDIA H100 80GB HBM3"' "$cf" 2>/dev/null || fail "run: the relabelled config keeps another gpu key"
+grep -q "cold-warm per line 42.0" "$S" || fail "run: no cuda_icache output in the summary"
 grep -q "test_cuda \[cur\] exit 0 \[  PASSED  \] 23 tests." "$S" || fail "run: cur's test line: $(cat "$S")"
 grep -q "test_cuda \[v1\] exit 0" "$S" || fail "run: v1's test line"
 # rounds: cur gives 30, 29 at B = 1 (best 29), v1 2 * (30, 29) (best 58): ratio 2.00

@@ -9,12 +9,14 @@
 # files and the variant's patches applied, in one scratch worktree
 # (.devbuild/wt, built in .devbuild/build-wt) reused from variant to variant,
 # so that only what a patch touches compiles again; then packs fp4moe and
-# test_cuda of every build (dev/gpu/pack.sh: .carry/devbuild.tar.xz, to carry).
+# test_cuda of every build and the tree's cuda_icache (dev/gpu/pack.sh:
+# .carry/devbuild.tar.xz, to carry).
 # PATCH: a file of dev/gpu/patches, with or without .patch, or a path.
 #
 # On the GPU machine (a checkout of the same tree, .carry carried):
 #   bash dev/gpu/variants.sh run NAME ...
-# unpacks, runs test_cuda of the current build and of each NAME, then
+# unpacks, runs cuda_icache (the cost of cold code), test_cuda of the
+# current build and of each NAME, then
 # dev/gpu/ab.sh with the current build ("cur") first; VAR_PRESET, VAR_BATCH,
 # VAR_ROUNDS and VAR_DEADLINE_S go to it as AB_PRESET, AB_BATCH, AB_ROUNDS and
 # AB_DEADLINE_S (defaults: the TP8 ranks of GLM-5, DeepSeek-V4-Flash and
@@ -72,7 +74,7 @@ if [[ $cmd == build ]]; then
         (cd "$WT" && FM_GPU_TARGETS="fp4moe_cli test_cuda" FM_GPU_BUILD_DIR="$ROOT/.devbuild/build-wt" \
             FM_GPU_OUT="$ROOT/.devbuild/$n" bash dev/gpu/build.sh) || die "variant '$n': build failed"
     done
-    PACK_EXTRA="${names[*]}" bash dev/gpu/pack.sh fp4moe test_cuda || die "packing failed"
+    PACK_EXTRA="${names[*]}" bash dev/gpu/pack.sh fp4moe test_cuda cuda_icache || die "packing failed"
     echo "variants: built cur ${names[*]}; carry .carry and run: bash dev/gpu/variants.sh run ${names[*]}"
     exit 0
 fi
@@ -101,6 +103,11 @@ if [[ -n $gpu && $gpu != "NVIDIA H200" ]]; then
         sed "s|\"gpu\": \"NVIDIA H200\"|\"gpu\": \"$gpu\"|" "$f" > "$FP4MOE_CONFIG_DIR/$pfx-${b#NVIDIA_H200-}"
     done
     echo "configs: the H200's shipped configs relabelled for $gpu" >> "$S"
+fi
+# the cost of cold code first (a few seconds; dev/tools/cuda_icache.cu)
+if [[ -x .devbuild/bin/cuda_icache ]]; then
+    timeout 120 .devbuild/bin/cuda_icache > "$OUT/icache.txt" 2>&1
+    { echo "cuda_icache (exit $?):"; cat "$OUT/icache.txt"; } >> "$S"
 fi
 for n in cur "$@"; do
     d=.devbuild/bin
