@@ -122,6 +122,27 @@ static void check_ref(const cmp_result *r, int check_weights, const char *fmt, .
     assert_true(r->rel <= 5e-3);
 }
 
+/* run_compare on T tokens of make_x(x_seed) activations (tok: the token ids
+ * or NULL), then check_ref with the weights checked, the case named by the
+ * printf format and arguments. */
+static void compare_x(const fm_model_desc *d, const fm_moe_layer *hl, fm_cuda_layer *cl, int T, uint64_t x_seed,
+                      const int32_t *tok, const char *fmt, ...) {
+    const int H = d->hidden;
+    uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+    float *xf = malloc(sizeof(float) * (size_t)T * H);
+    assert_non_null(xb); assert_non_null(xf);
+    make_x(x_seed, T, H, xb, xf);
+    cmp_result r;
+    run_compare(d, hl, cl, T, xb, tok, &r);
+    char label[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(label, sizeof label, fmt, ap);
+    va_end(ap);
+    check_ref(&r, 1, "%s", label);
+    free(xb); free(xf);
+}
+
 static int first_moe_layer(const fm_model_desc *d, int want_hash) {
     for (int L = 0; L < d->n_layers; L++) {
         if (!fm_model_is_moe_layer(d, L)) continue;
@@ -357,17 +378,13 @@ static void compare_batches(const fm_model_desc *d, const char *name, int L, uin
     if (fm_moe_layer_random(d, d->expert_format, layer_seed, L, &hl)) fail_msg("random layer: %s", fm_last_error());
     if (fm_cuda_layer_upload(g_eng, d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
     for (int ti = 0; ti < nT; ti++) {
-        const int T = Ts[ti], H = d->hidden;
-        uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
-        float *xf = malloc(sizeof(float) * (size_t)T * H);
+        const int T = Ts[ti];
         int32_t *tok = malloc(sizeof(int32_t) * (size_t)T);
-        assert_non_null(xb); assert_non_null(xf); assert_non_null(tok);
-        make_x(x_seed + T, T, H, xb, xf);
+        assert_non_null(tok);
         fm_test_token_ids(tok, T, tok_seed, 5, d->vocab_size);
-        cmp_result r;
-        run_compare(d, hl, cl, T, xb, tok, &r);
-        check_ref(&r, 1, "%-16s E=%d k=%d layer %d T=%d (%d pairs)", name, d->n_experts, d->topk, L, T, T * d->topk);
-        free(xb); free(xf); free(tok);
+        compare_x(d, hl, cl, T, x_seed + T, tok, "%-16s E=%d k=%d layer %d T=%d (%d pairs)", name, d->n_experts, d->topk,
+                  L, T, T * d->topk);
+        free(tok);
     }
     fm_cuda_layer_free(cl);
     fm_moe_layer_free(hl);
@@ -449,17 +466,8 @@ static void test_route_ties(void **state) {
                 if (hl->score_bias) ((float *)hl->score_bias)[e] = hl->score_bias[e - 1];
             }
             if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
-            for (int ti = 0; ti < 3; ti++) {
-                const int T = Ts[ti];
-                uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
-                float *xf = malloc(sizeof(float) * (size_t)T * H);
-                assert_non_null(xb); assert_non_null(xf);
-                make_x(1600 + T, T, H, xb, xf);
-                cmp_result r;
-                run_compare(&d, hl, cl, T, xb, NULL, &r);
-                check_ref(&r, 1, "%-16s tied pairs E=%d T=%d", presets[pi], E, T);
-                free(xb); free(xf);
-            }
+            for (int ti = 0; ti < 3; ti++)
+                compare_x(&d, hl, cl, Ts[ti], 1600 + Ts[ti], NULL, "%-16s tied pairs E=%d T=%d", presets[pi], E, Ts[ti]);
             fm_cuda_layer_free(cl);
             fm_moe_layer_free(hl);
         }
@@ -618,17 +626,9 @@ static void test_scale_signs(void **state) {
     const fm_kernel_config cfgs[] = {{FM_PATH_WGMMA, 64, 1, 4, 1, 16, 1.5f}, {FM_PATH_SMALL, 16, 8, 8, 1, 8, 1.5f}};
     for (int c = 0; c < 2; c++) {
         if (fm_cuda_engine_set_config(g_eng, &cfgs[c])) fail_msg("set config: %s", fm_last_error());
-        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
-            const int T = Ts[ti], H = d.hidden;
-            uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
-            float *xf = malloc(sizeof(float) * (size_t)T * H);
-            assert_non_null(xb); assert_non_null(xf);
-            make_x(7170 + T, T, H, xb, xf);
-            cmp_result r;
-            run_compare(&d, hl, cl, T, xb, NULL, &r);
-            check_ref(&r, 1, "signed and zero scales, %s config, T=%3d", fm_kernel_path_name(cfgs[c].path), T);
-            free(xb); free(xf);
-        }
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
+            compare_x(&d, hl, cl, Ts[ti], 7170 + Ts[ti], NULL, "signed and zero scales, %s config, T=%3d",
+                      fm_kernel_path_name(cfgs[c].path), Ts[ti]);
     }
     fm_cuda_engine_set_config(g_eng, NULL);
     fm_cuda_layer_free(cl);
