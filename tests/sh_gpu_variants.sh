@@ -107,5 +107,23 @@ rm -rf "$R/.devbuild"
 grep -q "== a: not run (AB_DEADLINE_S=0 reached)" "$T/out2/variants.txt" || fail "deadline: $(cat "$T/out2/variants.txt")"
 grep -q "== b: not run" "$T/out2/variants.txt" || fail "deadline: second case"
 
+# ab.sh refuses a deadline that is not a whole number, before any run
+rm -f "$T/args_1"
+(cd "$R" && PATH=$R/fakebin:$PATH OUT=$T/out3 AB_DEADLINE_S=5m AB_VARIANTS="cur:FM_AB_BIN=.devbuild/bin" \
+    bash dev/gpu/ab.sh) > "$T/ab3" 2> "$T/ab3.err"
+rc=$?
+[ "$rc" = 2 ] || fail "ab.sh AB_DEADLINE_S=5m: exit $rc, expected 2"
+grep -qF "AB_DEADLINE_S '5m' is not a whole number of seconds" "$T/ab3.err" || fail "ab.sh AB_DEADLINE_S=5m: $(cat "$T/ab3.err")"
+[ ! -e "$T/args_1" ] || fail "ab.sh AB_DEADLINE_S=5m: ran the bench"
+
+# build.sh refuses FM_GPU_TARGETS that names none of its programs before it
+# configures or builds anything
+cp "$SRC/dev/gpu/build.sh" "$R/dev/gpu/"
+(cd "$R" && FM_GPU_TARGETS="no_such_target" FM_GPU_BUILD_DIR="$T/bdir" bash dev/gpu/build.sh) > "$T/b.out" 2> "$T/b.err"
+rc=$?
+[ "$rc" = 2 ] || fail "build.sh FM_GPU_TARGETS=no_such_target: exit $rc, expected 2"
+grep -qF "FM_GPU_TARGETS names none of the programs" "$T/b.err" || fail "build.sh: $(cat "$T/b.err")"
+[ ! -e "$T/bdir" ] || fail "build.sh: configured a build for a bad FM_GPU_TARGETS"
+
 if [ "$fails" -gt 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "variants.sh and ab.sh: all checks passed"

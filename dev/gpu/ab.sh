@@ -51,6 +51,8 @@ act_of() {
         [[ $v == FM_AB_ACT=* ]] && { echo "--act ${v#FM_AB_ACT=}"; return; }
     done
 }
+[[ -z ${AB_DEADLINE_S:-} || $AB_DEADLINE_S =~ ^[0-9]+$ ]] ||
+    { echo "ab: AB_DEADLINE_S '$AB_DEADLINE_S' is not a whole number of seconds" >&2; exit 2; }
 for spec in $VARIANTS; do
     [[ -x "$(bin_of "$spec")/fp4moe" ]] || { echo "ab: no $(bin_of "$spec")/fp4moe for variant '${spec%%:*}'" >&2; exit 2; }
 done

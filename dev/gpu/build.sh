@@ -14,7 +14,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${FM_GPU_BUILD_DIR:-.devbuild/build}
-cmake -S . -B "$B" -DFM_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="80;90a" >/dev/null
 # <target> <its path in the build>: the tests, the test helpers, the CLI
 # and the measurement programs of dev/tools
 PROGRAMS="test_cuda:tests/test_cuda test_cuda_repack:tests/test_cuda_repack test_tensors:tests/test_tensors test_prof_cuda:tests/test_prof_cuda test_dist_nccl:tests/test_dist_nccl
@@ -31,6 +30,8 @@ if [[ -n ${FM_GPU_TARGETS:-} ]]; then
 fi
 targets=""
 for p in $PROGRAMS; do targets="$targets ${p%%:*}"; done
+# configured after the checks above, so that a bad FM_GPU_TARGETS builds nothing
+cmake -S . -B "$B" -DFM_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="80;90a" >/dev/null
 # shellcheck disable=SC2086  # one word per target
 cmake --build "$B" -j"$(nproc)" --target $targets
 # the shared library, where the tree has its target
