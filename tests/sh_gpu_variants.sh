@@ -45,6 +45,7 @@ bad "variant 'a' names no patch" build a=
 bad "run: no variant named" run
 bad "'../x' is not a variant name" run ../x
 bad "no .carry/devbuild.tar.xz" run a
+VAR_TEST_TIMEOUT_S=1m bad "VAR_TEST_TIMEOUT_S '1m' is not whole seconds" run a
 
 # stand-ins: fp4moe prints a bench table whose times depend on the build
 # (its directory) and the round (a counter file); test_cuda passes
