@@ -93,19 +93,9 @@ OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 S=$OUT/variants.txt
 export LD_LIBRARY_PATH=$ROOT/.devbuild/lib:${LD_LIBRARY_PATH:-} FP4MOE_SHIPPED_CONFIGS=$ROOT/configs
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+. dev/gpu/relabel.sh
 echo "GPU: ${gpu:-unknown}" > "$S"
-if [[ -n $gpu && $gpu != "NVIDIA H200" ]]; then
-    # a config names its GPU in the file name (non [A-Za-z0-9.] as _) and key
-    export FP4MOE_CONFIG_DIR=$ROOT/.devbuild/configs-relabelled
-    rm -rf "$FP4MOE_CONFIG_DIR" && mkdir -p "$FP4MOE_CONFIG_DIR"
-    pfx=$(printf '%s' "$gpu" | sed 's/[^A-Za-z0-9.]/_/g')
-    for f in configs/NVIDIA_H200-*.json; do
-        b=${f##*/}
-        sed "s|\"gpu\": \"NVIDIA H200\"|\"gpu\": \"$gpu\"|" "$f" > "$FP4MOE_CONFIG_DIR/$pfx-${b#NVIDIA_H200-}"
-    done
-    echo "configs: the H200's shipped configs relabelled for $gpu" >> "$S"
-fi
+[[ -z $RELABELLED ]] || echo "$RELABELLED" >> "$S"
 # the cost of cold code first (a few seconds; dev/tools/cuda_icache.cu)
 if [[ -x .devbuild/bin/cuda_icache ]]; then
     timeout 120 .devbuild/bin/cuda_icache > "$OUT/icache.txt" 2>&1
