@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""dev/analysis/stalls.py on Nsight Compute CSV pages written here in ncu's
+layout (notes before the header, a units row): the stall reasons largest
+first with shares computed here from the same numbers, the instructions with
+the most samples first, and the errors for bad input (exit 2, a message
+naming the problem, nothing on stdout even when the first file parsed)."""
+import csv
+import io
+import os
+import subprocess
+import sys
+import tempfile
+
+SRC = os.environ.get("FM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), ".."))
+TOOL = os.path.join(SRC, "dev", "analysis", "stalls.py")
+PFX, SFX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+
+
+def run(args):
+    r = subprocess.run([sys.executable, TOOL] + args, capture_output=True, text=True)
+    return r.returncode, r.stdout, r.stderr
+
+
+def csv_text(rows):
+    b = io.StringIO()
+    w = csv.writer(b, quoting=csv.QUOTE_ALL)
+    for r in rows:
+        w.writerow(r)
+    return b.getvalue()
+
+
+def main():
+    reasons = {"long_scoreboard": 6.5, "no_instruction": 1.25, "wait": 2.0, "barrier": 0.0, "short_scoreboard": 0.25}
+    cols = ["ID", "Kernel Name", "gpu__time_duration.sum", "sm__cycles_elapsed.max", "smsp__inst_executed.sum"]
+    cols += [PFX + k + SFX for k in reasons]
+    units = ["", "", "usecond", "cycle", "inst"] + ["" for _ in reasons]
+    vals = ["0", "fm_route_kernel(fm_route_params)", "11.30", "22,400", "1,300"] + [str(v) for v in reasons.values()]
+    raw = "==PROF== Connected to process 1\n" + csv_text([cols, units, vals])
+    src_rows = [["# Address", "Source", "Warp Stall Sampling (All Samples)",
+                 "Warp Stall Sampling (Not-issued Samples)", "Instructions Executed"]]
+    samples = [3, 40, 0, 17, 120]
+    for i, s in enumerate(samples):
+        src_rows.append(["%04x" % (i * 16), "OP%d R1, R2 ;" % i, str(s), str(s), "1"])
+    src = "Kernel: fm_route_kernel\n" + csv_text(src_rows)
+    tot_r, tot_s = sum(reasons.values()), sum(samples)
+    with tempfile.TemporaryDirectory() as d:
+        pr, ps = os.path.join(d, "raw.csv"), os.path.join(d, "src.csv")
+        with open(pr, "w") as f:
+            f.write(raw)
+        with open(ps, "w") as f:
+            f.write(src)
+        rc, out, err = run([pr, ps, "--top", "3"])
+        assert rc == 0, (rc, err)
+        assert "fm_route_kernel" in out and "cycles (max SM) 22,400" in out, out
+        assert "stall cycles per issued instruction: %.2f" % tot_r in out, out
+        lines = [l.split() for l in out.splitlines() if l.split() and l.split()[0] in reasons]
+        want = sorted((k for k in reasons if reasons[k] > 0), key=lambda k: -reasons[k])
+        assert [l[0] for l in lines] == want, (lines, want)
+        for l in lines:
+            assert abs(float(l[2]) - 100 * reasons[l[0]] / tot_r) < 0.06, l
+        assert "barrier" not in out, out
+        assert "sampled stalls: %d over 5 instructions" % tot_s in out, out
+        top = [l for l in out.splitlines() if "OP" in l]
+        assert len(top) == 3, top
+        assert [l.split()[3] for l in top] == ["OP4", "OP1", "OP3"], top
+        assert abs(float(top[0].split()[0]) - 100 * 120 / tot_s) < 0.06, top
+
+        # errors: exit 2, a message naming the problem, nothing on stdout
+        bad = os.path.join(d, "bad.csv")
+        with open(bad, "w") as f:
+            f.write("no table here\n")
+        for args, want in [
+            ([os.path.join(d, "missing.csv")], "cannot read"),
+            ([bad], "no table with a 'smsp__average_warps_issue_stalled_' column"),
+            ([pr, bad], "no table with a 'Warp Stall Sampling (All Samples)' column"),
+            ([pr, "--top", "0"], "--top must be at least 1"),
+        ]:
+            rc, out, err = run(args)
+            assert rc == 2 and want in err and out == "", (args, rc, out, err)
+    print("py_stalls: ok")
+
+
+if __name__ == "__main__":
+    main()
