@@ -16,8 +16,8 @@
 # On the GPU machine (a checkout of the same tree, .carry carried):
 #   bash dev/gpu/variants.sh run NAME ...
 # unpacks, runs cuda_icache (the cost of cold code), then dev/gpu/ab.sh with
-# the current build ("cur") first, then test_cuda of every build at once
-# (VAR_TEST_TIMEOUT_S each, default 300); VAR_PRESET, VAR_BATCH,
+# the current build ("cur") first, then test_cuda of every build, one after
+# another (VAR_TEST_TIMEOUT_S each, default 300); VAR_PRESET, VAR_BATCH,
 # VAR_ROUNDS and VAR_DEADLINE_S go to it as AB_PRESET, AB_BATCH, AB_ROUNDS and
 # AB_DEADLINE_S (defaults: the TP8 ranks of GLM-5, DeepSeek-V4-Flash and
 # Kimi-K2, GLM-5's EP8 rank 0, the whole DeepSeek-V4-Flash layer; B = 1, 2, 4,
@@ -107,16 +107,14 @@ OUT=$OUT AB_VARIANTS=$v AB_ROUNDS=${VAR_ROUNDS:-2} AB_BATCH=${VAR_BATCH:-1,2,4,8
     AB_PRESET=${VAR_PRESET:-"glm-5@tp:8 deepseek-v4-flash@tp:8 kimi-k2@tp:8 glm-5@ep:8/0 deepseek-v4-flash"} \
     AB_DEADLINE_S=${VAR_DEADLINE_S:-} bash dev/gpu/ab.sh > "$OUT/variants_ab.log" 2>&1
 sed -n '/^== /,$p' "$OUT/variants_ab.log" | grep -v '^round ' >> "$S"
-# correctness after the timings, all builds at once (each in its own folder,
-# since test_cuda writes files where it runs); VAR_TEST_TIMEOUT_S bounds each
+# correctness after the timings, one build at a time (five at once gave
+# failures whose cause is open; history: round 26); each in its own
+# folder, since test_cuda writes files where it runs; VAR_TEST_TIMEOUT_S bounds each
 for n in cur "$@"; do
     d=.devbuild/bin
     [[ $n == cur ]] || d=.devbuild/$n/bin
     mkdir -p "$OUT/t_$n"
-    (cd "$OUT/t_$n" && timeout "$tt" "$ROOT/$d/test_cuda" > "$OUT/test_$n.log" 2>&1; echo $? > "$OUT/t_$n/rc") &
-done
-wait
-for n in cur "$@"; do
-    echo "test_cuda [$n] exit $(cat "$OUT/t_$n/rc") $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/test_$n.log" | tr '\n' ' ')" >> "$S"
+    (cd "$OUT/t_$n" && timeout "$tt" "$ROOT/$d/test_cuda") > "$OUT/test_$n.log" 2>&1
+    echo "test_cuda [$n] exit $? $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/test_$n.log" | tr '\n' ' ')" >> "$S"
 done
 cat "$S"
