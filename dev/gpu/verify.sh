@@ -2,8 +2,8 @@
 # One call on the GPU machine that checks a round of work end to end, the
 # short table last: the interleaved A/B of this build (.devbuild/bin) against
 # another (.devbuild/base/bin, e.g. the last build before the round) on
-# DeepSeek-V4-Flash and GLM-5 at B = 1 .. 512; compute-sanitizer memcheck and
-# racecheck; test_cuda and test_tensors; the Python package's torch checks
+# DeepSeek-V4-Flash and GLM-5 at B = 1 .. 512; compute-sanitizer memcheck,
+# racecheck and initcheck; test_cuda and test_tensors; the Python package's torch checks
 # and its B = 1 benchmark (dev/gpu/python_tests.py); the transformers
 # tiny-model equality (tests/py_hf_tiny.py). Needs .devbuild/bin (fp4moe,
 # test_cuda, test_tensors, cuda_smoke) and .devbuild/lib (libfp4moe.so and
@@ -27,7 +27,7 @@ if [ -x .devbuild/base/bin/fp4moe ]; then
         { echo "== A/B $p"; tail -n 13 "$OUT/$p/ab.txt"; } >> "$S"
     done
 fi
-for t in memcheck racecheck; do
+for t in memcheck racecheck initcheck; do
     timeout 120 compute-sanitizer --tool $t --error-exitcode 9 --print-limit 3 .devbuild/bin/cuda_smoke > "$OUT/san_$t.log" 2>&1
     echo "$t rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san_$t.log" | tail -n 1)" >> "$S"
 done
