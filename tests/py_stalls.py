@@ -65,6 +65,34 @@ def main():
         assert [l.split()[3] for l in top] == ["OP4", "OP1", "OP3"], top
         assert abs(float(top[0].split()[0]) - 100 * 120 / tot_s) < 0.06, top
 
+        # --lines: the samples per source range, the page's instructions in
+        # address order being the function's (here lines 10, 10, 20, 30, 20)
+        lines = [10, 10, 20, 30, 20]
+        dump = ["\t.target\tsm_90a", "", "//---- .text.kern_a ----", ".text.kern_a:"]
+        for i, ln in enumerate(lines):
+            dump.append('\t//## File "/src/cuda/a.cu", line %d' % ln)
+            dump.append("        /*%04x*/                   IADD3 R1, R1, 0x1, RZ ;" % (i * 16))
+        dump += ["//---- .text.kern_b ----", ".text.kern_b:", '\t//## File "/src/cuda/a.cu", line 40',
+                 "        /*0000*/                   EXIT ;"]
+        pd = os.path.join(d, "k.sass")
+        with open(pd, "w") as f:
+            f.write("\n".join(dump) + "\n")
+        # the page's rows out of address order: the tool sorts them
+        shuffled = [src_rows[0]] + [src_rows[i] for i in (3, 1, 5, 2, 4)]
+        for r in shuffled[1:]:
+            r[0] = "0x7f00" + r[0]
+        ps2 = os.path.join(d, "src2.csv")
+        with open(ps2, "w") as f:
+            f.write(csv_text(shuffled))
+        rc, out, err = run([pr, ps2, "--lines", pd, "--function", "kern_a", "--range", "ten:a.cu:10-10",
+                            "--range", "twenty:a.cu:15-25"])
+        assert rc == 0, (rc, err)
+        by = {l.split()[0]: float(l.split()[1]) for l in out.splitlines()
+              if l.split() and l.split()[0] in ("ten", "twenty", "other")}
+        want = {"ten": samples[0] + samples[1], "twenty": samples[2] + samples[4], "other": samples[3]}
+        for k, v in want.items():
+            assert abs(by[k] - 100 * v / tot_s) < 0.06, (k, by, out)
+
         # errors: exit 2, a message naming the problem, nothing on stdout
         bad = os.path.join(d, "bad.csv")
         with open(bad, "w") as f:
@@ -74,6 +102,10 @@ def main():
             ([bad], "no table with a 'smsp__average_warps_issue_stalled_' column"),
             ([pr, bad], "no table with a 'Warp Stall Sampling (All Samples)' column"),
             ([pr, "--top", "0"], "--top must be at least 1"),
+            ([pr, "--lines", pd, "--function", "kern_a"], "--lines needs the source page"),
+            ([pr, ps2, "--lines", pd, "--function", "kern"], "2 functions of"),
+            ([pr, ps2, "--lines", pd, "--function", "kern_b"], "5 instructions, the function 1"),
+            ([pr, ps2, "--lines", pd, "--function", "kern_a", "--range", "x:1-2"], "is not NAME:FILE:LO-HI"),
         ]:
             rc, out, err = run(args)
             assert rc == 2 and want in err and out == "", (args, rc, out, err)
