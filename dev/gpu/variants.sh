@@ -107,9 +107,9 @@ OUT=$OUT AB_VARIANTS=$v AB_ROUNDS=${VAR_ROUNDS:-2} AB_BATCH=${VAR_BATCH:-1,2,4,8
     AB_PRESET=${VAR_PRESET:-"glm-5@tp:8 deepseek-v4-flash@tp:8 kimi-k2@tp:8 glm-5@ep:8/0 deepseek-v4-flash"} \
     AB_DEADLINE_S=${VAR_DEADLINE_S:-} bash dev/gpu/ab.sh > "$OUT/variants_ab.log" 2>&1
 sed -n '/^== /,$p' "$OUT/variants_ab.log" | grep -v '^round ' >> "$S"
-# correctness after the timings, one build at a time (five at once gave
-# failures whose cause is open; history: round 26); each in its own
-# folder, since test_cuda writes files where it runs; VAR_TEST_TIMEOUT_S bounds each
+# correctness after the timings, one build at a time, so that no build's
+# result depends on another's sharing the GPU; each in its own folder, since
+# test_cuda writes files where it runs; VAR_TEST_TIMEOUT_S bounds each
 for n in cur "$@"; do
     d=.devbuild/bin
     [[ $n == cur ]] || d=.devbuild/$n/bin
