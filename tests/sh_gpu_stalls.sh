@@ -7,11 +7,7 @@
 # configs are relabelled for another GPU's name.
 set -u
 command -v python3 > /dev/null || { echo "SKIPPED: sh_gpu_stalls: python3 not found"; exit 77; }
-SRC=${FM_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
-T=$(mktemp -d /tmp/fm_sh_stalls.XXXXXX)
-trap 'rm -rf "$T"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+SCRATCH_NAME=sh_stalls . "$(dirname "$0")/scratch.inc.sh"
 
 R=$T/tree
 mkdir -p "$R/dev/gpu" "$R/dev/analysis" "$R/configs" "$R/fakebin"
@@ -71,5 +67,4 @@ grep -qE "^  no_instruction +1\.00 +25\.0 %" "$S" || fail "no_instruction's shar
 grep -m1 -E "^ +[0-9.]+ %  +0x" "$S" | grep -q "70.0 %.*SHFL" || fail "top instruction: $(grep -m1 ' %  ' "$S")"
 [ "$(grep -c . "$T/o1/kernels")" = 4 ] || fail "ncu runs: $(cat "$T/o1/kernels")"
 
-if [ "$fails" -gt 0 ]; then echo "$fails failure(s)"; exit 1; fi
-echo "stalls.sh: all checks passed"
+done_checks "stalls.sh"

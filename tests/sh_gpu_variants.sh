@@ -11,11 +11,7 @@ set -u
 for t in xz python3 git; do
     command -v "$t" > /dev/null || { echo "SKIPPED: sh_gpu_variants: $t not found"; exit 77; }
 done
-SRC=${FM_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
-T=$(mktemp -d /tmp/fm_sh_variants.XXXXXX)
-trap 'rm -rf "$T"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+SCRATCH_NAME=sh_variants . "$(dirname "$0")/scratch.inc.sh"
 
 R=$T/tree
 mkdir -p "$R/dev/gpu/patches" "$R/configs" "$R/fakebin"
@@ -126,5 +122,4 @@ rc=$?
 grep -qF "FM_GPU_TARGETS names none of the programs" "$T/b.err" || fail "build.sh: $(cat "$T/b.err")"
 [ ! -e "$T/bdir" ] || fail "build.sh: configured a build for a bad FM_GPU_TARGETS"
 
-if [ "$fails" -gt 0 ]; then echo "$fails failure(s)"; exit 1; fi
-echo "variants.sh and ab.sh: all checks passed"
+done_checks "variants.sh and ab.sh"
