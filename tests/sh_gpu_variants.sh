@@ -42,6 +42,7 @@ bad "run: no variant named" run
 bad "'../x' is not a variant name" run ../x
 bad "no .carry/devbuild.tar.xz" run a
 VAR_TEST_TIMEOUT_S=1m bad "VAR_TEST_TIMEOUT_S '1m' is not whole seconds" run a
+VAR_DEADLINE_S=5m bad "VAR_DEADLINE_S '5m' is not whole seconds" run a
 
 # stand-ins: fp4moe prints a bench table whose times depend on the build
 # (its directory) and the round (a counter file); test_cuda passes

@@ -82,6 +82,8 @@ fi
 # run
 tt=${VAR_TEST_TIMEOUT_S:-300}
 [[ $tt =~ ^[1-9][0-9]*$ ]] || die "VAR_TEST_TIMEOUT_S '$tt' is not whole seconds"
+# checked here too, so that a bad deadline stops the call before any work
+[[ -z ${VAR_DEADLINE_S:-} || $VAR_DEADLINE_S =~ ^[0-9]+$ ]] || die "VAR_DEADLINE_S '$VAR_DEADLINE_S' is not whole seconds"
 for n in "$@"; do name_ok "$n" || die "'$n' is not a variant name"; done
 [[ -f .carry/devbuild.tar.xz ]] || die "no .carry/devbuild.tar.xz (variants.sh build, then carry .carry)"
 carried=$(tar -tJf .carry/devbuild.tar.xz) || die "cannot read .carry/devbuild.tar.xz"
@@ -108,13 +110,11 @@ OUT=$OUT AB_VARIANTS=$v AB_ROUNDS=${VAR_ROUNDS:-2} AB_BATCH=${VAR_BATCH:-1,2,4,8
     AB_DEADLINE_S=${VAR_DEADLINE_S:-} bash dev/gpu/ab.sh > "$OUT/variants_ab.log" 2>&1
 sed -n '/^== /,$p' "$OUT/variants_ab.log" | grep -v '^round ' >> "$S"
 # correctness after the timings, one build at a time, so that no build's
-# result depends on another's sharing the GPU; each in its own folder, since
-# test_cuda writes files where it runs; VAR_TEST_TIMEOUT_S bounds each
+# result depends on another's sharing the GPU; VAR_TEST_TIMEOUT_S bounds each
 for n in cur "$@"; do
     d=.devbuild/bin
     [[ $n == cur ]] || d=.devbuild/$n/bin
-    mkdir -p "$OUT/t_$n"
-    (cd "$OUT/t_$n" && timeout "$tt" "$ROOT/$d/test_cuda") > "$OUT/test_$n.log" 2>&1
+    (cd "$OUT" && timeout "$tt" "$ROOT/$d/test_cuda") > "$OUT/test_$n.log" 2>&1
     echo "test_cuda [$n] exit $? $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/test_$n.log" | tr '\n' ' ')" >> "$S"
 done
 cat "$S"
