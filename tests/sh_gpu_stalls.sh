@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # dev/gpu/stalls.sh without a GPU: the script copied into a scratch tree
 # with stand-ins for ncu (a report, then its raw and source pages in ncu's CSV
-# layout) and nvidia-smi. Checks: no ncu is exit 2 with a message; each
+# layout) and nvidia-smi. Checks: no ncu, or a STALL_TIMEOUT_S that is not
+# whole seconds, is exit 2 with a message; each
 # kernel's summary comes from dev/analysis/stalls.py; an ncu failure is a line
 # naming the kernel and batch, and the other kernels still run; the H200's
 # configs are relabelled for another GPU's name.
@@ -49,6 +50,12 @@ if ! command -v ncu > /dev/null; then
     [ "$rc" = 2 ] || fail "no ncu: exit $rc, expected 2"
     grep -q "ncu not found" "$T/err0" || fail "no ncu: message: $(cat "$T/err0")"
 fi
+
+(cd "$R" && PATH=$R/fakebin:$PATH OUT=$T/o2 STALL_TIMEOUT_S=1m bash dev/gpu/stalls.sh) > "$T/out2" 2> "$T/err2"
+rc=$?
+[ "$rc" = 2 ] || fail "STALL_TIMEOUT_S=1m: exit $rc, expected 2"
+grep -q "STALL_TIMEOUT_S '1m' is not whole seconds" "$T/err2" || fail "STALL_TIMEOUT_S=1m: message: $(cat "$T/err2")"
+[ ! -e "$T/o2/stalls.txt" ] || fail "STALL_TIMEOUT_S=1m: wrote a summary"
 
 (cd "$R" && PATH=$R/fakebin:$PATH OUT=$T/o1 STALL_BATCH=1,4 STALL_KERNELS="fm_route_kernel fm_broken" \
     bash dev/gpu/stalls.sh) > "$T/out1" 2>&1 || fail "run: exit $?: $(tail -n 5 "$T/out1")"

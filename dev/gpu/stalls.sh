@@ -11,6 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
+[[ ${STALL_TIMEOUT_S:-90} =~ ^[1-9][0-9]*$ ]] || { echo "stalls: STALL_TIMEOUT_S '$STALL_TIMEOUT_S' is not whole seconds" >&2; exit 2; }
 command -v ncu > /dev/null || { echo "stalls: ncu not found" >&2; exit 2; }
 export LD_LIBRARY_PATH=$PWD/.devbuild/lib:${LD_LIBRARY_PATH:-} FP4MOE_SHIPPED_CONFIGS=$PWD/configs
 BIN=${STALL_BIN:-$PWD/.devbuild/bin}
