@@ -64,9 +64,9 @@ typedef struct {
     int nonfinite;    /* outputs not finite (poison left or NaN produced) */
 } cmp_result;
 
-/* Runs the GPU forward on a poisoned output and the reference, compares. */
-static void run_compare_dt(const fm_model_desc *d, const fm_moe_layer *hl, fm_cuda_layer *cl, int T,
-                           const void *x, fm_dtype xdt, const int32_t *tok, cmp_result *r) {
+/* Runs engine e's forward on a poisoned output and the reference, compares. */
+static void run_compare_eng(fm_cuda_engine *e, const fm_model_desc *d, const fm_moe_layer *hl, fm_cuda_layer *cl,
+                            int T, const void *x, fm_dtype xdt, const int32_t *tok, cmp_result *r) {
     int H = d->hidden, k = d->topk;
     float *out = malloc(sizeof(float) * (size_t)T * H), *ref = malloc(sizeof(float) * (size_t)T * H);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * k), *rids = malloc(sizeof(int32_t) * (size_t)T * k);
@@ -76,7 +76,7 @@ static void run_compare_dt(const fm_model_desc *d, const fm_moe_layer *hl, fm_cu
     for (int64_t i = 0; i < (int64_t)T * H; i++) out[i] = NAN;
     for (int64_t i = 0; i < (int64_t)T * k; i++) { ids[i] = -1; w[i] = NAN; }
     fm_moe_out o = {out, ids, w};
-    fm_status s = fm_cuda_forward(g_eng, d, cl, x, xdt, T, tok, &o);
+    fm_status s = fm_cuda_forward(e, d, cl, x, xdt, T, tok, &o);
     if (s) fail_msg("fm_cuda_forward: %s", fm_last_error());
     fm_moe_out ro = {ref, rids, rw};
     s = fm_moe_forward_ref(d, hl, x, xdt, T, tok, &ro);
@@ -98,6 +98,11 @@ static void run_compare_dt(const fm_model_desc *d, const fm_moe_layer *hl, fm_cu
         if (!(e <= r->wt_err)) r->wt_err = e;
     }
     free(out); free(ref); free(ids); free(rids); free(w); free(rw);
+}
+
+static void run_compare_dt(const fm_model_desc *d, const fm_moe_layer *hl, fm_cuda_layer *cl, int T,
+                           const void *x, fm_dtype xdt, const int32_t *tok, cmp_result *r) {
+    run_compare_eng(g_eng, d, hl, cl, T, x, xdt, tok, r);
 }
 
 static void run_compare(const fm_model_desc *d, const fm_moe_layer *hl, fm_cuda_layer *cl, int T,
@@ -1387,6 +1392,60 @@ static void test_device_calls(void **state) {
 #endif
 }
 
+/* Setup behind other work on the legacy default stream (a framework's or
+ * another library's copies and kernels): a fresh engine, and layers
+ * generated on the GPU and uploaded from the host while ~10 ms of copies
+ * are queued there, compute what the float64 reference computes. The
+ * engine's streams are non-blocking and do not wait for that stream, so its
+ * setup (zeroed weight stacks and workspace, pageable copies) must. */
+static void test_setup_behind_legacy_work(void **state) {
+    (void)state;
+    NEED_GPU();
+#ifdef FM_HAVE_CUDA
+    const size_t n = (size_t)256 << 20;
+    void *a = NULL, *b = NULL;
+    CU_OK(cudaMalloc(&a, n));
+    CU_OK(cudaMalloc(&b, n));
+    CU_OK(cudaMemset(a, 0x3C, n));
+    CU_OK(cudaDeviceSynchronize());
+    const struct { const char *preset; fm_qformat f; } cases[] = {
+        {"tiny-deepseek", FM_QF_NVFP4}, {"tiny-qwen3", FM_QF_MXFP4}, {"tiny-gptoss", FM_QF_MXFP4}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (int gen = 0; gen < 2; gen++) {
+            fm_model_desc d;
+            assert_int_equal(fm_preset_desc(cases[ci].preset, cases[ci].f, &d), FM_OK);
+            const int L = first_moe_layer(&d, 0), T = 7;
+            const uint64_t seed = 7100 + ci;
+            fm_moe_layer *hl;
+            if (fm_moe_layer_random(&d, cases[ci].f, seed, L, &hl)) fail_msg("random layer: %s", fm_last_error());
+            for (int i = 0; i < 128; i++) CU_OK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0));
+            fm_cuda_engine *e;
+            if (fm_cuda_engine_new(0, &e)) fail_msg("engine: %s", fm_last_error());
+            fm_cuda_layer *cl;
+            fm_status s = gen ? fm_cuda_layer_random(e, &d, cases[ci].f, seed, L, &cl)
+                              : fm_cuda_layer_upload(e, &d, hl, &cl);
+            if (s) fail_msg("layer: %s", fm_last_error());
+            /* the first forward grows the fresh engine's workspace behind more */
+            for (int i = 0; i < 128; i++) CU_OK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0));
+            uint16_t *xb = malloc(sizeof(uint16_t) * T * d.hidden);
+            float *xf = malloc(sizeof(float) * T * d.hidden);
+            assert_non_null(xb); assert_non_null(xf);
+            make_x(seed, T, d.hidden, xb, xf);
+            cmp_result r;
+            run_compare_eng(e, &d, hl, cl, T, xb, FM_DT_BF16, NULL, &r);
+            check_ref(&r, 1, "%-16s %s %s behind legacy-stream copies T=%d", cases[ci].preset,
+                      fm_qformat_name(cases[ci].f), gen ? "generated" : "uploaded", T);
+            free(xb); free(xf);
+            fm_cuda_layer_free(cl);
+            fm_cuda_engine_free(e);
+            fm_moe_layer_free(hl);
+        }
+    CU_OK(cudaDeviceSynchronize());
+    cudaFree(a);
+    cudaFree(b);
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vs_reference),     cmocka_unit_test(test_all_on_one_expert),
@@ -1399,7 +1458,7 @@ int main(void) {
         cmocka_unit_test(test_grouping_k8),      cmocka_unit_test(test_route_many_experts),
         cmocka_unit_test(test_router_not_bf16),  cmocka_unit_test(test_sel_spread), cmocka_unit_test(test_route_ties),
         cmocka_unit_test(test_device_calls),     cmocka_unit_test(test_splitk), cmocka_unit_test(test_down_chunks), cmocka_unit_test(test_bench_act),
-        cmocka_unit_test(test_shard_layers),
+        cmocka_unit_test(test_shard_layers),     cmocka_unit_test(test_setup_behind_legacy_work),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     /* without a usable GPU every test above skipped itself: exit 77 so that

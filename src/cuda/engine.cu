@@ -85,6 +85,12 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
     return FM_OK;
 }
 
+fm_status fm_cuda_settle(const char *what) {
+    cudaError_t err = cudaDeviceSynchronize();
+    if (err != cudaSuccess) return fm_error(FM_E_CUDA, "%s: %s", what, cudaGetErrorString(err));
+    return FM_OK;
+}
+
 static void ws_free(fm_cuda_engine *e) {
     void *ptrs[] = {e->x_raw, e->tok_ids, e->x_prep, e->out, e->ids, e->wts, e->logits, e->n_active, e->act_e, e->act_off,
                     e->act_cnt, e->sorted_tok, e->sorted_w, e->done, e->h, e->stats, e->gu_done, e->sk_part, e->sk_cnt};
@@ -264,7 +270,7 @@ static fm_status ws_ensure(fm_cuda_engine *e, int T, int H, int Hp, int E, int k
     FM_CU(cudaMalloc(&e->stats, (size_t)(nstats > 0 ? nstats : 1) * sizeof(int)));
     e->ws_T = T; e->ws_H = H; e->ws_Hp = Hp; e->ws_E = E; e->ws_k = k; e->ws_hstride = hstride;
     e->stats_n = nstats > 0 ? nstats : 1;
-    return FM_OK;
+    return fm_cuda_settle("zeroing the engine's workspace");
 }
 
 /* The splitk path's workspace for T tokens of layer l in C chunks: grown
@@ -292,7 +298,7 @@ static fm_status sk_ensure(fm_cuda_engine *e, const fm_cuda_layer *l, int T, int
     FM_CU(cudaMemset(e->sk_cnt, 0, nc * sizeof(unsigned)));
     e->sk_part_n = np;
     e->sk_cnt_n = nc;
-    return FM_OK;
+    return fm_cuda_settle("zeroing the splitk path's counters");
 }
 
 static void fill_expert_params(fm_cuda_engine *e, const fm_cuda_layer *l, int T, int shared, float *out,
@@ -672,6 +678,7 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
     free(hx);
     free(ht);
     if (err != cudaSuccess) return fm_error(FM_E_CUDA, "cudaMemcpy: %s", cudaGetErrorString(err));
+    if ((s = fm_cuda_settle("uploading the benchmark's activations"))) return s;
 
     fm_kernel_config cfg;
     fm_launch_cfg lc;

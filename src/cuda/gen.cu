@@ -178,6 +178,7 @@ static fm_status layer_random(fm_cuda_engine *e, const fm_model_desc *full, fm_q
     free(rb);
     free(sb);
     free(tid);
+    if (!s) s = fm_cuda_settle("generating the layer");
     if (s) { fm_cuda_layer_free(l); return s; }
     l->no_router = ep;
     *out = l;

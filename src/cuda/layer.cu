@@ -109,6 +109,8 @@ fm_status fm_cuda_layer_shell(fm_cuda_engine *e, const fm_model_desc *d, fm_qfor
     l->expert_bytes = 3 * (per / 2 + per / blk);
     int64_t sper = (int64_t)l->H * l->SI;
     l->shared_bytes = 3 * (sper / 2 + sper / blk);
+    /* the zeroed stacks, before a kernel on the engine's stream fills them */
+    if ((s = fm_cuda_settle("zeroing the layer's weights"))) { fm_cuda_layer_free(l); return s; }
     *out = l;
     return FM_OK;
 }
@@ -255,6 +257,7 @@ fm_status fm_cuda_layer_upload(fm_cuda_engine *e, const fm_model_desc *d, const 
     free(stage);
     free(sstage);
     if (!s) s = fm_cuda_layer_router(c, l->router_w, l->router_bias, l->score_bias, l->tid2eid, l->tid2eid_rows);
+    if (!s) s = fm_cuda_settle("uploading the layer");
     if (s) { fm_cuda_layer_free(c); return s; }
     *out = c;
     return FM_OK;

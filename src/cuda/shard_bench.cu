@@ -55,6 +55,7 @@ fm_status fm_cuda_bench_ep_rank(fm_cuda_engine *e, fm_cuda_layer *const *layers,
         CK(cudaMemcpy(dw, w, kb * n_layers, cudaMemcpyHostToDevice));
         CK(cudaMemset(dnone, 0xFF, kb)); /* -1: no routed expert (the shared call) */
         CK(cudaMemset(dw0, 0, kb));
+        if (!s) s = fm_cuda_settle("the EP rank benchmark's inputs");
         CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     }
     if (!s) {
