@@ -1318,8 +1318,9 @@ static void test_device_calls(void **state) {
             make_x(4100 + T, T, H, xb, xf);
             fm_moe_out ro = {ref, ids, w};
             if (fm_cuda_forward(e, &d, cl, xf, FM_DT_F32, T, NULL, &ro)) fail_msg("forward: %s", fm_last_error());
-            CU_OK(cudaMemcpy(dx, xf, sizeof(float) * n, cudaMemcpyHostToDevice));
-            CU_OK(cudaMemset(dout, 0xFF, sizeof(float) * n)); /* NaN poison */
+            /* on the caller's stream, as a caller must: the library orders nothing else */
+            CU_OK(cudaMemcpyAsync(dx, xf, sizeof(float) * n, cudaMemcpyHostToDevice, st));
+            CU_OK(cudaMemsetAsync(dout, 0xFF, sizeof(float) * n, st)); /* NaN poison */
             if (fm_cuda_moe(e, cl, dx, FM_DT_F32, T, NULL, dout, dids, dw, st)) fail_msg("moe: %s", fm_last_error());
             CU_OK(cudaStreamSynchronize(st));
             CU_OK(cudaMemcpy(a, dout, sizeof(float) * n, cudaMemcpyDeviceToHost));
@@ -1351,10 +1352,10 @@ static void test_device_calls(void **state) {
             int32_t *idz = malloc(sizeof(int32_t) * T * k);
             assert_non_null(idz);
             memcpy(idz, ids, sizeof(int32_t) * T * k);
-            CU_OK(cudaMemcpy(dids, ids0, sizeof(int32_t) * T * k, cudaMemcpyHostToDevice));
-            CU_OK(cudaMemcpy(dw, w0, sizeof(float) * T * k, cudaMemcpyHostToDevice));
+            CU_OK(cudaMemcpyAsync(dids, ids0, sizeof(int32_t) * T * k, cudaMemcpyHostToDevice, st));
+            CU_OK(cudaMemcpyAsync(dw, w0, sizeof(float) * T * k, cudaMemcpyHostToDevice, st));
             if (fm_cuda_experts(e, cl, dx, FM_DT_F32, T, dids, dw, 0, dout, st)) fail_msg("experts: %s", fm_last_error());
-            CU_OK(cudaMemcpy(dids, idz, sizeof(int32_t) * T * k, cudaMemcpyHostToDevice));
+            CU_OK(cudaMemcpyAsync(dids, idz, sizeof(int32_t) * T * k, cudaMemcpyHostToDevice, st));
             if (fm_cuda_experts(e, cl, dx, FM_DT_F32, T, dids, dw, 0, dout2, st)) fail_msg("experts: %s", fm_last_error());
             CU_OK(cudaStreamSynchronize(st));
             CU_OK(cudaMemcpy(a, dout, sizeof(float) * n, cudaMemcpyDeviceToHost));
@@ -1371,7 +1372,7 @@ static void test_device_calls(void **state) {
             if (cs) fail_msg("captured moe: %s", fm_last_error());
             CU_OK(cudaGraphInstantiate(&ge, g, 0));
             for (int rep = 0; rep < 2; rep++) {
-                CU_OK(cudaMemset(dout, 0xFF, sizeof(float) * n));
+                CU_OK(cudaMemsetAsync(dout, 0xFF, sizeof(float) * n, st));
                 CU_OK(cudaGraphLaunch(ge, st));
                 CU_OK(cudaStreamSynchronize(st));
                 CU_OK(cudaMemcpy(a, dout, sizeof(float) * n, cudaMemcpyDeviceToHost));

@@ -386,9 +386,9 @@ static void test_calls_look_nothing_up(void **state) {
     assert_int_equal(cudaMalloc((void **)&out, sizeof(float) * MAXT * H), cudaSuccess);
     assert_int_equal(cudaMalloc((void **)&w, sizeof(float) * MAXT * k), cudaSuccess);
     assert_int_equal(cudaMalloc((void **)&ids, sizeof(int32_t) * MAXT * k), cudaSuccess);
-    assert_int_equal(cudaMemset(x, 0, sizeof(float) * MAXT * H), cudaSuccess);
     cudaStream_t st;
     assert_int_equal(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+    assert_int_equal(cudaMemsetAsync(x, 0, sizeof(float) * MAXT * H, st), cudaSuccess);
     for (int i = 0; i < 300; i++) {
         const int T = 1 + (i * 37) % MAXT;
         assert_int_equal(fm_cuda_moe(g_eng, l, x, FM_DT_F32, T, NULL, out, ids, w, st), FM_OK);
