@@ -4,7 +4,8 @@
 # layout) and nvidia-smi. Checks: no ncu, or a STALL_TIMEOUT_S that is not
 # whole seconds, is exit 2 with a message; each
 # kernel's summary comes from dev/analysis/stalls.py; an ncu failure is a line
-# naming the kernel and batch, and the other kernels still run; the H200's
+# naming the kernel and batch, and the other kernels still run; a kernel the
+# batch does not launch is a line saying so; the H200's
 # configs are relabelled for another GPU's name.
 set -u
 command -v python3 > /dev/null || { echo "SKIPPED: sh_gpu_stalls: python3 not found"; exit 77; }
@@ -39,6 +40,8 @@ while (($#)); do
 done
 echo "$k" >> "$(dirname "$o")/kernels"
 [[ $k == *fm_broken* ]] && { echo "==ERROR== the profiled process failed"; exit 1; }
+# as ncu: no matching launch is exit 0 and no report
+[[ $k == *fm_absent* ]] && { echo "==WARNING== No kernels were profiled."; exit 0; }
 : > "$o.ncu-rep"
 NCU
 chmod +x "$R/fakebin/ncu" "$R/fakebin/nvidia-smi"
@@ -57,7 +60,7 @@ rc=$?
 grep -q "STALL_TIMEOUT_S '1m' is not whole seconds" "$T/err2" || fail "STALL_TIMEOUT_S=1m: message: $(cat "$T/err2")"
 [ ! -e "$T/o2/stalls.txt" ] || fail "STALL_TIMEOUT_S=1m: wrote a summary"
 
-(cd "$R" && PATH=$R/fakebin:$PATH OUT=$T/o1 STALL_BATCH=1,4 STALL_KERNELS="fm_route_kernel fm_broken" \
+(cd "$R" && PATH=$R/fakebin:$PATH OUT=$T/o1 STALL_BATCH=1,4 STALL_KERNELS="fm_route_kernel fm_broken fm_absent" \
     bash dev/gpu/stalls.sh) > "$T/out1" 2>&1 || fail "run: exit $?: $(tail -n 5 "$T/out1")"
 S=$T/o1/stalls.txt
 grep -q "GPU: NVIDIA H100 80GB HBM3" "$S" || fail "GPU line: $(cat "$S")"
@@ -67,11 +70,12 @@ grep -q '"gpu": "NVIDIA H100 80GB HBM3"' "$R/.devbuild/configs-relabelled/NVIDIA
 for b in 1 4; do
     grep -q "== fm_route_kernel B=$b (glm-5 tp:8)" "$S" || fail "B=$b: no fm_route_kernel section"
     grep -q "== fm_broken B=$b: ncu exit 1: ==ERROR== the profiled process failed" "$S" || fail "B=$b: fm_broken's line"
+    grep -q "== fm_absent B=$b: no launch of fm_absent at this batch size" "$S" || fail "B=$b: fm_absent's line"
 done
 # stalls.py's figures: wait 3.0 of 4.0 (75 %), the shuffle 70 of 100 samples first
 grep -qE "^  wait +3\.00 +75\.0 %" "$S" || fail "wait's share: $(cat "$S")"
 grep -qE "^  no_instruction +1\.00 +25\.0 %" "$S" || fail "no_instruction's share"
 grep -m1 -E "^ +[0-9.]+ %  +0x" "$S" | grep -q "70.0 %.*SHFL" || fail "top instruction: $(grep -m1 ' %  ' "$S")"
-[ "$(grep -c . "$T/o1/kernels")" = 4 ] || fail "ncu runs: $(cat "$T/o1/kernels")"
+[ "$(grep -c . "$T/o1/kernels")" = 6 ] || fail "ncu runs: $(cat "$T/o1/kernels")"
 
 done_checks "stalls.sh"

@@ -32,6 +32,11 @@ for b in ${BB//,/ }; do
             -f -o "$rep" "$BIN/fp4moe" bench --device cuda --preset "$P" --shard "$SH" --batch "$b" --layers 8 \
             > "$rep.log" 2>&1
         rc=$?
+        if [[ $rc == 0 && ! -f $rep.ncu-rep ]]; then
+            # ncu exits 0 when no launch matched: this batch runs other kernels
+            echo "== $k B=$b: no launch of $k at this batch size (it runs other kernels)" >> "$S"
+            continue
+        fi
         if [[ $rc != 0 || ! -f $rep.ncu-rep ]]; then
             echo "== $k B=$b: ncu exit $rc: $(grep -v '^$' "$rep.log" | tail -n 3)" >> "$S"
             continue

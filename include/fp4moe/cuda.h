@@ -87,7 +87,12 @@ double fm_cuda_sustained_read(fm_cuda_engine *e, size_t bytes, double seconds);
  * the legacy default stream), no host synchronization and no allocation:
  * capturable in a CUDA graph. The engine's workspace must be reserved first
  * for the largest T (fm_cuda_engine_reserve); a larger T fails with
- * FM_E_RANGE. One call at a time per engine: calls share its workspace. */
+ * FM_E_RANGE. One call at a time per engine: calls share its workspace.
+ * The calls order themselves after earlier work on `stream` only: inputs
+ * written on another stream (a cudaMemset or cudaMemcpy on the legacy
+ * stream, when `stream` is non-blocking) need an event or a synchronization
+ * first. Layer creation and fm_cuda_engine_reserve return with their own
+ * device writes complete. */
 fm_status fm_cuda_engine_reserve(fm_cuda_engine *e, const fm_cuda_layer *l, int max_T);
 /* The kernel config those calls run at T tokens: cfg, the kernels' names and
  * where the config came from (the tuned file, "built-in default", or "set
