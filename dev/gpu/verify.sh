@@ -3,7 +3,8 @@
 # short table last: the interleaved A/B of this build (.devbuild/bin) against
 # another (.devbuild/base/bin, e.g. the last build before the round) on
 # DeepSeek-V4-Flash and GLM-5 at B = 1 .. 512; compute-sanitizer memcheck,
-# racecheck and initcheck; test_cuda and test_tensors; the Python package's torch checks
+# racecheck and initcheck; test_cuda and test_tensors, and three test_cuda at
+# once; the Python package's torch checks
 # and its B = 1 benchmark (dev/gpu/python_tests.py); the transformers
 # tiny-model equality (tests/py_hf_tiny.py). Needs .devbuild/bin (fp4moe,
 # test_cuda, test_tensors, cuda_smoke) and .devbuild/lib (libfp4moe.so and
@@ -34,6 +35,16 @@ done
 for t in test_cuda test_tensors; do
     (cd "$OUT" && timeout 200 "$OLDPWD/.devbuild/bin/$t" > "$OUT/$t.log" 2>&1)
     echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/$t.log" | tr '\n' ' ')" >> "$S"
+done
+# three copies at once: the library must not depend on a quiet GPU (setup
+# writes that other processes' load delays, a missing stream dependency)
+for i in 1 2 3; do
+    (mkdir -p "$OUT/conc$i" && cd "$OUT/conc$i" && timeout 300 "$OLDPWD/.devbuild/bin/test_cuda" > "$OUT/conc$i.log" 2>&1
+     echo "rc=$?" >> "$OUT/conc$i.log") &
+done
+wait
+for i in 1 2 3; do
+    echo "test_cuda copy $i of 3 at once: $(tail -n 1 "$OUT/conc$i.log") $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/conc$i.log" | tr '\n' ' ')" >> "$S"
 done
 timeout 240 bash dev/gpu/python.sh run > "$OUT/python.txt" 2>&1
 echo "python_tests rc=$?" >> "$S"
