@@ -13,6 +13,8 @@ import argparse
 import statistics
 import sys
 
+from torch_gpu import cuda_torch
+
 
 def positive(s):
     v = int(s)
@@ -39,13 +41,8 @@ def main():
     ap.add_argument("--layers", type=positive, default=8)
     ap.add_argument("--reps", type=positive, default=50)
     a = ap.parse_args()
-    try:
-        import torch
-    except Exception as e:  # noqa: BLE001
-        print(f"SKIPPED: torch not importable ({e})")
-        return 77
-    if not torch.cuda.is_available():
-        print("SKIPPED: no CUDA GPU for torch")
+    torch = cuda_torch()
+    if torch is None:
         return 77
     dev = torch.device("cuda")
     print(f"# torch {torch.__version__} on {torch.cuda.get_device_name()}; E {a.E}, H {a.H}, {a.layers} routers")

@@ -19,6 +19,8 @@ import json
 import math
 import sys
 
+from torch_gpu import cuda_torch
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -31,15 +33,10 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    try:
-        import torch
-        import torch.nn.functional as F
-    except Exception as e:  # noqa: BLE001
-        print(f"SKIPPED: torch not importable ({e})")
+    torch = cuda_torch()
+    if torch is None:
         return 77
-    if not torch.cuda.is_available():
-        print("SKIPPED: no CUDA GPU for torch")
-        return 77
+    import torch.nn.functional as F
     dev = torch.device("cuda")
     E, H, I, k = a.E, a.H, a.I, a.k
     batches = [int(b) for b in a.batch.split(",")]
