@@ -311,12 +311,12 @@ struct fm_cuda_layer {
     mutable fm_cfg_cache cc;
 };
 
+/* engine.cu: waits for the setup writes on the legacy default stream
+ * (cudaMemset, and cudaMemcpy from pageable memory, whose DMA can outlive
+ * the call), which the engine's non-blocking streams do not wait for. */
+fm_status fm_cuda_settle(const char *what);
 /* layer.cu: a layer's device matrices, allocated and zeroed (weights come
  * after), and its router tensors from the host. */
-/* Waits for the setup writes on the legacy default stream (cudaMemset, and
- * cudaMemcpy from pageable memory, whose DMA can outlive the call), which
- * the engine's non-blocking streams do not wait for. */
-fm_status fm_cuda_settle(const char *what);
 fm_status fm_cuda_layer_shell(fm_cuda_engine *e, const fm_model_desc *d, fm_qformat fmt, int layer, int with_bias,
                               fm_cuda_layer **out);
 fm_status fm_cuda_layer_router(fm_cuda_layer *l, const float *w, const float *rbias, const float *sbias,
