@@ -43,6 +43,7 @@ bad "'../x' is not a variant name" run ../x
 bad "no .carry/devbuild.tar.xz" run a
 VAR_TEST_TIMEOUT_S=1m bad "VAR_TEST_TIMEOUT_S '1m' is not whole seconds" run a
 VAR_DEADLINE_S=5m bad "VAR_DEADLINE_S '5m' is not whole seconds" run a
+VAR_ACT=fp8 bad "VAR_ACT 'fp8' is not f32, bf16 or f16" run a
 
 # stand-ins: fp4moe prints a bench table whose times depend on the build
 # (its directory) and the round (a counter file); test_cuda passes
@@ -95,6 +96,13 @@ log=$T/out1/variants_ab.log
 first_table=$(grep -n "^== glm-5@tp:8" "$log" | head -n 1 | cut -d: -f1)
 second_run=$(grep -n "round 1 qwen3" "$log" | head -n 1 | cut -d: -f1)
 [ -n "$first_table" ] && [ -n "$second_run" ] && [ "$first_table" -lt "$second_run" ] || fail "ab: a case's table not printed as it ends"
+
+# VAR_ACT: every build's bench gets the activations' type
+rm -f "$T"/args_*
+(cd "$R" && PATH=$R/fakebin:$PATH OUT=$T/out4 VAR_PRESET="glm-5@tp:8" VAR_BATCH=1 VAR_ROUNDS=1 VAR_ACT=bf16 \
+    bash dev/gpu/variants.sh run v1) > "$T/run4" 2>&1 || fail "VAR_ACT run: exit $?: $(tail -n 5 "$T/run4")"
+grep -q -- "--act bf16" "$T/args_1" || fail "VAR_ACT: cur's bench: $(cat "$T/args_1")"
+grep -q -- "--act bf16" "$T/args_2" || fail "VAR_ACT: v1's bench: $(cat "$T/args_2")"
 
 # on an H200 the shipped configs stay as they are; a deadline of 0 runs no case
 rm -rf "$R/.devbuild"

@@ -21,7 +21,8 @@
 # VAR_ROUNDS and VAR_DEADLINE_S go to it as AB_PRESET, AB_BATCH, AB_ROUNDS and
 # AB_DEADLINE_S (defaults: the TP8 ranks of GLM-5, DeepSeek-V4-Flash and
 # Kimi-K2, GLM-5's EP8 rank 0, the whole DeepSeek-V4-Flash layer; B = 1, 2, 4,
-# 8, 16, 64, 256; 2 rounds; no deadline). Where the GPU is not an H200, the
+# 8, 16, 64, 256; 2 rounds; no deadline); VAR_ACT=bf16 or f16 gives every
+# build's bench activations of that type (default FP32). Where the GPU is not an H200, the
 # H200's shipped configs are copied under this GPU's name into
 # FP4MOE_CONFIG_DIR (as the A/Bs on H100s have done), and the summary says
 # so. The summary is printed last ($OUT/variants.txt).
@@ -84,6 +85,7 @@ tt=${VAR_TEST_TIMEOUT_S:-300}
 [[ $tt =~ ^[1-9][0-9]*$ ]] || die "VAR_TEST_TIMEOUT_S '$tt' is not whole seconds"
 # checked here too, so that a bad deadline stops the call before any work
 [[ -z ${VAR_DEADLINE_S:-} || $VAR_DEADLINE_S =~ ^[0-9]+$ ]] || die "VAR_DEADLINE_S '$VAR_DEADLINE_S' is not whole seconds"
+[[ -z ${VAR_ACT:-} || $VAR_ACT =~ ^(f32|bf16|f16)$ ]] || die "VAR_ACT '$VAR_ACT' is not f32, bf16 or f16"
 for n in "$@"; do name_ok "$n" || die "'$n' is not a variant name"; done
 [[ -f .carry/devbuild.tar.xz ]] || die "no .carry/devbuild.tar.xz (variants.sh build, then carry .carry)"
 carried=$(tar -tJf .carry/devbuild.tar.xz) || die "cannot read .carry/devbuild.tar.xz"
@@ -95,6 +97,14 @@ OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 S=$OUT/variants.txt
 export LD_LIBRARY_PATH=$ROOT/.devbuild/lib:${LD_LIBRARY_PATH:-} FP4MOE_SHIPPED_CONFIGS=$ROOT/configs
+# a variant may link a CUDA library (cuBLAS) too large to carry: the
+# toolkit's copy, or the one PyTorch's wheels bring
+if ! ldconfig -p 2> /dev/null | grep -q 'libcublas\.so\.13 '; then
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+        $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cublas")))' 2> /dev/null); do
+        [[ -e $d/libcublas.so.13 ]] && { LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d; break; }
+    done
+fi
 . dev/gpu/relabel.sh
 echo "GPU: ${gpu:-unknown}" > "$S"
 [[ -z $RELABELLED ]] || echo "$RELABELLED" >> "$S"
@@ -103,8 +113,10 @@ if [[ -x .devbuild/bin/cuda_icache ]]; then
     timeout 120 .devbuild/bin/cuda_icache > "$OUT/icache.txt" 2>&1
     { echo "cuda_icache (exit $?):"; cat "$OUT/icache.txt"; } >> "$S"
 fi
-v="cur:"
-for n in "$@"; do v="$v $n:FM_AB_BIN=.devbuild/$n/bin"; done
+# VAR_ACT=bf16 (or f16): every build's bench activations of that type
+act=${VAR_ACT:+,FM_AB_ACT=$VAR_ACT}
+v="cur:${act#,}"
+for n in "$@"; do v="$v $n:FM_AB_BIN=.devbuild/$n/bin$act"; done
 OUT=$OUT AB_VARIANTS=$v AB_ROUNDS=${VAR_ROUNDS:-2} AB_BATCH=${VAR_BATCH:-1,2,4,8,16,64,256} \
     AB_PRESET=${VAR_PRESET:-"glm-5@tp:8 deepseek-v4-flash@tp:8 kimi-k2@tp:8 glm-5@ep:8/0 deepseek-v4-flash"} \
     AB_DEADLINE_S=${VAR_DEADLINE_S:-} bash dev/gpu/ab.sh > "$OUT/variants_ab.log" 2>&1
