@@ -37,10 +37,12 @@ def main():
     vals = ["0", "fm_route_kernel(fm_route_params)", "11.30", "22,400", "1,300"] + [str(v) for v in reasons.values()]
     raw = "==PROF== Connected to process 1\n" + csv_text([cols, units, vals])
     src_rows = [["# Address", "Source", "Warp Stall Sampling (All Samples)",
-                 "Warp Stall Sampling (Not-issued Samples)", "Instructions Executed"]]
+                 "Warp Stall Sampling (Not-issued Samples)", "Instructions Executed",
+                 "stall_long_sb", "stall_wait", "stall_long_sb (Not Issued)"]]
     samples = [3, 40, 0, 17, 120]
     for i, s in enumerate(samples):
-        src_rows.append(["%04x" % (i * 16), "OP%d R1, R2 ;" % i, str(s), str(s), "1"])
+        src_rows.append(["%04x" % (i * 16), "OP%d R1, R2 ;" % i, str(s), str(s), "1",
+                         str(s - s // 4), str(s // 4), str(s)])
     src = "Kernel: fm_route_kernel\n" + csv_text(src_rows)
     tot_r, tot_s = sum(reasons.values()), sum(samples)
     with tempfile.TemporaryDirectory() as d:
@@ -64,6 +66,9 @@ def main():
         assert len(top) == 3, top
         assert [l.split()[3] for l in top] == ["OP4", "OP1", "OP3"], top
         assert abs(float(top[0].split()[0]) - 100 * 120 / tot_s) < 0.06, top
+        # an instruction's two largest reasons, the not-issued repeats left out
+        assert "(stall_long_sb 90, stall_wait 30)" in top[0], top
+        assert "Not Issued" not in out, out
 
         # --lines: the samples per source range, the page's instructions in
         # address order being the function's (here lines 10, 10, 20, 30, 20)

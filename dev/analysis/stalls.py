@@ -102,7 +102,9 @@ def source_page(path, top, lines=None, ranges=()):
     src = next((k for k in rows[0] if k and k.strip() == "Source"), None)
     if src is None:
         fail(f"{path}: no 'Source' column")
-    extra = [k for k in rows[0] if k and "stall" in k.lower() and k != ALL and "Not-issued" not in k]
+    # per-reason columns of all samples; ncu repeats each for the not-issued ones
+    extra = [k for k in rows[0] if k and "stall" in k.lower() and k != ALL
+             and "not-issued" not in k.lower() and "not issued" not in k.lower()]
     ins = [(num(r[ALL]) or 0.0, r) for r in rows]
     tot = sum(s for s, _ in ins)
     say(f"  sampled stalls: {tot:.0f} over {len(ins)} instructions")
