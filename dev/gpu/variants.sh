@@ -22,8 +22,8 @@
 # AB_DEADLINE_S (defaults: the TP8 ranks of GLM-5, DeepSeek-V4-Flash and
 # Kimi-K2, GLM-5's EP8 rank 0, the whole DeepSeek-V4-Flash layer; B = 1, 2, 4,
 # 8, 16, 64, 256; 2 rounds; no deadline); VAR_ACT=bf16 or f16 gives every
-# build's bench activations of that type (default FP32). Where the GPU is not an H200, the
-# H200's shipped configs are copied under this GPU's name into
+# build's bench activations of that type (default FP32). Where the GPU is not
+# an H200, the H200's shipped configs are copied under this GPU's name into
 # FP4MOE_CONFIG_DIR (as the A/Bs on H100s have done), and the summary says
 # so. The summary is printed last ($OUT/variants.txt).
 set -uo pipefail
