@@ -1395,7 +1395,7 @@ static void test_device_calls(void **state) {
 
 /* Setup behind other work on the legacy default stream (a framework's or
  * another library's copies and kernels): a fresh engine, and layers
- * generated on the GPU and uploaded from the host while ~10 ms of copies
+ * generated on the GPU and uploaded from the host while 15 - 20 ms of copies
  * are queued there, compute what the float64 reference computes. The
  * engine's streams are non-blocking and do not wait for that stream, so its
  * setup (zeroed weight stacks and workspace, pageable copies) must. */
