@@ -264,18 +264,20 @@ static void test_router_not_bf16(void **state) {
     compare_dtypes("tiny-qwen3", 314, 907, Ts, 2, 1, "router not BF16, ");
 }
 
-/* The two debugging switches: the shared expert inside the routed launches
- * instead of on its own stream, and no programmatic dependent launch, each
- * alone and both, against the float64 reference on presets with a shared
- * expert (engines made under each setting; the switches are read when an
- * engine is created). */
+/* The debugging switches: the shared expert inside the routed launches
+ * instead of on its own stream, no programmatic dependent launch, each alone
+ * and both, and the router logits without cuBLAS (fp4moe's BF16 mma.sync
+ * kernel at T = 130, the kernel that runs where cuBLAS cannot be loaded),
+ * against the float64 reference on presets with a shared expert (engines
+ * made under each setting; the switches are read when an engine is
+ * created). */
 static void test_launch_switches(void **state) {
     (void)state;
     NEED_GPU();
     const char *presets[] = {"tiny-deepseek", "tiny-deepseek-v4"};
-    enum { NSW = 2 };
-    static const char *names[NSW] = {"FP4MOE_CUDA_SH_FORK", "FP4MOE_CUDA_PDL"};
-    const char *sets[][NSW] = {{"0", ""}, {"", "0"}, {"0", "0"}, {"1", "1"}};
+    enum { NSW = 3 };
+    static const char *names[NSW] = {"FP4MOE_CUDA_SH_FORK", "FP4MOE_CUDA_PDL", "FP4MOE_CUDA_BLAS"};
+    const char *sets[][NSW] = {{"0", "", ""}, {"", "0", ""}, {"0", "0", ""}, {"1", "1", "1"}, {"", "", "0"}};
     const int Ts[] = {1, 7, 130};
     fm_cuda_engine *saved = g_eng;
     for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
@@ -284,6 +286,9 @@ static void test_launch_switches(void **state) {
         fm_status es = fm_cuda_engine_new(0, &e);
         for (int v = 0; v < NSW; v++) unsetenv(names[v]);
         if (es) fail_msg("engine: %s", fm_last_error());
+        printf("# engine: %s\n", fm_cuda_engine_describe(e));
+        if (!strcmp(sets[si][2], "0") && !strstr(fm_cuda_engine_describe(e), "cuBLAS off (FP4MOE_CUDA_BLAS=0)"))
+            fail_msg("FP4MOE_CUDA_BLAS=0 and the engine says: %s", fm_cuda_engine_describe(e));
         g_eng = e;
         for (size_t pi = 0; pi < 2; pi++) {
             fm_model_desc d;
@@ -303,7 +308,8 @@ static void test_launch_switches(void **state) {
                 make_x(300 + pi * 7 + T, T, H, xb, xf);
                 cmp_result r;
                 run_compare(&d, hl, cl, T, xb, NULL, &r);
-                check_ref(&r, 1, "SH_FORK=%s PDL=%s %-16s T=%3d", sets[si][0], sets[si][1], presets[pi], T);
+                check_ref(&r, 1, "SH_FORK=%s PDL=%s BLAS=%s %-16s T=%3d", sets[si][0], sets[si][1], sets[si][2],
+                          presets[pi], T);
                 free(xb); free(xf);
             }
             fm_cuda_layer_free(cl);
@@ -793,10 +799,27 @@ static void test_down_chunks(void **state) {
     }
 }
 
+/* 1 when engine e has loaded cuBLAS: its description names the version. */
+static int engine_has_blas(const fm_cuda_engine *e) {
+    const char *b = strstr(fm_cuda_engine_describe(e), ", cuBLAS ");
+    return b && b[9] >= '0' && b[9] <= '9';
+}
+
+/* The logits line where the tiled shape runs with activations of type xdt:
+ * cuBLAS for BF16 where the engine has it, else the BF16 mma.sync kernel
+ * with the terms that type takes (one, two, three). */
+static void check_logits_line(const fm_cuda_engine *e, fm_dtype xdt, const char *kernel) {
+    const char *want = xdt == FM_DT_BF16 ? (engine_has_blas(e) ? "router logits: cuBLAS BF16 GEMM" : "BF16 mma.sync, one term")
+                       : xdt == FM_DT_F16 ? "BF16 mma.sync, two terms"
+                                          : "BF16 mma.sync, three terms";
+    if (!strstr(kernel, want)) fail_msg("%s activations: the kernel line does not say '%s': %s", fm_dtype_name(xdt), want, kernel);
+}
+
 /* The benchmark's activations in F32, BF16 or F16 (fm_cuda_engine_set_bench_act):
- * each times, and the router logits' line names the terms that type takes
- * (three, one, two) where the tiled kernel runs (T = 200); any other type is
- * refused and leaves the setting as it was. */
+ * each times, and the router logits' line names the kernel that type takes
+ * where the tiled shape runs (T = 200): cuBLAS for BF16 where the engine
+ * loaded it, else the BF16 mma.sync kernel's terms (one, two, three); any
+ * other type is refused and leaves the setting as it was. */
 static void test_bench_act(void **state) {
     (void)state;
     NEED_GPU();
@@ -808,7 +831,7 @@ static void test_bench_act(void **state) {
     assert_int_equal(fm_moe_layer_random(&d, d.expert_format, 1400, L, &hl), FM_OK);
     if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
     const fm_dtype dts[] = {FM_DT_BF16, FM_DT_F16, FM_DT_F32};
-    const char *terms[] = {"one term", "two terms", "three terms"};
+    printf("# engine: %s\n", fm_cuda_engine_describe(g_eng));
     for (int i = 0; i < 3; i++)
         for (int T = 64; T <= 200; T += 136) {
             assert_int_equal(fm_cuda_engine_set_bench_act(g_eng, dts[i]), FM_OK);
@@ -818,9 +841,7 @@ static void test_bench_act(void **state) {
             assert_true(br.us_per_layer > 0);
             /* above 128 tokens the logits are always tiled, and a random
              * layer's router is exact in BF16 */
-            if (T == 200 && (!strstr(br.kernel, "BF16 mma.sync") || !strstr(br.kernel, terms[i])))
-                fail_msg("%s activations, T = %d: the kernel line does not say BF16 mma.sync, %s: %s",
-                         fm_dtype_name(dts[i]), T, terms[i], br.kernel);
+            if (T == 200) check_logits_line(g_eng, dts[i], br.kernel);
         }
     /* refused: the BF16 set before stays */
     assert_int_equal(fm_cuda_engine_set_bench_act(g_eng, FM_DT_BF16), FM_OK);
@@ -829,7 +850,7 @@ static void test_bench_act(void **state) {
     {
         fm_cuda_bench_result br;
         if (fm_cuda_bench(g_eng, &d, &cl, 1, 200, 5, 2, &br)) fail_msg("fm_cuda_bench: %s", fm_last_error());
-        if (!strstr(br.kernel, "one term")) fail_msg("a refused type changed the activations: %s", br.kernel);
+        check_logits_line(g_eng, FM_DT_BF16, br.kernel); /* a refused type changed nothing */
     }
     assert_int_equal(fm_cuda_engine_set_bench_act(g_eng, FM_DT_F32), FM_OK); /* the other tests' default */
     fm_cuda_layer_free(cl);

@@ -99,14 +99,15 @@ static void test_env_is(void **state) {
     unsetenv(n);
 }
 
-/* The two debugging switches: unset, empty and accepted values pass; an
+/* The debugging switches: unset, empty and accepted values pass; an
  * unknown name (the switches of removed variants among them) or a value the
  * switch does not take is an error naming it. */
 static void test_env_check(void **state) {
     (void)state;
     assert_int_equal(fm_cuda_env_check(), FM_OK);
     const char *good[][2] = {{"FP4MOE_CUDA_PDL", ""},     {"FP4MOE_CUDA_PDL", "0"},    {"FP4MOE_CUDA_PDL", "1"},
-                             {"FP4MOE_CUDA_SH_FORK", "0"}, {"FP4MOE_CUDA_SH_FORK", "1"}};
+                             {"FP4MOE_CUDA_SH_FORK", "0"}, {"FP4MOE_CUDA_SH_FORK", "1"},
+                             {"FP4MOE_CUDA_BLAS", "0"},    {"FP4MOE_CUDA_BLAS", "1"}};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         setenv(good[i][0], good[i][1], 1);
         if (fm_cuda_env_check() != FM_OK) fail_msg("%s=%s refused: %s", good[i][0], good[i][1], fm_last_error());
@@ -117,6 +118,7 @@ static void test_env_check(void **state) {
         {"FP4MOE_CUDA_PDL", "off", "FP4MOE_CUDA_PDL='off': expected 0|1"},
         {"FP4MOE_CUDA_SH_FORK", "yes", "FP4MOE_CUDA_SH_FORK='yes': expected 0|1"},
         {"FP4MOE_CUDA_SH_FORK", "01", "FP4MOE_CUDA_SH_FORK='01': expected 0|1"},
+        {"FP4MOE_CUDA_BLAS", "off", "FP4MOE_CUDA_BLAS='off': expected 0|1"},
         {"FP4MOE_CUDA_STAGES", "3", "unknown environment variable FP4MOE_CUDA_STAGES"},
         {"FP4MOE_CUDA_WG", "3", "unknown environment variable FP4MOE_CUDA_WG"},
         {"FP4MOE_CUDA_FP4_DECODE", "v5", "unknown environment variable FP4MOE_CUDA_FP4_DECODE"},
@@ -128,10 +130,10 @@ static void test_env_check(void **state) {
         if (!strstr(fm_last_error(), bad[i][2])) fail_msg("%s=%s: message '%s'", bad[i][0], bad[i][1], fm_last_error());
         unsetenv(bad[i][0]);
     }
-    /* an unknown name lists both switches */
+    /* an unknown name lists every switch */
     setenv("FP4MOE_CUDA_NOPE", "1", 1);
     assert_int_equal(fm_cuda_env_check(), FM_E_ARG);
-    if (!strstr(fm_last_error(), "(the CUDA switches are FP4MOE_CUDA_PDL, FP4MOE_CUDA_SH_FORK)"))
+    if (!strstr(fm_last_error(), "(the CUDA switches are FP4MOE_CUDA_PDL, FP4MOE_CUDA_SH_FORK, FP4MOE_CUDA_BLAS)"))
         fail_msg("the list of switches is not whole: '%s'", fm_last_error());
     unsetenv("FP4MOE_CUDA_NOPE");
     assert_int_equal(fm_cuda_env_check(), FM_OK);

@@ -552,6 +552,10 @@ static void test_explain(void **state) {
     assert_non_null(strstr(text, "router logits    GEMV shape (up to 32 tokens"));
     assert_non_null(strstr(text, "router logits    tiled shape (the tiled grid fills a third of the SMs or more; "
                                  "the tiled grid: 128 blocks on 132 SMs)"));
+    /* the tiled shape's kernels for BF16 activations: said at B = 64 only */
+    const char *blas = strstr(text, "tiled: BF16 activations on a router exact in BF16 take one cuBLAS GEMM");
+    assert_non_null(blas);
+    assert_null(strstr(blas + 8, "tiled: BF16 activations"));
     /* the layer's schedule (schedule.c): B = 1's built-in small path (8-token
      * tiles) on the shared expert's branch, its one token's selection
      * spread; B = 64's wgmma path with 32-token shared passes, no handoff

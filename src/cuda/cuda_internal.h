@@ -134,6 +134,7 @@ typedef struct {
                              * the selection kernel, or NULL                 */
     const int32_t *pre_ids; /* pre-routed: [T][k] ids (< 0 or >= E: none)    */
     const float *pre_wts;   /* and weights; the logits are not computed      */
+    void *blas;             /* the engine's cuBLAS handle, or NULL (blas.cu) */
 } fm_route_params;
 
 /* Expert kernels' parameters. */
@@ -211,8 +212,14 @@ fm_status fm_cuda_launch_prep(const fm_route_params *p, int pdl, cudaStream_t s)
 fm_status fm_cuda_launch_preroute(const fm_route_params *p, size_t smem, int pdl, cudaStream_t s);
 size_t fm_cuda_route_smem(int H, int E);
 /* The router logits kernel the routing launch takes at T tokens, in words
- * (bf16_router: the layer has the exact BF16 router; xdt: fm_dtype of x). */
-const char *fm_cuda_route_logits_name(int T, int H, int E, int sms, int bf16_router, int xdt);
+ * (bf16_router: the layer has the exact BF16 router; xdt: fm_dtype of x;
+ * blas: the engine has cuBLAS). */
+const char *fm_cuda_route_logits_name(int T, int H, int E, int sms, int bf16_router, int xdt, int blas);
+/* cuBLAS, loaded at run time (blas.cu): a handle with its own workspace, or
+ * NULLs and the reason in note; the logits as one GEMM (BF16 x, BF16 router). */
+void fm_cuda_blas_new(void **handle, void **ws, char *note, size_t cap);
+void fm_cuda_blas_free(void *handle, void *ws);
+fm_status fm_cuda_blas_logits(void *handle, const fm_route_params *p, cudaStream_t s);
 /* Floats of the partial-logits workspace for up to T tokens (monotone). */
 size_t fm_cuda_route_logit_floats(int T, int H, int E, int sms);
 /* Row stride (floats) of the partial logits of E experts. */
@@ -268,6 +275,8 @@ struct fm_cuda_engine {
     double sustain_ms; /* benchmarks: replays before the timed ones (fm_cuda_engine_set_sustain) */
     fm_dtype bench_xdt; /* benchmarks: the activations' type (fm_cuda_engine_set_bench_act) */
     int wgmma;         /* the wgmma kernels can run: sm_90 and built for sm_90a */
+    void *blas, *blas_ws; /* cuBLAS handle for the router logits and its workspace, or NULL */
+    char blas_note[200];  /* the cuBLAS loaded, or why none is used */
     /* workspace, sized for the largest call so far; calls on caller-owned
      * memory never grow it (fm_cuda_engine_reserve) */
     int ws_T, ws_H, ws_Hp, ws_E, ws_k, ws_hstride;

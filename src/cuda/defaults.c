@@ -96,13 +96,14 @@ fm_kernel_config fm_kernel_config_default(const struct fm_tune_key *key, int T) 
     return c;
 }
 
-/* The CUDA engine's two debugging switches (docs/tuning.md) and the values
- * each takes. */
+/* The CUDA engine's debugging switches (docs/tuning.md) and the values each
+ * takes. */
 static const struct {
     const char *name, *vals;
 } k_cuda_env[] = {
     {"FP4MOE_CUDA_PDL", "0|1"},
     {"FP4MOE_CUDA_SH_FORK", "0|1"},
+    {"FP4MOE_CUDA_BLAS", "0|1"},
 };
 
 /* v is one of the '|'-separated words of vals. */

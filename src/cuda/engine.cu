@@ -81,6 +81,12 @@ fm_status fm_cuda_engine_new(int device, fm_cuda_engine **out) {
         fm_cuda_engine_free(e);
         return fm_error(FM_E_CUDA, "creating the engine's streams and events failed: %s", cudaGetErrorString(err));
     }
+    if (fm_cuda_env_is("FP4MOE_CUDA_BLAS", "0")) snprintf(e->blas_note, sizeof e->blas_note, "cuBLAS off (FP4MOE_CUDA_BLAS=0)");
+    else fm_cuda_blas_new(&e->blas, &e->blas_ws, e->blas_note, sizeof e->blas_note);
+    {
+        size_t n = strlen(e->desc);
+        snprintf(e->desc + n, sizeof e->desc - n, ", %s", e->blas_note);
+    }
     *out = e;
     return FM_OK;
 }
@@ -107,6 +113,7 @@ void fm_cuda_engine_free(fm_cuda_engine *e) {
     if (!e) return;
     cudaSetDevice(e->device);
     ws_free(e);
+    fm_cuda_blas_free(e->blas, e->blas_ws);
     if (e->join_ev) cudaEventDestroy(e->join_ev);
     if (e->fork_ev) cudaEventDestroy(e->fork_ev);
     if (e->side) cudaStreamDestroy(e->side);
@@ -379,6 +386,7 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
     rp.pre_ids = io->pre_ids; rp.pre_wts = io->pre_wts;
     rp.logits = e->logits;
     rp.sms = e->sm_count;
+    rp.blas = e->blas;
     rp.ids = io->ids; rp.wts = io->wts; rp.x_prep = e->x_prep; rp.out = io->out;
     rp.n_active = e->n_active; rp.act_e = e->act_e; rp.act_off = e->act_off; rp.act_cnt = e->act_cnt;
     rp.sorted_tok = e->sorted_tok; rp.sorted_w = e->sorted_w; rp.done = e->done; rp.stat_active = io->stat;
@@ -710,7 +718,7 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
         size_t n = strlen(r->kernel);
         snprintf(r->kernel + n, sizeof r->kernel - n, "; router logits: %s",
                  fm_cuda_route_logits_name(T, layers[0]->H, layers[0]->E, e->sm_count, layers[0]->router_wb != NULL,
-                                           e->bench_xdt));
+                                           e->bench_xdt, e->blas != NULL));
     }
 
     const int pdl0 = lc.pdl;

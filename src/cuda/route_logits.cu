@@ -5,7 +5,9 @@
  * tensor-core shape for many). Both shapes also zero the tokens' output
  * rows and write the tokens' activations in the layout the expert kernels
  * read (BF16, scaled by 2^7, K permuted; see expert_mma.cu), one expert tile
- * per K slice. The pre-routed path runs that prep alone (fm_prep_kernel).
+ * per K slice. The pre-routed path runs that prep alone (fm_prep_kernel),
+ * and so does the tiled shape with BF16 activations where the engine has
+ * cuBLAS, whose GEMM then computes the logits (blas.cu).
  */
 #include "route_common.cuh"
 #include <math.h>
@@ -458,10 +460,11 @@ extern "C" size_t fm_cuda_route_logit_floats(int T, int H, int E, int sms) {
 }
 
 /* Name of the logits kernel the launch below takes at T tokens. */
-extern "C" const char *fm_cuda_route_logits_name(int T, int H, int E, int sms, int bf16_router, int xdt) {
+extern "C" const char *fm_cuda_route_logits_name(int T, int H, int E, int sms, int bf16_router, int xdt, int blas) {
     if (fm_route_logits_gemv(T, H, E, sms)) return bf16_router ? "GEMV, FP32 FMA on the BF16 router (exact)" : "GEMV, FP32 FMA";
     if (bf16_router)
-        return xdt == FM_DT_BF16 ? "BF16 mma.sync, one term (exact products, FP32 sums)"
+        return xdt == FM_DT_BF16 ? (blas ? "cuBLAS BF16 GEMM (exact products, FP32 sums)"
+                                         : "BF16 mma.sync, one term (exact products, FP32 sums; no cuBLAS)")
                : xdt == FM_DT_F16 ? "BF16 mma.sync, two terms of x (exact products, FP32 sums)"
                                   : "BF16 mma.sync, three terms of x (exact products, FP32 sums)";
     return "three TF32 terms on mma.sync (FP32 accuracy)";
@@ -479,7 +482,8 @@ static cudaLaunchConfig_t route_cfg(cudaStream_t s, int pdl, cudaLaunchAttribute
 }
 
 /* The logits (sets p->kslices): the GEMV shape up to its token limit, else
- * the BF16 tensor-core tiles where the router is exact in BF16, else TF32. */
+ * cuBLAS for BF16 activations on the exact BF16 router, else the BF16
+ * tensor-core tiles where the router is exact in BF16, else TF32. */
 extern "C" fm_status fm_cuda_launch_logits(fm_route_params *p, int pdl, cudaStream_t s) {
     cudaLaunchAttribute attr[1];
     cudaLaunchConfig_t cfg = route_cfg(s, pdl, attr);
@@ -491,6 +495,14 @@ extern "C" fm_status fm_cuda_launch_logits(fm_route_params *p, int pdl, cudaStre
         FM_CU(cudaLaunchKernelEx(&cfg, fm_logits_gemv_kernel, *p));
         FM_CU_LAUNCH("fm_logits_gemv_kernel");
         return FM_OK;
+    }
+    if (p->blas && p->router_wb && p->x && p->xdt == FM_DT_BF16) {
+        /* one product, one slice; the tokens' prep (x_prep, the zeroed
+         * output) is then a launch of its own */
+        fm_status st = fm_cuda_launch_prep(p, pdl, s);
+        if (st) return st;
+        p->kslices = 1;
+        return fm_cuda_blas_logits(p->blas, p, s);
     }
     int ks, kc;
     fm_route_tile_split(p->T, p->H, p->E, p->sms, 2, LGM_KS, &ks, &kc);

@@ -257,6 +257,9 @@ static void text_gpu_batch(const fm_explanation *x, const fm_explain_batch *e, F
             fm_tune_path_token(def->path), (double)def->switch_tpe, e->mean_tokens_per_expert, dcs);
     fprintf(f, "  router logits    %s shape (%s; the tiled grid: %ld blocks on %d SMs)\n",
             e->logits_gemv ? "GEMV" : "tiled", e->logits_why, e->logits_tiled_blocks, e->logits_sms);
+    if (!e->logits_gemv)
+        fprintf(f, "                   tiled: BF16 activations on a router exact in BF16 take one cuBLAS GEMM where\n"
+                   "                     the engine loads cuBLAS (its description says), else fp4moe's mma.sync tiles\n");
     if (x->has_schedule) {
         if (d->n_shared)
             fprintf(f, "  schedule         shared expert: %s, %d-token passes\n",
