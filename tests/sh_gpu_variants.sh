@@ -15,7 +15,7 @@ SCRATCH_NAME=sh_variants . "$(dirname "$0")/scratch.inc.sh"
 
 R=$T/tree
 mkdir -p "$R/dev/gpu/patches" "$R/configs" "$R/fakebin"
-cp "$SRC/dev/gpu/variants.sh" "$SRC/dev/gpu/ab.sh" "$SRC/dev/gpu/pack.sh" "$SRC/dev/gpu/relabel.sh" "$R/dev/gpu/"
+cp "$SRC/dev/gpu/variants.sh" "$SRC/dev/gpu/ab.sh" "$SRC/dev/gpu/pack.sh" "$SRC/dev/gpu/relabel.sh" "$SRC/dev/gpu/cublas_path.sh" "$R/dev/gpu/"
 echo "diff" > "$R/dev/gpu/patches/one.patch"
 printf '{"fp4moe_tune_config": 1, "key": {"gpu": "NVIDIA H200", "sm_count": 132}}\n' \
     > "$R/configs/NVIDIA_H200-132sm-nvfp4-E8-H64-I32-k2.json"

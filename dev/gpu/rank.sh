@@ -6,12 +6,17 @@
 # benchmark of every shape beside PyTorch's grouped BF16 / FP8 MoE on the
 # same shard shape (dev/gpu/torch_peer.py); the summary last.
 #   RANK_PRESETS="glm-5 deepseek-v4-flash kimi-k2" RANK_TRACE_BATCH=1,4,16 bash dev/gpu/rank.sh
-# RANK_PEERS=0 skips the PyTorch peers; RANK_EP=1 adds GLM-5's EP8 rank 0.
+# RANK_PEERS=0 skips the PyTorch peers; RANK_EP=1 adds GLM-5's EP8 rank 0;
+# RANK_ACT=bf16 (or f16) gives the benchmarks activations of that type (the
+# peers always take BF16).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.devbuild/lib:${LD_LIBRARY_PATH:-} FP4MOE_SHIPPED_CONFIGS=$PWD/configs
+. dev/gpu/cublas_path.sh
+ACT=${RANK_ACT:-f32}
+[[ $ACT =~ ^(f32|bf16|f16)$ ]] || { echo "rank.sh: RANK_ACT '$ACT' is not f32, bf16 or f16" >&2; exit 2; }
 BIN=${RANK_BIN:-$PWD/.devbuild/bin}
 S=$OUT/rank.txt
 : > "$S"
@@ -37,9 +42,9 @@ for p in $PRESETS; do
         done
         { echo "== timeline $p TP8 (us after the logits kernel's end)"; python3 dev/analysis/trace_layers.py "$OUT"/tr_"${p}"_*.json; } >> "$S" 2>&1
     fi
-    timeout 200 "$BIN/fp4moe" bench --device cuda --preset "$p" --shard tp:8 --batch "$BB" --layers 8 \
+    timeout 200 "$BIN/fp4moe" bench --device cuda --preset "$p" --shard tp:8 --batch "$BB" --layers 8 --act "$ACT" \
         --json "$OUT/bench_${p}_tp8.json" > "$OUT/bench_${p}_tp8.txt" 2>&1
-    { echo "== bench $p TP8 rank 0 (exit $?)"; grep -E "bandwidth|^ *[0-9]+ " "$OUT/bench_${p}_tp8.txt"; } >> "$S"
+    { echo "== bench $p TP8 rank 0, $ACT activations (exit $?)"; grep -E "^device:|bandwidth|^ *[0-9]+ " "$OUT/bench_${p}_tp8.txt"; } >> "$S"
     shape=$(peer_shape "$p")
     if [[ ${RANK_PEERS:-1} == 1 && -n $shape ]]; then
         read -r E H I k <<< "$shape"
@@ -49,7 +54,7 @@ for p in $PRESETS; do
     fi
 done
 if [[ ${RANK_EP:-0} == 1 ]]; then
-    timeout 200 "$BIN/fp4moe" bench --device cuda --preset glm-5 --shard ep:8/0 --batch "$BB" --layers 8 \
+    timeout 200 "$BIN/fp4moe" bench --device cuda --preset glm-5 --shard ep:8/0 --batch "$BB" --layers 8 --act "$ACT" \
         > "$OUT/bench_glm-5_ep8.txt" 2>&1
     { echo "== bench glm-5 EP8 rank 0 (exit $?)"; grep -E "bandwidth|^ *[0-9]+ |most loaded" "$OUT/bench_glm-5_ep8.txt"; } >> "$S"
 fi

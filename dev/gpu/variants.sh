@@ -97,14 +97,7 @@ OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 S=$OUT/variants.txt
 export LD_LIBRARY_PATH=$ROOT/.devbuild/lib:${LD_LIBRARY_PATH:-} FP4MOE_SHIPPED_CONFIGS=$ROOT/configs
-# a variant may link a CUDA library (cuBLAS) too large to carry: the
-# toolkit's copy, or the one PyTorch's wheels bring
-if ! ldconfig -p 2> /dev/null | grep -q 'libcublas\.so\.13 '; then
-    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-        $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cublas")))' 2> /dev/null); do
-        [[ -e $d/libcublas.so.13 ]] && { LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d; break; }
-    done
-fi
+. dev/gpu/cublas_path.sh
 . dev/gpu/relabel.sh
 echo "GPU: ${gpu:-unknown}" > "$S"
 [[ -z $RELABELLED ]] || echo "$RELABELLED" >> "$S"

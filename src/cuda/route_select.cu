@@ -7,7 +7,7 @@
  * finish (a counter in global memory) groups the T*k (token, slot) pairs by
  * expert: counts, prefix sums, the list of active experts, the scatter.
  * When one block selects every token and T*k <= 32 (batch <= 4), one warp
- * groups the pairs in registers instead, and so does the last block's first
+ * groups the pairs in registers instead (one token's need no grouping), and so does the last block's first
  * warp up to 64 pairs (a bitonic sort over the warp). The pre-routed path
  * (fm_preroute_kernel) takes the caller's ids and weights and groups them.
  * Nothing here waits on the host, so a whole step can be one CUDA graph.
@@ -678,7 +678,8 @@ static __device__ void group_pairs_count(const fm_route_params &p, int id, float
 }
 
 /* One block selected every token (T * k <= 32): its first warp groups the
- * pairs from the block's picks. */
+ * pairs from the block's picks (one token, no hash table: written as they
+ * are, one active expert per pair). */
 static __device__ void group_pairs_warp(const fm_route_params &p, int chosen[][RT_MAXK], float chosen_w[][RT_MAXK]) {
     const int k = p.k, n = p.T * p.k, lane = threadIdx.x & 31;
     const bool have = lane < n;
