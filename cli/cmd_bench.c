@@ -33,8 +33,8 @@ static void bench_usage(FILE *f) {
             "replays run at the clocks the power limit allows under sustained load (a decode\n"
             "server's case; on an H200 1000 ms is enough, docs/perf.md).\n"
             "--act feeds the GPU benchmark activations of that type (default f32); an engine passes\n"
-            "bf16, for which the router logits take one BF16 term instead of three (one GPU's layer\n"
-            "or a TP shard).\n\npresets:");
+            "bf16, for which the router logits take one cuBLAS GEMM where the tiled shape runs and\n"
+            "cuBLAS loads, else one BF16 term instead of three (one GPU's layer or a TP shard).\n\npresets:");
     for (size_t i = 0; i < fm_preset_count(); i++) fprintf(f, " %s", fm_preset_name(i));
     fprintf(f, "\n");
 }
