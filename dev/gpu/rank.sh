@@ -7,8 +7,8 @@
 # same shard shape (dev/gpu/torch_peer.py); the summary last.
 #   RANK_PRESETS="glm-5 deepseek-v4-flash kimi-k2" RANK_TRACE_BATCH=1,4,16 bash dev/gpu/rank.sh
 # RANK_PEERS=0 skips the PyTorch peers; RANK_EP=1 adds GLM-5's EP8 rank 0;
-# RANK_ACT=bf16 (or f16) gives the benchmarks activations of that type (the
-# peers always take BF16).
+# RANK_ACT=bf16 (or f16) gives the TP benchmarks activations of that type
+# (the peers always take BF16; the EP rank's pre-routed call takes F32).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -54,7 +54,7 @@ for p in $PRESETS; do
     fi
 done
 if [[ ${RANK_EP:-0} == 1 ]]; then
-    timeout 200 "$BIN/fp4moe" bench --device cuda --preset glm-5 --shard ep:8/0 --batch "$BB" --layers 8 --act "$ACT" \
+    timeout 200 "$BIN/fp4moe" bench --device cuda --preset glm-5 --shard ep:8/0 --batch "$BB" --layers 8 \
         > "$OUT/bench_glm-5_ep8.txt" 2>&1
     { echo "== bench glm-5 EP8 rank 0 (exit $?)"; grep -E "bandwidth|^ *[0-9]+ |most loaded" "$OUT/bench_glm-5_ep8.txt"; } >> "$S"
 fi
