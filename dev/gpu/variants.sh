@@ -62,7 +62,7 @@ if [[ $cmd == build ]]; then
     git diff HEAD > "$ROOT/.devbuild/uncommitted.diff"
     for i in "${!names[@]}"; do
         n=${names[$i]}
-        git -C "$WT" checkout -q --detach "$head" && git -C "$WT" reset -q --hard "$head" || die "cannot reset $WT"
+        git -C "$WT" checkout -q -f --detach "$head" && git -C "$WT" reset -q --hard "$head" || die "cannot reset $WT"
         if [[ -s $ROOT/.devbuild/uncommitted.diff ]]; then
             git -C "$WT" apply "$ROOT/.devbuild/uncommitted.diff" || die "the tree's uncommitted changes do not apply in $WT"
         fi
