@@ -69,6 +69,8 @@ if [ "$SHARED" != OFF ] && command -v readelf >/dev/null; then
     [ "$SONAME" = "$want_so" ] || fail "SONAME '$SONAME', expected '$want_so'"
     [ -e "$P1/$LIBREL/$want_so" ] || fail "no $want_so link"
     readelf -d "$P1/$LIBREL/libfp4moe.so" | grep -q 'NEEDED.*libcudart\.so' && fail "libfp4moe.so needs libcudart.so"
+    # cuBLAS is loaded at run time where the engine finds it, never linked
+    readelf -d "$P1/$LIBREL/libfp4moe.so" | grep -q 'NEEDED.*libcublas' && fail "libfp4moe.so needs libcublas"
 fi
 n_src=0
 for f in "$SRC"/configs/*.json; do
