@@ -19,6 +19,10 @@ Checks, each printed as it runs, then a summary and the benchmark table last:
   - from_tensors with torch device tensors (ModelOpt layout stacked from
     the checkpoint; the gpt-oss layout) equals from_checkpoint (likewise);
   - torch.compile(fullgraph=True) of functions calling the ops;
+  - cuBLAS inside a torch process: the engine names the cuBLAS it loaded
+    (the process's own, once torch is imported), and a BF16 call of 130
+    tokens, whose router logits take the tiled shape and so cuBLAS, routes
+    as the float32 router does and matches the torch float32 reference;
   - errors raise before the call: T > max_tokens, ids >= E, a CPU tensor,
     a non-contiguous tensor.
 Benchmark: DeepSeek-V4-Flash at B = 1, 8 layers of seeded random weights
@@ -34,6 +38,7 @@ CLI). Exit 0 when every check passed, 1 otherwise, 77 without torch or GPU.
 import ctypes
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -261,6 +266,36 @@ def check_reference(tmp, preset, fmt, layer, T):
                         torch.from_numpy(w))
     e = rel_err(got.cpu(), torch.from_numpy(ref))
     record(f"{what}: torch float32 reference vs float64 oracle", e <= 1e-5, f"relative error {e:.2e}")
+
+
+def check_blas(tmp):
+    """cuBLAS in a torch process (see the module's docstring)."""
+    what = "cuBLAS in a torch process"
+    preset, fmt, layer, T = "tiny-deepseek", "nvfp4", 1, 130
+    d = gen(tmp, preset, fmt)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    t = pf.read_ckpt(d)
+    m = fp4moe.MoE.from_checkpoint(d, layer, device=ENGINE, max_tokens=T)
+    try:
+        desc = m.describe(T)
+        print(desc)
+        if ENGINE == "cuda":
+            engine = desc.splitlines()[1]
+            record(f"{what}: the engine loaded cuBLAS", re.search(r", cuBLAS [0-9]", engine) is not None, engine)
+        g = torch.Generator().manual_seed(13)
+        x = torch.randn(T, m.hidden, generator=g).to(torch.bfloat16).to(DEV)
+        out, ids, w = m(x, return_routing=True)
+        sync()
+        xf = x.float()
+        rids, rw = pf.route(cfg, pf.load_layer(t, cfg, None, layer), xf.cpu().numpy(), layer, None)
+        record(f"{what}: BF16 T={T} routing vs the float32 router", np.array_equal(ids.cpu().numpy(), rids) and
+               np.allclose(w.cpu().numpy(), rw, rtol=1e-4, atol=1e-6),
+               f"ids equal {np.array_equal(ids.cpu().numpy(), rids)}, weights max diff "
+               f"{np.abs(w.cpu().numpy() - rw).max():.2e}")
+        e = rel_err(out.float(), torch_experts(cfg, torch_layer(t, cfg, layer), xf, ids, w))
+        record(f"{what}: BF16 T={T} vs torch float32", e <= TOL, f"relative error {e:.2e} (bound {TOL})")
+    finally:
+        m.close()
 
 
 def check_layer(tmp, preset, fmt, layer, T):
@@ -681,6 +716,11 @@ def main():
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()
                 record(f"{preset}/{fmt}", False, f"{type(e).__name__}: {e}")
+        try:
+            check_blas(tmp)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            record("cuBLAS in a torch process", False, f"{type(e).__name__}: {e}")
         if DRY:
             return summary([])
         torch.cuda.empty_cache()
