@@ -5,7 +5,9 @@ prints: `fp4moe bench --device cuda ... > LOG` with a build of that patch, then
   python3 dev/analysis/route_stamps.py LOG [...]
 
 STAMP lines (µs from the first logits block's start, %globaltimer): every
-logits block past its wait (lgwait), the last logits block done (lgend), the
+logits block past its wait (lgwait), the last logits block done (lgend; -1
+where cuBLAS computes the logits: its kernels carry no stamps, and the origin
+and lgwait are then the prep kernel's, which runs just before), the
 first selection block started (selstart), the first and the last past their
 wait (selwait0, selwait1), the last warp's top-k written (selected), the
 grouping block elected (elect), the grouping done (grouped). GST lines (SM
