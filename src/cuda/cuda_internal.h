@@ -108,7 +108,7 @@ typedef struct {
     const float *router_bias, *score_bias;
     const int32_t *tid2eid; /* [tid_rows][k]                                 */
     int64_t tid_rows;
-    const void *x;          /* [T][H] input (xdt) or NULL when x_f32 given   */
+    const void *x;          /* [T][H] input, of type xdt                     */
     int xdt;                /* fm_dtype of x                                 */
     const int32_t *token_ids;
     float *logits;          /* [kslices][T][E] partial logits (workspace)    */

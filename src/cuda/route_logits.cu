@@ -496,7 +496,7 @@ extern "C" fm_status fm_cuda_launch_logits(fm_route_params *p, int pdl, cudaStre
         FM_CU_LAUNCH("fm_logits_gemv_kernel");
         return FM_OK;
     }
-    if (p->blas && p->router_wb && p->x && p->xdt == FM_DT_BF16) {
+    if (p->blas && p->router_wb && p->xdt == FM_DT_BF16) {
         /* one product, one slice; the tokens' prep (x_prep, the zeroed
          * output) is then a launch of its own */
         fm_status st = fm_cuda_launch_prep(p, pdl, s);
