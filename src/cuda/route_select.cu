@@ -7,8 +7,9 @@
  * finish (a counter in global memory) groups the T*k (token, slot) pairs by
  * expert: counts, prefix sums, the list of active experts, the scatter.
  * When one block selects every token and T*k <= 32 (batch <= 4), one warp
- * groups the pairs in registers instead (one token's need no grouping), and so does the last block's first
- * warp up to 64 pairs (a bitonic sort over the warp). The pre-routed path
+ * groups the pairs in registers instead (one token's need no grouping),
+ * and so does the last block's first warp up to 64 pairs (a bitonic sort
+ * over the warp). The pre-routed path
  * (fm_preroute_kernel) takes the caller's ids and weights and groups them.
  * Nothing here waits on the host, so a whole step can be one CUDA graph.
  */
