@@ -11,12 +11,13 @@
 # (the peers always take BF16; the EP rank's pre-routed call takes F32).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+# checked before any work
+ACT=${RANK_ACT:-f32}
+[[ $ACT =~ ^(f32|bf16|f16)$ ]] || { echo "rank.sh: RANK_ACT '$ACT' is not f32, bf16 or f16" >&2; exit 2; }
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.devbuild/lib:${LD_LIBRARY_PATH:-} FP4MOE_SHIPPED_CONFIGS=$PWD/configs
 . dev/gpu/cublas_path.sh
-ACT=${RANK_ACT:-f32}
-[[ $ACT =~ ^(f32|bf16|f16)$ ]] || { echo "rank.sh: RANK_ACT '$ACT' is not f32, bf16 or f16" >&2; exit 2; }
 BIN=${RANK_BIN:-$PWD/.devbuild/bin}
 S=$OUT/rank.txt
 : > "$S"
