@@ -700,7 +700,8 @@ static void test_forced_configs(void **state) {
  * formats, widened so that gate/up's K spans several segments and I is not a
  * multiple of 128: against the float64 reference at 1 .. 16 tokens with K in
  * 1, 3 and 16 chunks (more chunks than segments leaves some empty), and twice
- * on the same input, which must give the same bits (no atomics). A hidden
+ * on the same input, which must give the same bits (no atomics; the
+ * one-token launch's counters back at zero for the second call). A hidden
  * size of 8192 as well (fewer cases): down's 512 blocks of 16 rows take
  * more than two per SM, where it runs three per SM. */
 static void test_splitk(void **state) {
@@ -729,6 +730,17 @@ static void test_splitk(void **state) {
                     if (wide && T > 8) continue;
                     const fm_kernel_config cfg = {FM_PATH_SPLITK, 16, chunks[ci], 8, 1, T > 8 ? 16 : 8, 0.1f};
                     if (fm_cuda_engine_set_config(g_eng, &cfg)) fail_msg("set config: %s", fm_last_error());
+                    /* one token with a shared expert as wide as the routed
+                     * ones takes the one-launch kernel on sm_90 (at H 640:
+                     * 16 x k blocks of under 60 KB; H 8192 needs more
+                     * shared memory than a block has) */
+                    char kern[1024];
+                    if (fm_cuda_layer_call_config(g_eng, cl, T, NULL, kern, sizeof kern, NULL, 0))
+                        fail_msg("call config: %s", fm_last_error());
+                    const int one = T == 1 && !wide && d.n_shared == 1 && 16 * d.topk <= 132 &&
+                                    strstr(fm_cuda_engine_describe(g_eng), "sm_90") != NULL;
+                    if (!strstr(kern, one ? "fm_fused1_kernel" : "fm_splitk_gu_kernel"))
+                        fail_msg("%s T=%d: kernel %s", preset, T, kern);
                     uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
                     float *xf = malloc(sizeof(float) * (size_t)T * H);
                     float *o1 = malloc(sizeof(float) * (size_t)T * H), *o2 = malloc(sizeof(float) * (size_t)T * H);
@@ -1384,6 +1396,25 @@ static void test_device_calls(void **state) {
             double r3 = rel_diff(a, b, n);
             printf("# %-13s T=%2d dropped slots vs zero weights %.2e\n", presets[pi], T, r3);
             assert_true(r3 <= 1e-6);
+            /* every slot dropped, the shared expert kept (no routed expert
+             * active: at one token, the one-launch kernel's shared-only
+             * case), against every weight zero */
+            for (int i = 0; i < T * k; i++) {
+                ids0[i] = -1;
+                w0[i] = 0;
+            }
+            CU_OK(cudaMemcpyAsync(dids, ids0, sizeof(int32_t) * T * k, cudaMemcpyHostToDevice, st));
+            CU_OK(cudaMemcpyAsync(dw, w0, sizeof(float) * T * k, cudaMemcpyHostToDevice, st));
+            CU_OK(cudaMemsetAsync(dout, 0xFF, sizeof(float) * n, st));
+            if (fm_cuda_experts(e, cl, dx, FM_DT_F32, T, dids, dw, 1, dout, st)) fail_msg("experts: %s", fm_last_error());
+            CU_OK(cudaMemcpyAsync(dids, idz, sizeof(int32_t) * T * k, cudaMemcpyHostToDevice, st));
+            if (fm_cuda_experts(e, cl, dx, FM_DT_F32, T, dids, dw, 1, dout2, st)) fail_msg("experts: %s", fm_last_error());
+            CU_OK(cudaStreamSynchronize(st));
+            CU_OK(cudaMemcpy(a, dout, sizeof(float) * n, cudaMemcpyDeviceToHost));
+            CU_OK(cudaMemcpy(b, dout2, sizeof(float) * n, cudaMemcpyDeviceToHost));
+            double r5 = rel_diff(a, b, n);
+            printf("# %-13s T=%2d no routed expert vs zero weights, shared kept %.2e\n", presets[pi], T, r5);
+            assert_true(r5 <= 1e-6);
             /* captured in a graph on the caller's stream, replayed twice */
             cudaGraph_t g;
             cudaGraphExec_t ge;

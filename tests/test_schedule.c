@@ -90,6 +90,51 @@ static void test_splitk_grids(void **state) {
     assert_int_equal(fm_sched_splitk_down_per_sm(6144, 1, 2, 0), 3);   /* unknown SMs: 132 */
 }
 
+/* The one-token launch's shared memory, worked by hand: GLM-5's TP8 rank
+ * (H 6144, I 256, k 8, NVFP4): x 12,288 bytes; gate and up 48 segments of
+ * 1,024 bytes each, then their scales 48 x 128 each (122,880); down's slice
+ * of 384 / 16 = 24 row groups of 2 segments of 1,152 bytes (55,296), the
+ * shared sub-slice ceil(24 / 8) = 3 of them (6,912); two h rows of 256
+ * BF16 (1,024): 186,112 bytes. Kimi-K2's (H 7168, k 8): 218,112, still
+ * under sm_90's 232,448; MXFP4 scales are half as large. */
+static void test_fused1_layout(void **state) {
+    (void)state;
+    fm_fused1_layout L;
+    assert_int_equal(fm_sched_fused1_layout(6144, 256, 6144, 6144, 256, 8, 0, &L), 0);
+    assert_int_equal(L.x, 0);
+    assert_int_equal(L.gw, 12288);
+    assert_int_equal(L.uw, 12288 + 49152);
+    assert_int_equal(L.gs, 12288 + 2 * 49152);
+    assert_int_equal(L.us, 12288 + 2 * 49152 + 6144);
+    assert_int_equal(L.dn, 122880);
+    assert_int_equal(L.sdn, 122880 + 55296);
+    assert_int_equal(L.h, 122880 + 55296 + 6912);
+    assert_int_equal(L.total, 186112);
+    assert_int_equal(fm_sched_fused1_layout(7168, 256, 7168, 7168, 256, 8, 0, &L), 0);
+    assert_int_equal(L.total, 218112);
+    assert_int_equal(fm_sched_fused1_layout(6144, 256, 6144, 6144, 256, 8, 1, &L), 0);
+    assert_int_equal(L.us - L.gs, 48 * 64);
+    assert_int_equal(L.total, 12288 + 2 * 49152 + 2 * 3072 + 24 * 2 * 1088 + 3 * 2 * 1088 + 1024);
+    /* every region 16-byte aligned (the bulk copies' rule), in order */
+    assert_int_equal(fm_sched_fused1_layout(4096, 256, 4096, 4096, 256, 6, 0, &L), 0);
+    const int at[] = {L.x, L.gw, L.uw, L.gs, L.us, L.dn, L.sdn, L.h, L.total};
+    for (int i = 0; i < 9; i++) {
+        assert_int_equal(at[i] % 16, 0);
+        if (i) assert_true(at[i] > at[i - 1]);
+    }
+    /* sizes out of range: -1 and a zero layout */
+    const int bad[][7] = {{0, 256, 6144, 6144, 256, 8, 0},    {6100, 256, 6144, 6144, 256, 8, 0},
+                          {6144, 250, 6144, 6144, 256, 8, 0}, {6144, 256, 6144, 6144, 200, 8, 0},
+                          {6144, 256, 6144, 6144, 256, 0, 0}, {6144, 256, 6144, 6144, 256, 17, 0},
+                          {6144, 256, 6144, 8, 256, 8, 0},    {1 << 20, 256, 6144, 6144, 256, 8, 0}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(fm_sched_fused1_layout(bad[i][0], bad[i][1], bad[i][2], bad[i][3], bad[i][4], bad[i][5],
+                                                bad[i][6], &L),
+                         -1);
+        assert_int_equal(L.total, 0);
+    }
+}
+
 static void test_ksplit(void **state) {
     (void)state;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -156,6 +201,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wave_fill),
         cmocka_unit_test(test_splitk_grids),
+        cmocka_unit_test(test_fused1_layout),
         cmocka_unit_test(test_ksplit),
         cmocka_unit_test(test_down_chunks),
     };

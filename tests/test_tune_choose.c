@@ -608,6 +608,9 @@ static void test_explain(void **state) {
     assert_int_equal(fm_explain(&go, &text), FM_OK);
     assert_non_null(strstr(text, "splitk grids: gate/up 288 blocks, 2 per SM (1.09 waves); down 384 blocks, 3 per SM "
                                  "(0.97 waves)"));
+    /* one token there: 8 x 16 blocks of 186,112 bytes each (test_schedule) */
+    assert_non_null(strstr(text, "one token: gate/up and down in one launch instead, 128 blocks (one per SM), 181.8 KB "
+                                 "of shared memory each"));
     free(text);
     go.json = 1;
     assert_int_equal(fm_explain(&go, &text), FM_OK);
@@ -617,7 +620,23 @@ static void test_explain(void **state) {
                                 "splitk_grids");
     assert_int_equal(json_integer_value(json_object_get(g, "gateup_blocks")), 288);
     assert_int_equal(json_integer_value(json_object_get(g, "down_per_sm")), 3);
+    g = json_object_get(json_object_get(json_array_get(json_object_get(j, "batches"), 0), "schedule"),
+                        "one_token_launch");
+    assert_int_equal(json_integer_value(json_object_get(g, "blocks")), 128);
+    assert_int_equal(json_integer_value(json_object_get(g, "shared_memory_bytes")), 186112);
     json_decref(j);
+    free(text);
+    /* Kimi-K2's TP8 rank on an RTX PRO 6000 (sm_120, 99 KB per block): not one launch */
+    fm_model_desc kd;
+    assert_int_equal(fm_preset_desc("kimi-k2", FM_QF_NVFP4, &kd), FM_OK);
+    fm_explain_opts ko = go;
+    ko.json = 0;
+    ko.desc = &kd;
+    ko.model_label = "--preset kimi-k2";
+    ko.gpu = "NVIDIA RTX PRO 6000";
+    assert_int_equal(fm_explain(&ko, &text), FM_OK);
+    assert_non_null(strstr(text, "one token: the two launches above (not one launch: its shared memory per block is "
+                                 "more than the GPU's)"));
     free(text);
     /* at B = 16 the wgmma path: down's K of 2 segments allows blocks of up
      * to 4 row chunks; the whole layer's K of 16 segments none */

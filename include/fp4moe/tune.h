@@ -204,6 +204,13 @@ typedef struct {
     long long splitk_gu_blocks;    /* gate/up blocks, FM_SPLITK_PER_SM per SM  */
     int splitk_down_blocks;        /* down blocks ...                          */
     int splitk_down_per_sm;        /* ... and how many run per SM              */
+    /* the splitk path at one token (T = 1 on the splitk path): gate/up and
+     * down in one launch of fused_blocks blocks, one per SM, fused_smem
+     * bytes of shared memory each; 0 blocks where it does not run, and
+     * fused_why says why */
+    long long fused_blocks;
+    int fused_smem;
+    const char *fused_why;
     int down_chunks_max;           /* wgmma down: most row chunks per block    */
 } fm_explain_batch;
 

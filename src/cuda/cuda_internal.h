@@ -182,6 +182,7 @@ typedef struct {
     int wgmma_path; /* the wgmma kernels (config path "wgmma", sm_90a)       */
     int splitk;     /* the split-K kernels (config path "splitk"); ksplit is
                      * then the number of K chunks of gate/up               */
+    int fused;      /* splitk at one token: gate/up and down in one launch   */
 } fm_launch_cfg;
 
 /* An expert kernel: parameters, warps per block, K split. */
@@ -231,8 +232,14 @@ fm_status fm_cuda_launch_down(const fm_expert_params *p, const fm_launch_cfg *c,
  * (fm_sched_wg_down_chunks; 1 elsewhere). */
 int fm_cuda_down_chunks(const fm_expert_params *p, const fm_launch_cfg *c);
 /* The splitk path's two launches (gate/up in C K chunks, then down), routed
- * and shared experts together, at most 16 tokens (nt 1 or 2). */
-fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int nt, int pdl, cudaStream_t s);
+ * and shared experts together, at most 16 tokens (nt 1 or 2); fused: its
+ * one-token launch instead (where fm_cuda_fused1_fits). */
+fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int nt, int fused, int pdl, cudaStream_t s);
+/* 1 where the splitk path's one-token launch (gate/up and down in one grid,
+ * a block per SM) takes the call p describes on a device of compute
+ * capability cc_major: one token, a shared expert as wide as the routed
+ * ones, its shared memory and every block resident at once */
+int fm_cuda_fused1_fits(const fm_expert_params *p, int cc_major);
 /* Largest K of down (the experts' I, padded) the splitk path takes. */
 #define FM_SPLITK_MAX_I 512
 #define FM_SPLITK_MAX_C 16

@@ -166,6 +166,9 @@ fm_status fm_cuda_engine_set_bench_act(fm_cuda_engine *e, fm_dtype xdt) {
     return FM_OK;
 }
 
+static void fill_expert_params(fm_cuda_engine *e, const fm_cuda_layer *l, int T, int shared, float *out,
+                               fm_expert_params *p);
+
 /* Kernel config for (layer shape, T): forced, tuned, or the default; made
  * safe for the launcher (a tuned file is outside input). */
 static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kernel_config *cfg, fm_launch_cfg *lc,
@@ -199,6 +202,12 @@ static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kern
             lc->nt = T > 8 ? 2 : 1;
             lc->warps = 8;
             cfg->tile_n = 8 * lc->nt;
+            /* one token: gate/up and down in one launch where it fits */
+            fm_expert_params ep;
+            fill_expert_params(e, l, T, e->shared_enabled, NULL, &ep);
+            ep.sms = e->sm_count;
+            ep.smem_optin = e->smem_optin;
+            lc->fused = fm_cuda_fused1_fits(&ep, e->cc_major);
             return;
         }
         size_t n = strlen(src);
@@ -286,9 +295,14 @@ static fm_status sk_ensure(fm_cuda_engine *e, const fm_cuda_layer *l, int T, int
     /* the kernels index the partials by the workspace's h stride */
     const int hs = e->ws_hstride;
     const size_t pairs = (size_t)T * l->k + T;
-    const size_t part = (size_t)C * pairs * 2 * hs;
+    size_t part = (size_t)C * pairs * 2 * hs;
     const int ta = T * l->k < l->E ? T * l->k : l->E;
-    const size_t cnt = (size_t)(l->has_shared ? l->SIp / 16 : 0) + (size_t)ta * (l->Ip / 16);
+    size_t cnt = (size_t)(l->has_shared ? l->SIp / 16 : 0) + (size_t)ta * (l->Ip / 16);
+    /* the one-token fused kernel: a row of H per expert and the shared
+     * expert's gate/up chunks; a counter per slot, two per row group, two */
+    const size_t G = (size_t)(l->Ip / 16);
+    if (part < (size_t)(ta + 1) * l->H + (size_t)ta * G * 32) part = (size_t)(ta + 1) * l->H + (size_t)ta * G * 32;
+    if (cnt < (size_t)ta + 2 * G + 2) cnt = (size_t)ta + 2 * G + 2;
     if (e->sk_part_n >= part && e->sk_cnt_n >= cnt) return FM_OK;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     FM_CU(cudaStreamIsCapturing(st, &cs));
@@ -415,7 +429,7 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
         if ((s0 = fm_cuda_launch_route(&rp, smem, lc->pdl, parts, st))) return s0;
         if (!(parts & FM_ROUTE_PART_EXPERTS)) return FM_OK;
         if (ev) FM_CU(cudaEventRecord(ev[1], st));
-        if ((s0 = fm_cuda_launch_splitk(&ep, lc->ksplit, lc->nt, lc->pdl, st))) return s0;
+        if ((s0 = fm_cuda_launch_splitk(&ep, lc->ksplit, lc->nt, lc->fused && ep.sgate.n, lc->pdl, st))) return s0;
         if (ev) {
             FM_CU(cudaEventRecord(ev[2], st));
             FM_CU(cudaEventRecord(ev[3], st));

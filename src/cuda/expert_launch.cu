@@ -226,6 +226,15 @@ extern "C" fm_status fm_cuda_launch_down(const fm_expert_params *p, const fm_lau
 }
 
 extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char *buf, size_t cap) {
+    if (c->splitk && c->fused) {
+        snprintf(buf, cap,
+                 "fm_fused1_kernel<%s> gate_up+down in one launch (one token; mma.m16n8k16 bf16; a block per SM, "
+                 "k x 16-row groups: each copies its expert's rows of gate/up and of down and the shared expert's "
+                 "share into shared memory by TMA bulk copies as soon as the routing names the expert, h handed "
+                 "over per expert, the experts added in order per slice of the output, no atomics on the output)",
+                 mx ? "mxfp4" : "nvfp4");
+        return buf;
+    }
     if (c->splitk) {
         snprintf(buf, cap,
                  "fm_splitk_gu_kernel<%s> gate_up (mma.m16n8k16 bf16, a warp per 16 rows x 1/%d of K, partials "

@@ -18,6 +18,11 @@
  * the result does not depend on the order in which blocks run, and the
  * output needs no zeroing.
  *
+ * One token with a shared expert as wide as the routed ones (sm_90): both
+ * in one launch instead (fm_fused1_kernel below), whose blocks copy down's
+ * weights while gate/up's stream, so that down no longer starts only as
+ * gate/up's blocks leave the SMs.
+ *
  * The weight stream, decode and MMAs are the mma.sync kernels'
  * (expert_mma.cu, expert_common.cuh).
  */
@@ -362,7 +367,429 @@ static sk_dn_kfn sk_dn_for(int nseg, bool three) {
     return NULL;
 }
 
-extern "C" fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int nt, int pdl, cudaStream_t s) {
+/*
+ * One token, gate/up and down in one launch, one block per SM. Block
+ * (slot s, slice j) of k x G (G: the experts' row groups of 16 gate/up
+ * rows) owns, of the routed expert in slot s, row group j of gate and up
+ * over the whole K and down's row groups of slice j; and of the shared
+ * expert, K chunk s of row group j and sub-slice s of down's slice j, which
+ * it computes while the routing is still running. As soon as it knows its
+ * expert it has the copy engine bring all of those weights into shared
+ * memory (TMA bulk copies, sm_90 and later: a warp's K range of gate and
+ * up in three pieces, each with its barrier, so that the warp multiplies
+ * what has landed while the rest streams in; down's slice in one), so that
+ * down's bytes stream with gate/up's instead of after them. Gate/up's sums are
+ * added in warp order (the shared expert's K chunks by the last block of
+ * the row group to arrive, in chunk order) and h goes to global memory with
+ * a counter per expert; once an expert's G blocks have counted in (and the
+ * shared expert's), each block multiplies its down rows by the whole h and
+ * stores them weighted, per expert; the last block of a slice to arrive
+ * adds the experts in order (slots, then the shared expert) into the
+ * output. Blocks wait on each other, so the whole grid must be resident
+ * (the launch checks; the next grid is let in only once every block has
+ * passed its waits). Counters in sk_cnt, zero between calls (the grid's
+ * last block resets the per-expert ones): hcnt[k], shrg[G], shh, comb[G],
+ * done. Partials in sk_part: the experts' weighted down rows [k + 1][H],
+ * then the shared expert's gate/up chunks [k][G][32].
+ */
+/* the most routed experts per token the fused kernel takes */
+#define FU_MAXK FM_FUSED1_MAXK
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define FU_BODY 1
+/* gate/up copies per warp in this many pieces */
+#define FU_NCH 3
+static __device__ __forceinline__ void fu_red_release(unsigned *q, unsigned v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(q), "r"(v) : "memory");
+}
+static __device__ __forceinline__ unsigned fu_atom_acq_rel(unsigned *q, unsigned v) {
+    unsigned o;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(o) : "l"(q), "r"(v) : "memory");
+    return o;
+}
+static __device__ __forceinline__ unsigned fu_ld_acquire(const unsigned *q) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(q) : "memory");
+    return v;
+}
+static __device__ __forceinline__ void fu_bar_init(uint32_t bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar));
+}
+/* bytes a barrier's phase waits for, without arriving; then one arrival */
+static __device__ __forceinline__ void fu_expect(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void fu_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+static __device__ __forceinline__ void fu_bulk_x(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+static __device__ __forceinline__ void fu_bulk(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar, uint64_t pol) {
+    if (bytes)
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(dst),
+                     "l"(src), "r"(bytes), "r"(bar), "l"(pol)
+                     : "memory");
+}
+static __device__ __forceinline__ void fu_bar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{ .reg .pred P; mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2; selp.u32 %0, 1, 0, P; }"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+}
+/* segments [s0, s1) of row group rg of gate and up into their places (one
+ * thread issues; bytes counted on bar) */
+template <bool MX>
+static __device__ __forceinline__ void fu_cp_gu(uint32_t sm, const fm_fused1_layout &L, const fm_dmat &dA, const fm_dmat &dB,
+                                                int e, int rg, int nseg, int s0, int s1, uint32_t bar, uint64_t pol) {
+    const int spr = MX ? 4 : 8, n = s1 - s0;
+    const int64_t tile = (int64_t)rg * nseg + s0;
+    fu_expect(bar, (uint32_t)(n * 2 * (1024 + 16 * spr)));
+    fu_bulk(sm + L.gw + s0 * 1024, dA.packed + (int64_t)e * dA.pstride + tile * 1024, n * 1024, bar, pol);
+    fu_bulk(sm + L.uw + s0 * 1024, dB.packed + (int64_t)e * dB.pstride + tile * 1024, n * 1024, bar, pol);
+    fu_bulk(sm + L.gs + s0 * 16 * spr, dA.scales + (int64_t)e * dA.sstride + tile * 16 * spr, n * 16 * spr, bar, pol);
+    fu_bulk(sm + L.us + s0 * 16 * spr, dB.scales + (int64_t)e * dB.sstride + tile * 16 * spr, n * 16 * spr, bar, pol);
+}
+/* down's row groups [r0, r1) (weights, then scales) to dst */
+template <bool MX>
+static __device__ __forceinline__ void fu_cp_dn(uint32_t dst, const fm_dmat &dD, int e, int r0, int r1, int nseg_d,
+                                                uint32_t bar, uint64_t pol) {
+    const int spr = MX ? 4 : 8, n = (r1 - r0) * nseg_d;
+    fu_expect(bar, (uint32_t)(n * (1024 + 16 * spr)));
+    fu_bulk(dst, dD.packed + (int64_t)e * dD.pstride + (int64_t)r0 * nseg_d * 1024, n * 1024, bar, pol);
+    fu_bulk(dst + n * 1024, dD.scales + (int64_t)e * dD.sstride + (int64_t)r0 * nseg_d * 16 * spr, n * 16 * spr, bar,
+            pol);
+}
+
+/* a warp's gate/up sums over segments [s0, s1) in shared memory, x the
+ * token's row in shared memory (column 0; the other columns zero) */
+template <bool MX>
+static __device__ __forceinline__ void fu_gu(float (&acc)[2][4], const unsigned char *sm, const fm_fused1_layout &L, int s0,
+                                             int s1, int lane) {
+    const int g = lane >> 2, t = lane & 3, spr = MX ? 4 : 8;
+    for (int S = s0; S < s1; S++) {
+        uint4 wa[2], wb[2];
+        uint32_t ca[2], cb[2];
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            const unsigned char *w = sm + (m ? L.uw : L.gw) + S * 1024;
+            wa[m] = *(const uint4 *)(w + lane * 16);
+            wb[m] = *(const uint4 *)(w + 512 + lane * 16);
+            const unsigned char *sp = sm + (m ? L.us : L.gs) + S * 16 * spr + g * spr + (MX ? t : 2 * t);
+            ca[m] = MX ? (uint32_t)sp[0] : (uint32_t)*(const uint16_t *)sp;
+            cb[m] = MX ? (uint32_t)sp[8 * spr] : (uint32_t)*(const uint16_t *)(sp + 8 * spr);
+        }
+        uint4 xb[4];
+#pragma unroll
+        for (int d = 0; d < 4; d++)
+            xb[d] = g == 0 ? *(const uint4 *)(sm + L.x + (S * FM_KSEG + t * 32 + d * 8) * 2) : make_uint4(0, 0, 0, 0);
+        sk_seg<2, MX>(acc, wa, wb, ca, cb, xb);
+    }
+}
+/* one down row group (16 rows, K of nseg_d segments) from shared memory
+ * times the h row in shared memory: the token's column (rows g, g + 8) */
+template <bool MX>
+static __device__ __forceinline__ void fu_dn(float (&acc)[1][4], const unsigned char *wbase, const unsigned char *sbase,
+                                             const unsigned char *hs, int nseg_d, int lane) {
+    const int g = lane >> 2, t = lane & 3, spr = MX ? 4 : 8;
+#pragma unroll
+    for (int s = 0; s < SK_DN_SEGS; s++) {
+        if (s >= nseg_d) break;
+        uint4 w0[1], w1[1];
+        uint32_t c0[1], c1[1];
+        w0[0] = *(const uint4 *)(wbase + s * 1024 + lane * 16);
+        w1[0] = *(const uint4 *)(wbase + s * 1024 + 512 + lane * 16);
+        const unsigned char *sp = sbase + s * 16 * spr + g * spr + (MX ? t : 2 * t);
+        c0[0] = MX ? (uint32_t)sp[0] : (uint32_t)*(const uint16_t *)sp;
+        c1[0] = MX ? (uint32_t)sp[8 * spr] : (uint32_t)*(const uint16_t *)(sp + 8 * spr);
+        uint4 xb[4];
+#pragma unroll
+        for (int d = 0; d < 4; d++)
+            xb[d] = g == 0 ? *(const uint4 *)(hs + (s * FM_KSEG + t * 32 + d * 8) * 2) : make_uint4(0, 0, 0, 0);
+        sk_seg<1, MX>(acc, w0, w1, c0, c1, xb);
+    }
+}
+/* the 8 warps' sums of a row group added in warp order: thread r < 16
+ * gets row r's gate and up sums */
+static __device__ __forceinline__ void fu_reduce(float (&red)[SK_WARPS][2][16], const float (&acc)[2][4], float &a,
+                                                 float &b) {
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    if (t == 0) {
+        red[wi][0][g] = acc[0][0];
+        red[wi][0][g + 8] = acc[0][2];
+        red[wi][1][g] = acc[1][0];
+        red[wi][1][g + 8] = acc[1][2];
+    }
+    __syncthreads();
+    a = b = 0.0f;
+    if (threadIdx.x < 16)
+        for (int w = 0; w < SK_WARPS; w++) {
+            a += red[w][0][threadIdx.x];
+            b += red[w][1][threadIdx.x];
+        }
+}
+template <bool MX>
+static __device__ __forceinline__ uint16_t fu_h(const fm_expert_params &p, const fm_dmat &dA, const fm_dmat &dB, int e,
+                                                int row, float a, float b) {
+    float hv = 0.0f;
+    if (row < dA.rows) {
+        const float y = a * fm_nv_s2<MX>(dA.scale2[e]) + (dA.bias ? dA.bias[(int64_t)e * dA.rows_p + row] : 0.0f);
+        const float v = b * fm_nv_s2<MX>(dB.scale2[e]) + (dB.bias ? dB.bias[(int64_t)e * dB.rows_p + row] : 0.0f);
+        hv = act_fn(p.act, y, v, p.alpha, p.limit);
+    }
+    __nv_bfloat16 hb = __float2bfloat16_rn(hv * 128.0f);
+    return *(uint16_t *)&hb;
+}
+
+#endif
+
+template <bool MX>
+__global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_params p, fm_fused1_layout L) {
+#ifdef FU_BODY
+    extern __shared__ __align__(128) unsigned char fu_smem[];
+    __shared__ float red[SK_WARPS][2][16];
+    __shared__ int flag;
+    __shared__ __align__(8) uint64_t bars[SK_WARPS * FU_NCH + 2];
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, tid = threadIdx.x;
+    const int G = p.gate.rows_p / 16, KS = p.max_active;
+    const int s = (int)blockIdx.x / G, j = (int)blockIdx.x % G;
+    const int nseg = p.gate.kp / FM_KSEG, nrg_d = p.down.rows_p / 16, nseg_d = p.down.kp / FM_KSEG;
+    const uint32_t sm = (uint32_t)__cvta_generic_to_shared(fu_smem), bar0 = (uint32_t)__cvta_generic_to_shared(bars);
+    /* barriers: warp w's gate/up copies (w), down's (8), the shared
+     * expert's phase (9) */
+    const uint32_t bar_w = bar0 + 8 * FU_NCH * wi, bar_dn = bar0 + 8 * FU_NCH * SK_WARPS, bar_sh = bar_dn + 8;
+    const uint64_t wpol = l2_evict_first();
+    unsigned *hcnt = p.sk_cnt + s, *shrg = p.sk_cnt + KS + j, *shh = p.sk_cnt + KS + G, *comb = shh + 1 + j,
+             *done = shh + 1 + G;
+    const int d0 = j * nrg_d / G, d1 = (j + 1) * nrg_d / G;
+    const int q0 = d0 + s * (d1 - d0) / KS, q1 = d0 + (s + 1) * (d1 - d0) / KS;
+    const int c0 = s * nseg / KS, c1 = (s + 1) * nseg / KS;
+    const int w0 = wi * nseg / SK_WARPS, w1 = (wi + 1) * nseg / SK_WARPS;
+    if (tid == 0) {
+        for (int i = 0; i < SK_WARPS * FU_NCH + 2; i++) fu_bar_init(bar0 + 8 * i);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        /* the shared expert, before the routing is known: the token's x,
+         * K chunk s of row group j of gate and up, the down sub-slice */
+        fu_expect(bar_sh, (uint32_t)(p.Hp * 2));
+        fu_bulk_x(sm + L.x, p.x_prep, (uint32_t)(p.Hp * 2), bar_sh);
+        fu_cp_gu<MX>(sm, L, p.sgate, p.sup, 0, j, nseg, c0, c1, bar_sh, wpol);
+        fu_cp_dn<MX>(sm + L.sdn, p.sdown, 0, q0, q1, nseg_d, bar_sh, wpol);
+        fu_arrive(bar_sh);
+    }
+    __syncthreads();
+    fu_bar_wait(bar_sh, 0);
+    {
+        float acc[2][4] = {};
+        for (int S = c0 + wi; S < c1; S += SK_WARPS) fu_gu<MX>(acc, fu_smem, L, S, S + 1, lane);
+        float a, b;
+        fu_reduce(red, acc, a, b);
+        float *part = p.sk_part + (int64_t)(KS + 1) * p.H;
+        if (tid < 16) {
+            __stcg(part + ((int64_t)s * G + j) * 32 + tid, a);
+            __stcg(part + ((int64_t)s * G + j) * 32 + 16 + tid, b);
+        }
+        __syncthreads();
+        if (tid == 0) flag = fu_atom_acq_rel(shrg, 1u) == (unsigned)KS - 1;
+        __syncthreads();
+        if (flag) {
+            /* the last chunk of row group j: the chunks in order, h */
+            if (tid < 16) {
+                /* every chunk's partials loaded before the first add: one
+                 * L2 round trip */
+                float va[FU_MAXK], vb[FU_MAXK];
+#pragma unroll
+                for (int c = 0; c < FU_MAXK; c++) {
+                    const float *q = part + ((int64_t)min(c, KS - 1) * G + j) * 32 + tid;
+                    va[c] = __ldcg(q);
+                    vb[c] = __ldcg(q + 16);
+                }
+                float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+                for (int c = 0; c < FU_MAXK; c++)
+                    if (c < KS) {
+                        sa += va[c];
+                        sb += vb[c];
+                    }
+                const int row = j * 16 + tid;
+                p.h[(int64_t)p.T * p.k * p.hstride + kperm_pos(row)] = fu_h<MX>(p, p.sgate, p.sup, 0, row, sa, sb);
+            }
+            __syncthreads();
+            if (tid == 0) {
+                atomicExch(shrg, 0u);
+                fu_red_release(shh, 1u);
+            }
+        }
+    }
+    /* the gate/up region is read; the copy engine refills it below */
+    __syncthreads();
+    /* the routed expert of slot s */
+    pdl_wait();
+    const int n_act = __ldcg(p.n_active);
+    int e = __ldcg(p.act_e + s);
+    e = min(max(e, 0), p.gate.n - 1);
+    const bool routed = s < n_act;
+    if (routed && lane == 0) {
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        for (int c = 0; c < FU_NCH; c++) {
+            fu_cp_gu<MX>(sm, L, p.gate, p.up, e, j, nseg, w0 + c * (w1 - w0) / FU_NCH, w0 + (c + 1) * (w1 - w0) / FU_NCH,
+                         bar_w + 8 * c, wpol);
+            fu_arrive(bar_w + 8 * c);
+        }
+        if (wi == 0) {
+            fu_cp_dn<MX>(sm + L.dn, p.down, e, d0, d1, nseg_d, bar_dn, wpol);
+            fu_arrive(bar_dn);
+        }
+    }
+    int pos0 = 0;
+    float wsum = 0.0f;
+    if (routed) {
+        pos0 = __ldcg(p.act_off + s);
+        const int cnt = __ldcg(p.act_cnt + s);
+        for (int q = 0; q < cnt; q++) wsum += __ldcg(p.sorted_w + pos0 + q);
+        float acc[2][4] = {};
+        for (int c = 0; c < FU_NCH; c++) {
+            fu_bar_wait(bar_w + 8 * c, 0);
+            fu_gu<MX>(acc, fu_smem, L, w0 + c * (w1 - w0) / FU_NCH, w0 + (c + 1) * (w1 - w0) / FU_NCH, lane);
+        }
+        float a, b;
+        fu_reduce(red, acc, a, b);
+        if (tid < 16) {
+            const int row = j * 16 + tid;
+            p.h[(int64_t)pos0 * p.hstride + kperm_pos(row)] = fu_h<MX>(p, p.gate, p.up, e, row, a, b);
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        if (routed) {
+            fu_red_release(hcnt, 1u);
+            while (fu_ld_acquire(hcnt) < (unsigned)G) __nanosleep(32);
+        }
+        while (fu_ld_acquire(shh) < (unsigned)G) __nanosleep(32);
+    }
+    __syncthreads();
+    /* every block of the grid is resident or done: the next grid may start */
+    pdl_launch_dependents();
+    /* both h rows into shared memory */
+    unsigned char *hsr = fu_smem + L.h, *hss = hsr + nseg_d * FM_KSEG * 2;
+    for (int i = tid; i < nseg_d * FM_KSEG / 8; i += 32 * SK_WARPS) {
+        if (routed) *(uint4 *)(hsr + i * 16) = __ldcg((const uint4 *)(p.h + (int64_t)pos0 * p.hstride) + i);
+        *(uint4 *)(hss + i * 16) = __ldcg((const uint4 *)(p.h + (int64_t)p.T * p.k * p.hstride) + i);
+    }
+    if (routed) fu_bar_wait(bar_dn, 0);
+    __syncthreads();
+    /* down: the routed slice's row groups, then the shared sub-slice's */
+    float *ybuf = p.sk_part;
+    const int nr = routed ? d1 - d0 : 0, ntask = nr + (q1 - q0), spr = MX ? 4 : 8;
+    const float s2r = fm_nv_s2<MX>(p.down.scale2[e]), s2s = fm_nv_s2<MX>(p.sdown.scale2[0]);
+    for (int i = wi; i < ntask; i += SK_WARPS) {
+        const bool sh = i >= nr;
+        const int r = sh ? q0 + (i - nr) : d0 + i, li = sh ? i - nr : i, nn = (sh ? q1 - q0 : d1 - d0) * nseg_d;
+        const unsigned char *base = fu_smem + (sh ? L.sdn : L.dn);
+        float acc1[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+        fu_dn<MX>(acc1, base + (size_t)li * nseg_d * 1024, base + (size_t)nn * 1024 + (size_t)li * nseg_d * 16 * spr,
+                  sh ? hss : hsr, nseg_d, lane);
+        if ((lane & 3) == 0) {
+            const fm_dmat &dD = sh ? p.sdown : p.down;
+            const int ee = sh ? 0 : e, order = sh ? n_act : s;
+#pragma unroll
+            for (int ii = 0; ii < 4; ii += 2) {
+                const int row = r * 16 + (lane >> 2) + (ii ? 8 : 0);
+                if (row < p.H) {
+                    const float bias = dD.bias && row < dD.rows ? dD.bias[(int64_t)ee * dD.rows_p + row] : 0.0f;
+                    __stcg(ybuf + (int64_t)order * p.H + row,
+                           (sh ? 1.0f : wsum) * (acc1[0][ii] * (sh ? s2s : s2r) + bias));
+                }
+            }
+        }
+    }
+    __syncthreads();
+    if (tid == 0) {
+        flag = fu_atom_acq_rel(comb, 1u) == (unsigned)KS - 1;
+        if (flag) atomicExch(comb, 0u);
+    }
+    __syncthreads();
+    if (flag)
+        for (int row = d0 * 16 + tid; row < d1 * 16 && row < p.H; row += 32 * SK_WARPS) {
+            /* every expert's rows loaded before the first add */
+            float vo[FU_MAXK + 1];
+#pragma unroll
+            for (int o = 0; o <= FU_MAXK; o++) vo[o] = __ldcg(ybuf + (int64_t)min(o, n_act) * p.H + row);
+            float v = 0.0f;
+#pragma unroll
+            for (int o = 0; o <= FU_MAXK; o++)
+                if (o <= n_act) v += vo[o];
+            p.out[row] = v;
+        }
+    /* the grid's last block resets the per-expert counters: every block
+     * has passed its waits */
+    if (tid == 0 && atomicAdd(done, 1u) == gridDim.x - 1) {
+        for (int i = 0; i < KS; i++) hcnt[i - s] = 0;
+        *shh = 0;
+        *done = 0;
+    }
+#else
+    (void)p;
+    (void)L;
+#endif
+}
+
+/* Whether the one-token launch takes this call (a device of compute
+ * capability cc_major): the checks of fm_fused1_kernel's shape, its
+ * shared memory, and every block resident at once. */
+extern "C" int fm_cuda_fused1_fits(const fm_expert_params *p, int cc_major) {
+    if (cc_major < 9 || p->T != 1 || !p->gate.n || !p->sgate.n || p->max_active < 1 || p->max_active > FU_MAXK)
+        return 0;
+    if (p->sgate.rows_p != p->gate.rows_p || p->sgate.kp != p->gate.kp || p->sdown.kp != p->down.kp ||
+        p->sdown.rows_p != p->down.rows_p)
+        return 0;
+    const int G = p->gate.rows_p / 16;
+    if (p->down.kp / FM_KSEG > SK_DN_SEGS || p->down.rows_p / 16 < G || p->gate.kp / FM_KSEG < SK_WARPS) return 0;
+    fm_fused1_layout L;
+    if (fm_sched_fused1_layout(p->Hp, p->gate.rows_p, p->gate.kp, p->down.rows_p, p->down.kp, p->max_active, p->mx, &L) ||
+        L.total > p->smem_optin)
+        return 0;
+    void (*k)(fm_expert_params, fm_fused1_layout) = p->mx ? fm_fused1_kernel<true> : fm_fused1_kernel<false>;
+    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    int per = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, 32 * SK_WARPS, L.total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return (long long)per * p->sms >= (long long)p->max_active * G;
+}
+
+static fm_status fm_cuda_launch_fused1(const fm_expert_params *p, int pdl, cudaStream_t s) {
+    fm_fused1_layout L;
+    if (p->T != 1 || !p->gate.n || !p->sgate.n ||
+        fm_sched_fused1_layout(p->Hp, p->gate.rows_p, p->gate.kp, p->down.rows_p, p->down.kp, p->max_active, p->mx, &L))
+        return fm_error(FM_E_UNSUPPORTED, "splitk path: the one-token launch takes one token with a shared expert "
+                                          "(%d tokens, %s)", p->T, p->sgate.n ? "shared expert" : "no shared expert");
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(32 * SK_WARPS);
+    cfg.gridDim = dim3((unsigned)(p->max_active * (p->gate.rows_p / 16)));
+    cfg.dynamicSmemBytes = L.total;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    void (*k)(fm_expert_params, fm_fused1_layout) = p->mx ? fm_fused1_kernel<true> : fm_fused1_kernel<false>;
+    FM_CU(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total));
+    FM_CU(cudaLaunchKernelEx(&cfg, k, *p, L));
+    FM_CU_LAUNCH("fm_fused1_kernel");
+    return FM_OK;
+}
+
+extern "C" fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int nt, int fused, int pdl,
+                                           cudaStream_t s) {
+    if (fused) return fm_cuda_launch_fused1(p, pdl, s);
     if (C < 1 || C > FM_SPLITK_MAX_C) return fm_error(FM_E_ARG, "splitk path: %d K chunks (1 .. %d)", C, FM_SPLITK_MAX_C);
     if (p->T > 8 * nt || (nt != 1 && nt != 2))
         return fm_error(FM_E_ARG, "splitk path: %d tokens with tile_n %d (at most 16 tokens)", p->T, 8 * nt);

@@ -2,6 +2,7 @@
 #include "schedule.h"
 #include "cuda_env.h"
 #include <math.h>
+#include <string.h>
 
 void fm_sched_read(fm_sched *s, int cc_major) {
     s->pdl = cc_major >= 9 && !fm_cuda_env_is("FP4MOE_CUDA_PDL", "0");
@@ -89,4 +90,29 @@ int fm_sched_splitk_down_per_sm(int down_rows_p, int nt, int nseg, int sms) {
     if (sms <= 0) sms = 132;
     /* a second wave's blocks start only when the first's have finished */
     return nt == 1 && nseg <= 2 && down_rows_p / 16 > 2LL * sms ? 3 : 2;
+}
+
+int fm_sched_fused1_layout(int Hp, int gate_rows_p, int gate_kp, int down_rows_p, int down_kp, int k, int mx,
+                           fm_fused1_layout *L) {
+    memset(L, 0, sizeof *L);
+    if (Hp <= 0 || Hp % FM_SCHED_KSEG || gate_rows_p < 16 || gate_rows_p % 16 || gate_kp <= 0 ||
+        gate_kp % FM_SCHED_KSEG || down_rows_p < 16 || down_rows_p % 16 || down_kp <= 0 || down_kp % FM_SCHED_KSEG ||
+        k < 1 || k > FM_FUSED1_MAXK || Hp > (1 << 16) || gate_kp > (1 << 16) || down_rows_p > (1 << 16) ||
+        down_kp > (1 << 12))
+        return -1;
+    const long long spr = mx ? 4 : 8, G = gate_rows_p / 16, nseg = gate_kp / FM_SCHED_KSEG;
+    const long long nseg_d = down_kp / FM_SCHED_KSEG, per = (down_rows_p / 16 + G - 1) / G;
+    const long long rgb = nseg_d * (1024 + 16 * spr);
+    long long o = fm_sched_pad(Hp * 2, 128);
+    L->gw = (int)o;
+    L->uw = (int)(o += nseg * 1024);
+    L->gs = (int)(o += nseg * 1024);
+    L->us = (int)(o += nseg * 16 * spr);
+    o += nseg * 16 * spr;
+    L->dn = (int)(o = (o + 127) / 128 * 128);
+    L->sdn = (int)(o += per * rgb);
+    o += (per + k - 1) / k * rgb;
+    L->h = (int)(o = (o + 127) / 128 * 128);
+    L->total = (int)(o + 2 * nseg_d * FM_SCHED_KSEG * 2);
+    return 0;
 }

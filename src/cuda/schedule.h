@@ -84,6 +84,24 @@ double fm_sched_wave_fill(double blocks, double slots);
 long long fm_sched_splitk_gu_blocks(int gate_rows_p, int sgate_rows_p, int max_active, int C);
 int fm_sched_splitk_down_per_sm(int down_rows_p, int nt, int nseg, int sms);
 
+/* The splitk path at one token where the shared expert is as wide as the
+ * routed ones (expert_splitk.cu, fm_fused1_kernel): gate/up and down in one
+ * launch of k x G blocks (G = gate_rows_p / 16), one per SM, each holding
+ * its weights in shared memory. Byte offsets in a block's dynamic shared
+ * memory: the token's x (Hp BF16), gate's and up's weights (nseg x 1024
+ * each) and scales (nseg x 16 x 8 bytes, MXFP4 16 x 4), down's slice of
+ * ceil(down_rows_p / 16 / G) row groups (weights, then scales), the shared
+ * expert's down sub-slice (a k-th of that, rounded up), two h rows (down's
+ * K in BF16); total, the bytes. */
+typedef struct {
+    int x, gw, uw, gs, us, dn, sdn, h, total;
+} fm_fused1_layout;
+/* 0, or -1 where a size is out of range (the layout is then zero) */
+int fm_sched_fused1_layout(int Hp, int gate_rows_p, int gate_kp, int down_rows_p, int down_kp, int k, int mx,
+                           fm_fused1_layout *L);
+/* the most routed experts per token it takes */
+#define FM_FUSED1_MAXK 16
+
 #ifdef __cplusplus
 }
 #endif

@@ -122,6 +122,28 @@ static fm_status decide_gpu(fm_explanation *x, const fm_sched *sch, fm_explain_b
         e->splitk_gu_blocks = fm_sched_splitk_gu_blocks(gate_rp, sgate_rp, max_active, c->cfg.k_split);
         e->splitk_down_blocks = down_rp / 16;
         e->splitk_down_per_sm = fm_sched_splitk_down_per_sm(down_rp, nt, nseg, sms);
+        /* one token: gate/up and down in one launch, as
+         * fm_cuda_fused1_fits decides it on the device */
+        if (T == 1) {
+            fm_fused1_layout L;
+            const int hp = fm_sched_pad(d->hidden, FM_SCHED_KSEG), G = gate_rp / 16;
+            /* the opt-in shared memory per block: 227 KB on sm_90 and sm_100, 99 KB on sm_120 */
+            const int optin = cc / 10 == 12 ? 101376 : 232448;
+            const int bad = fm_sched_fused1_layout(hp, gate_rp, hp, down_rp, gate_rp, max_active,
+                                                   x->fmt == FM_QF_MXFP4, &L);
+            e->fused_smem = L.total;
+            e->fused_blocks = (long long)max_active * G;
+            e->fused_why = !d->n_shared                    ? "no shared expert"
+                           : sgate_rp != gate_rp           ? "the shared expert is not as wide as the routed ones"
+                           : cc && cc < 90                 ? "needs sm_90 or later"
+                           : bad                           ? "the shape is out of its range"
+                           : gate_rp > 4 * FM_SCHED_KSEG   ? "takes experts of I up to 512"
+                           : down_rp / 16 < G              ? "down has fewer row groups than gate/up"
+                           : L.total > optin               ? "its shared memory per block is more than the GPU's"
+                           : e->fused_blocks > sms         ? "its blocks are more than the SMs"
+                                                           : NULL;
+            if (e->fused_why) e->fused_blocks = 0;
+        }
     }
     /* the wgmma down's row chunks per block: the most the rule can give
      * (how many it gives depends on the occupancy the engine asks at run
@@ -286,6 +308,13 @@ static void text_gpu_batch(const fm_explanation *x, const fm_explain_batch *e, F
                     e->splitk_gu_blocks, FM_SPLITK_PER_SM, (double)e->splitk_gu_blocks / (FM_SPLITK_PER_SM * slots),
                     e->splitk_down_blocks, e->splitk_down_per_sm,
                     (double)e->splitk_down_blocks / (e->splitk_down_per_sm * slots));
+            if (e->fused_blocks > 0)
+                fprintf(f, "                   one token: gate/up and down in one launch instead, %lld blocks (one per "
+                           "SM), %.1f KB of shared memory each (sm_90 and later)\n",
+                        e->fused_blocks, e->fused_smem / 1024.0);
+            else if (e->fused_why)
+                fprintf(f, "                   one token: the two launches above (not one launch: %s)\n",
+                        e->fused_why);
         }
     }
     fprintf(f, "  config lookup    %s\n", x->config_file);
@@ -400,6 +429,10 @@ static json_t *json_gpu_batch(const fm_explanation *x, const fm_explain_batch *e
                                 json_pack("{s:I, s:i, s:i, s:i}", "gateup_blocks", (json_int_t)e->splitk_gu_blocks,
                                           "gateup_per_sm", FM_SPLITK_PER_SM, "down_blocks", e->splitk_down_blocks,
                                           "down_per_sm", e->splitk_down_per_sm));
+        if (e->fused_blocks > 0)
+            json_object_set_new(sj, "one_token_launch",
+                                json_pack("{s:I, s:i}", "blocks", (json_int_t)e->fused_blocks, "shared_memory_bytes",
+                                          e->fused_smem));
         json_object_set_new(j, "schedule", sj);
     }
     json_object_set_new(j, "default", fm_tune_params_json(&e->default_cfg));
