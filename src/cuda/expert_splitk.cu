@@ -746,7 +746,7 @@ extern "C" int fm_cuda_fused1_fits(const fm_expert_params *p, int cc_major) {
         p->sdown.rows_p != p->down.rows_p)
         return 0;
     const int G = p->gate.rows_p / 16;
-    if (p->down.kp / FM_KSEG > SK_DN_SEGS || p->down.rows_p / 16 < G || p->gate.kp / FM_KSEG < SK_WARPS) return 0;
+    if (p->down.kp / FM_KSEG > SK_DN_SEGS || p->down.rows_p / 16 < G) return 0;
     fm_fused1_layout L;
     if (fm_sched_fused1_layout(p->Hp, p->gate.rows_p, p->gate.kp, p->down.rows_p, p->down.kp, p->max_active, p->mx, &L) ||
         L.total > p->smem_optin)
