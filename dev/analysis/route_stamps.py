@@ -20,7 +20,12 @@ election, the grouping. EXP lines (µs from the previous layer's first logits
 block's start): the routed gate/up's first block past its wait (guwait) and
 last block done (guend), the routed down's first block past its wait (dnwait)
 and last done (dnend), and this layer's logits past their wait (nextlg, the
-layer's period).
+layer's period). Where one token runs the one-launch kernel (fm_fused1_kernel)
+the EXP fields are its blocks: the first past its wait on the routing
+(guwait), the last with its h rows written (guend), the first past its waits
+on h (dnwait), the last slice's output written (dnend); and FUS lines add the
+last block past its wait on the routing (waitmax), the last warp's gate/up
+sums done (gusums), the last block past its waits on h (hwaitmax).
 Prints the median of every field per batch size; each field's median is taken
 alone. Exit 2 with a message on a log without stamps or with a broken line.
 """
@@ -31,7 +36,9 @@ STAMP = ('lgwait', 'lgend', 'selstart', 'selwait0', 'selwait1', 'selected', 'ele
 GST = ('wait', 'select', 'elect', 'zero', 'pass1', 'scans', 'act', 'pass2', 'end')
 SST = ('path', 'wait', 'scores', 'pick', 'select', 'sync', 'group')
 EXP = ('guwait', 'guend', 'dnwait', 'dnend', 'nextlg')
-KINDS = {'STAMP': (STAMP, 'us'), 'GST': (GST, 'cycles'), 'SST': (SST, 'cycles'), 'EXP': (EXP, 'us')}
+FUS = ('waitmax', 'gusums', 'hwaitmax')
+KINDS = {'STAMP': (STAMP, 'us'), 'GST': (GST, 'cycles'), 'SST': (SST, 'cycles'), 'EXP': (EXP, 'us'),
+         'FUS': (FUS, 'us')}
 
 
 def parse(path):
@@ -61,7 +68,7 @@ def parse(path):
                 raise ValueError('%s:%d: not a %s line: %s' % (path, n, kind, line.strip()[:120]))
             rows.setdefault((kind, T), []).append(vals)
     if not rows:
-        raise ValueError('%s: no STAMP, GST, SST or EXP lines (a bench log of a route-stamps build?)' % path)
+        raise ValueError('%s: no STAMP, GST, SST, EXP or FUS lines (a bench log of a route-stamps build?)' % path)
     return rows
 
 
