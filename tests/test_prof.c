@@ -95,6 +95,9 @@ static void test_kernel_phase(void **st) {
     assert_int_equal(fm_prof_kernel_phase("fm_route_noaux_tc_kernel"), FM_PH_ROUTE);
     assert_int_equal(fm_prof_kernel_phase("_Z15fm_topk_softmaxPKfi"), FM_PH_ROUTE);
     assert_int_equal(fm_prof_kernel_phase("fm_sort_tokens"), FM_PH_SORT);
+    /* the one-token launch of gate/up and down, by its mangled name */
+    assert_int_equal(fm_prof_kernel_phase("_Z16fm_fused1_kernelILb0EEv16fm_expert_params16fm_fused1_layout"),
+                     FM_PH_GATEUP);
     assert_int_equal(fm_prof_kernel_phase("fm_gate_up_small<4>"), FM_PH_GATEUP);
     assert_int_equal(fm_prof_kernel_phase("moe_GateUp_mma"), FM_PH_GATEUP);
     assert_int_equal(fm_prof_kernel_phase("void fm_splitk_gu_kernel<false>(int)"), FM_PH_GATEUP);

@@ -549,6 +549,8 @@ fm_status fm_cuda_forward(fm_cuda_engine *e, const fm_model_desc *d, const fm_cu
         e->pt->ns[FM_PH_DOWN] += ms[2] * 1e6;
         e->pt->calls++;
         e->pt->fused_mask |= (1u << FM_PH_SORT) | (1u << FM_PH_ACT) | (1u << FM_PH_COMBINE) | (1u << FM_PH_SHARED);
+        /* the one-token launch: down inside gate/up's launch */
+        if (lc.splitk && lc.fused && e->shared_enabled) e->pt->fused_mask |= 1u << FM_PH_DOWN;
     }
     if (nev)
         for (int i = 0; i < 4; i++) cudaEventDestroy(ev[i]);

@@ -93,8 +93,10 @@ fm_phase fm_prof_kernel_phase(const char *name) {
     if (has(name, "shared")) return FM_PH_SHARED;
     if (has(name, "route") || has(name, "routing") || has(name, "topk")) return FM_PH_ROUTE;
     if (has(name, "sort")) return FM_PH_SORT;
-    /* the splitk path's gate/up kernel is fm_splitk_gu_kernel */
-    if (has(name, "gate_up") || has(name, "gateup") || has(name, "splitk_gu")) return FM_PH_GATEUP;
+    /* the splitk path's gate/up kernel is fm_splitk_gu_kernel; its one-token
+     * launch, fm_fused1_kernel, holds down too (the engine marks down fused) */
+    if (has(name, "gate_up") || has(name, "gateup") || has(name, "splitk_gu") || has(name, "fused1"))
+        return FM_PH_GATEUP;
     if (has(name, "down")) return FM_PH_DOWN;
     if (has(name, "combine")) return FM_PH_COMBINE;
     if (has_act(name)) return FM_PH_ACT;
