@@ -102,6 +102,8 @@ static void test_kernel_phase(void **st) {
     assert_int_equal(fm_prof_kernel_phase("moe_GateUp_mma"), FM_PH_GATEUP);
     assert_int_equal(fm_prof_kernel_phase("void fm_splitk_gu_kernel<false>(int)"), FM_PH_GATEUP);
     assert_int_equal(fm_prof_kernel_phase("void fm_splitk_down_kernel<1, 2, false>(int)"), FM_PH_DOWN);
+    assert_int_equal(fm_prof_kernel_phase("void fm_fused1_kernel<true>(fm_expert_params, fm_fused1_layout)"),
+                     FM_PH_GATEUP);
     assert_int_equal(fm_prof_kernel_phase("fm_act_silu"), FM_PH_ACT);
     assert_int_equal(fm_prof_kernel_phase("fm_down_small"), FM_PH_DOWN);
     assert_int_equal(fm_prof_kernel_phase("fm_combine_k"), FM_PH_COMBINE);

@@ -158,6 +158,7 @@ static void test_categories(void **state) {
         {"fm_shared_expert_wg_kernel(fm_expert_params, int, int)", "moe_gemm"},
         {"void fm_splitk_gu_kernel<true>(int)", "moe_gemm"},
         {"void fm_splitk_down_kernel<2, 4, false>(int)", "moe_gemm"},
+        {"void fm_fused1_kernel<false>(fm_expert_params, fm_fused1_layout)", "moe_gemm"},
         {"fm_route_kernel(fm_route_params)", "moe_routing"},
         {"fm_prep_kernel(fm_route_params)", "moe_routing"},
         {"fm_preroute_kernel(fm_route_params)", "moe_routing"},

@@ -49,10 +49,11 @@ static const struct {
     /* the gated activation between the two expert GEMMs */
     {FM_CAT_MOE_ACT, "act_and_mul|silu_and_mul|gelu_and_mul|silu_mul|swiglu|gelu_tanh_and_mul|doactivation|"
                      "activation_kernel"},
-    /* MoE expert GEMMs: fp4moe's expert kernels (routed and shared, the splitk path's too), PyTorch's
+    /* MoE expert GEMMs: fp4moe's expert kernels (routed and shared, the splitk path's and its one-token
+     * launch's too), PyTorch's
      * grouped_mm (CUTLASS GroupProblemShape, prepare_grouped_gemm_data, the
      * cuBLAS grouped arguments) */
-    {FM_CAT_MOE_GEMM, "fm_expert|fm_shared_expert|fm_splitk|cublas_grouped|"
+    {FM_CAT_MOE_GEMM, "fm_expert|fm_shared_expert|fm_splitk|fm_fused1|cublas_grouped|"
                       "fused_moe|moe_gemm|moegemm|moe_mm|moe_wna16|marlin|groupproblemshape|grouped_?gemm|"
                       "gemmgrouped|group_?mm|bmm_e2m1|bmm_e4m3|bmm_mxe|_moe_|cutlass_moe|trtllm.*moe|"
                       "moe.*gemm|deep_?gemm.*(group|masked|contiguous)|m_grouped"},
