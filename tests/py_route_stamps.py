@@ -31,7 +31,7 @@ def exp(T, dnend):
 
 
 def fus(T, gusums):
-    return "FUS T=%d waitmax 18.00 gusums %.2f hwaitmax 29.70\n" % (T, gusums)
+    return "FUS T=%d waitmax 18.00 gusums %.2f hwaitmax 29.70 dnland 30.10\n" % (T, gusums)
 
 
 def run(text):
@@ -58,7 +58,7 @@ assert "STAMP T=256  n=1" in out and "grouped 60.80" in out, out
 assert "GST   T=256  n=2" in out and "pass1 600.00" in out and "end 90.00" in out, out
 assert "SST   T=1    n=3" in out and "group 300.00" in out and "scores 2000.00" in out, out
 assert "EXP   T=1    n=2" in out and "dnend 29.00" in out and "nextlg 32.00" in out, out
-assert "FUS   T=1    n=3" in out and "gusums 28.00" in out and "hwaitmax 29.70" in out, out
+assert "FUS   T=1    n=3" in out and "gusums 28.00" in out and "dnland 30.10" in out, out
 with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
     f.write(stamp(16, 2.0, 9.0) + gst(16, 7))
 try:

@@ -25,7 +25,8 @@ the EXP fields are its blocks: the first past its wait on the routing
 (guwait), the last with its h rows written (guend), the first past its waits
 on h (dnwait), the last slice's output written (dnend); and FUS lines add the
 last block past its wait on the routing (waitmax), the last warp's gate/up
-sums done (gusums), the last block past its waits on h (hwaitmax).
+sums done (gusums), the last block past its waits on h (hwaitmax), the last
+routed block's down weights landed in its shared memory (dnland).
 Prints the median of every field per batch size; each field's median is taken
 alone. Exit 2 with a message on a log without stamps or with a broken line.
 """
@@ -36,7 +37,7 @@ STAMP = ('lgwait', 'lgend', 'selstart', 'selwait0', 'selwait1', 'selected', 'ele
 GST = ('wait', 'select', 'elect', 'zero', 'pass1', 'scans', 'act', 'pass2', 'end')
 SST = ('path', 'wait', 'scores', 'pick', 'select', 'sync', 'group')
 EXP = ('guwait', 'guend', 'dnwait', 'dnend', 'nextlg')
-FUS = ('waitmax', 'gusums', 'hwaitmax')
+FUS = ('waitmax', 'gusums', 'hwaitmax', 'dnland')
 KINDS = {'STAMP': (STAMP, 'us'), 'GST': (GST, 'cycles'), 'SST': (SST, 'cycles'), 'EXP': (EXP, 'us'),
          'FUS': (FUS, 'us')}
 
