@@ -122,6 +122,41 @@ static void test_fused1_layout(void **state) {
         assert_int_equal(at[i] % 16, 0);
         if (i) assert_true(at[i] > at[i - 1]);
     }
+    /* the rule the engine and `explain` share: GLM-5's TP8 rank at one token
+     * fits an H200 (sm_90, 227 KB a block, 132 SMs); each condition alone
+     * gives its reason */
+    const fm_fused1_shape glm = {.T = 1, .k_active = 8, .Hp = 6144, .gate_rows_p = 256, .gate_kp = 6144,
+                                 .down_rows_p = 6144, .down_kp = 256, .sgate_rows_p = 256, .sgate_kp = 6144,
+                                 .sdown_rows_p = 6144, .sdown_kp = 256, .mx = 0};
+    assert_null(fm_sched_fused1_why(&glm, 90, 232448, 132, &L));
+    assert_int_equal(L.total, 186112);
+    assert_null(fm_sched_fused1_why(&glm, 0, 0, 0, &L)); /* unknown GPU: nothing of it checked */
+    fm_fused1_shape c = glm;
+    c.T = 2;
+    assert_string_equal(fm_sched_fused1_why(&c, 90, 232448, 132, &L), "takes one token");
+    assert_int_equal(L.total, 0);
+    c = glm;
+    c.sgate_rows_p = 0;
+    assert_string_equal(fm_sched_fused1_why(&c, 90, 232448, 132, &L), "no shared expert");
+    c = glm;
+    c.sgate_rows_p = 384;
+    c.sdown_kp = 384;
+    assert_string_equal(fm_sched_fused1_why(&c, 90, 232448, 132, &L),
+                        "the shared expert is not as wide as the routed ones");
+    assert_string_equal(fm_sched_fused1_why(&glm, 80, 232448, 132, &L), "needs sm_90 or later");
+    c = glm;
+    c.gate_rows_p = c.sgate_rows_p = 640;
+    c.down_kp = c.sdown_kp = 640;
+    assert_string_equal(fm_sched_fused1_why(&c, 90, 232448, 132, &L), "takes experts of I up to 512");
+    c = glm;
+    c.down_rows_p = c.sdown_rows_p = 128;
+    assert_string_equal(fm_sched_fused1_why(&c, 90, 232448, 132, &L), "down has fewer row groups than gate/up");
+    c = glm;
+    c.k_active = 17;
+    assert_string_equal(fm_sched_fused1_why(&c, 90, 232448, 132, &L), "the shape is out of its range");
+    assert_string_equal(fm_sched_fused1_why(&glm, 120, 101376, 188, &L),
+                        "its shared memory per block is more than the GPU's");
+    assert_string_equal(fm_sched_fused1_why(&glm, 90, 232448, 114, &L), "its blocks are more than the SMs");
     /* sizes out of range: -1 and a zero layout */
     const int bad[][7] = {{0, 256, 6144, 6144, 256, 8, 0},    {6100, 256, 6144, 6144, 256, 8, 0},
                           {6144, 250, 6144, 6144, 256, 8, 0}, {6144, 256, 6144, 6144, 200, 8, 0},

@@ -237,9 +237,9 @@ int fm_cuda_down_chunks(const fm_expert_params *p, const fm_launch_cfg *c);
 fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int nt, int fused, int pdl, cudaStream_t s);
 /* 1 where the splitk path's one-token launch (gate/up and down in one grid,
  * a block per SM) takes the call p describes on a device of compute
- * capability cc_major: one token, a shared expert as wide as the routed
- * ones, its shared memory and every block resident at once */
-int fm_cuda_fused1_fits(const fm_expert_params *p, int cc_major);
+ * capability cc (major * 10 + minor): the rule fm_sched_fused1_why, then
+ * every block resident at once at the occupancy the device reports */
+int fm_cuda_fused1_fits(const fm_expert_params *p, int cc);
 /* Largest K of down (the experts' I, padded) the splitk path takes. */
 #define FM_SPLITK_MAX_I 512
 #define FM_SPLITK_MAX_C 16

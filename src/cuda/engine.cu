@@ -207,7 +207,7 @@ static void choose_cfg(fm_cuda_engine *e, const fm_cuda_layer *l, int T, fm_kern
             fill_expert_params(e, l, T, e->shared_enabled, NULL, &ep);
             ep.sms = e->sm_count;
             ep.smem_optin = e->smem_optin;
-            lc->fused = fm_cuda_fused1_fits(&ep, e->cc_major);
+            lc->fused = fm_cuda_fused1_fits(&ep, 10 * e->cc_major + e->cc_minor);
             return;
         }
         size_t n = strlen(src);

@@ -558,8 +558,8 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
     const int s = (int)blockIdx.x / G, j = (int)blockIdx.x % G;
     const int nseg = p.gate.kp / FM_KSEG, nrg_d = p.down.rows_p / 16, nseg_d = p.down.kp / FM_KSEG;
     const uint32_t sm = (uint32_t)__cvta_generic_to_shared(fu_smem), bar0 = (uint32_t)__cvta_generic_to_shared(bars);
-    /* barriers: warp w's gate/up copies (w), down's (8), the shared
-     * expert's phase (9) */
+    /* barriers: warp w's FU_NCH pieces of gate/up copies, then down's, then
+     * the shared expert's phase */
     const uint32_t bar_w = bar0 + 8 * FU_NCH * wi, bar_dn = bar0 + 8 * FU_NCH * SK_WARPS, bar_sh = bar_dn + 8;
     const uint64_t wpol = l2_evict_first();
     unsigned *hcnt = p.sk_cnt + s, *shrg = p.sk_cnt + KS + j, *shh = p.sk_cnt + KS + G, *comb = shh + 1 + j,
@@ -739,18 +739,24 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
 /* Whether the one-token launch takes this call (a device of compute
  * capability cc_major): the checks of fm_fused1_kernel's shape, its
  * shared memory, and every block resident at once. */
-extern "C" int fm_cuda_fused1_fits(const fm_expert_params *p, int cc_major) {
-    if (cc_major < 9 || p->T != 1 || !p->gate.n || !p->sgate.n || p->max_active < 1 || p->max_active > FU_MAXK)
-        return 0;
-    if (p->sgate.rows_p != p->gate.rows_p || p->sgate.kp != p->gate.kp || p->sdown.kp != p->down.kp ||
-        p->sdown.rows_p != p->down.rows_p)
-        return 0;
-    const int G = p->gate.rows_p / 16;
-    if (p->down.kp / FM_KSEG > SK_DN_SEGS || p->down.rows_p / 16 < G) return 0;
+extern "C" int fm_cuda_fused1_fits(const fm_expert_params *p, int cc) {
+    static_assert(SK_DN_SEGS == 4, "the rule takes down's K up to 4 segments (I <= 512)");
+    fm_fused1_shape sh;
+    sh.T = p->T;
+    sh.k_active = p->max_active;
+    sh.Hp = p->Hp;
+    sh.gate_rows_p = p->gate.n ? p->gate.rows_p : 0;
+    sh.gate_kp = p->gate.kp;
+    sh.down_rows_p = p->down.rows_p;
+    sh.down_kp = p->down.kp;
+    sh.sgate_rows_p = p->sgate.n ? p->sgate.rows_p : 0;
+    sh.sgate_kp = p->sgate.kp;
+    sh.sdown_rows_p = p->sdown.rows_p;
+    sh.sdown_kp = p->sdown.kp;
+    sh.mx = p->mx;
     fm_fused1_layout L;
-    if (fm_sched_fused1_layout(p->Hp, p->gate.rows_p, p->gate.kp, p->down.rows_p, p->down.kp, p->max_active, p->mx, &L) ||
-        L.total > p->smem_optin)
-        return 0;
+    if (fm_sched_fused1_why(&sh, cc, p->smem_optin, p->sms, &L)) return 0;
+    const int G = p->gate.rows_p / 16;
     void (*k)(fm_expert_params, fm_fused1_layout) = p->mx ? fm_fused1_kernel<true> : fm_fused1_kernel<false>;
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total) != cudaSuccess) {
         (void)cudaGetLastError();

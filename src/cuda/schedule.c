@@ -92,6 +92,23 @@ int fm_sched_splitk_down_per_sm(int down_rows_p, int nt, int nseg, int sms) {
     return nt == 1 && nseg <= 2 && down_rows_p / 16 > 2LL * sms ? 3 : 2;
 }
 
+const char *fm_sched_fused1_why(const fm_fused1_shape *s, int cc, int smem_optin, int sms, fm_fused1_layout *L) {
+    memset(L, 0, sizeof *L);
+    if (s->T != 1) return "takes one token";
+    if (!s->sgate_rows_p) return "no shared expert";
+    if (s->sgate_rows_p != s->gate_rows_p || s->sgate_kp != s->gate_kp || s->sdown_rows_p != s->down_rows_p ||
+        s->sdown_kp != s->down_kp)
+        return "the shared expert is not as wide as the routed ones";
+    if (cc && cc < 90) return "needs sm_90 or later";
+    if (s->down_kp > 4 * FM_SCHED_KSEG) return "takes experts of I up to 512";
+    if (s->down_rows_p / 16 < s->gate_rows_p / 16) return "down has fewer row groups than gate/up";
+    if (fm_sched_fused1_layout(s->Hp, s->gate_rows_p, s->gate_kp, s->down_rows_p, s->down_kp, s->k_active, s->mx, L))
+        return "the shape is out of its range";
+    if (smem_optin && L->total > smem_optin) return "its shared memory per block is more than the GPU's";
+    if (sms && (long long)s->k_active * (s->gate_rows_p / 16) > sms) return "its blocks are more than the SMs";
+    return NULL;
+}
+
 int fm_sched_fused1_layout(int Hp, int gate_rows_p, int gate_kp, int down_rows_p, int down_kp, int k, int mx,
                            fm_fused1_layout *L) {
     memset(L, 0, sizeof *L);

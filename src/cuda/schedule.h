@@ -101,6 +101,22 @@ int fm_sched_fused1_layout(int Hp, int gate_rows_p, int gate_kp, int down_rows_p
                            fm_fused1_layout *L);
 /* the most routed experts per token it takes */
 #define FM_FUSED1_MAXK 16
+/* A call's shape as that kernel sees it: tokens, routed slots (max_active),
+ * x's padded width, the routed matrices' padded rows and K (gate's stand
+ * for up's), the shared expert's (0 where there is none), MXFP4 or not. */
+typedef struct {
+    int T, k_active, Hp;
+    int gate_rows_p, gate_kp, down_rows_p, down_kp;
+    int sgate_rows_p, sgate_kp, sdown_rows_p, sdown_kp;
+    int mx;
+} fm_fused1_shape;
+/* NULL where the one-token launch takes the call on a GPU of compute
+ * capability cc (major * 10 + minor), smem_optin bytes of shared memory per
+ * block and sms SMs (each 0: unknown, not checked), before the occupancy the
+ * device reports (the engine checks it too); else why not. *L: its layout
+ * (zero where the shape is out of its range). The engine and `explain`
+ * share it. */
+const char *fm_sched_fused1_why(const fm_fused1_shape *s, int cc, int smem_optin, int sms, fm_fused1_layout *L);
 
 #ifdef __cplusplus
 }

@@ -126,23 +126,16 @@ static fm_status decide_gpu(fm_explanation *x, const fm_sched *sch, fm_explain_b
          * fm_cuda_fused1_fits decides it on the device */
         if (T == 1) {
             fm_fused1_layout L;
-            const int hp = fm_sched_pad(d->hidden, FM_SCHED_KSEG), G = gate_rp / 16;
+            const int hp = fm_sched_pad(d->hidden, FM_SCHED_KSEG);
+            const fm_fused1_shape sh = {.T = T, .k_active = max_active, .Hp = hp,
+                                        .gate_rows_p = gate_rp, .gate_kp = hp, .down_rows_p = down_rp, .down_kp = gate_rp,
+                                        .sgate_rows_p = sgate_rp, .sgate_kp = hp, .sdown_rows_p = down_rp,
+                                        .sdown_kp = sgate_rp, .mx = x->fmt == FM_QF_MXFP4};
             /* the opt-in shared memory per block: 227 KB on sm_90 and sm_100, 99 KB on sm_120 */
-            const int optin = cc / 10 == 12 ? 101376 : 232448;
-            const int bad = fm_sched_fused1_layout(hp, gate_rp, hp, down_rp, gate_rp, max_active,
-                                                   x->fmt == FM_QF_MXFP4, &L);
+            const int optin = !cc ? 0 : cc / 10 == 12 ? 101376 : 232448;
+            e->fused_why = fm_sched_fused1_why(&sh, cc, optin, sms, &L);
             e->fused_smem = L.total;
-            e->fused_blocks = (long long)max_active * G;
-            e->fused_why = !d->n_shared                    ? "no shared expert"
-                           : sgate_rp != gate_rp           ? "the shared expert is not as wide as the routed ones"
-                           : cc && cc < 90                 ? "needs sm_90 or later"
-                           : bad                           ? "the shape is out of its range"
-                           : gate_rp > 4 * FM_SCHED_KSEG   ? "takes experts of I up to 512"
-                           : down_rp / 16 < G              ? "down has fewer row groups than gate/up"
-                           : L.total > optin               ? "its shared memory per block is more than the GPU's"
-                           : e->fused_blocks > sms         ? "its blocks are more than the SMs"
-                                                           : NULL;
-            if (e->fused_why) e->fused_blocks = 0;
+            e->fused_blocks = e->fused_why ? 0 : (long long)max_active * (gate_rp / 16);
         }
     }
     /* the wgmma down's row chunks per block: the most the rule can give
