@@ -1217,6 +1217,27 @@ static double rel_diff(const float *a, const float *b, size_t n) {
         cudaError_t err_ = (call);                                           \
         if (err_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(err_)); \
     } while (0)
+
+/* Two pre-routed calls that must agree: ids_a then ids_b with the same
+ * weights w (both uploaded to dids / dw first), the outputs NaN-poisoned
+ * before; their relative difference. */
+static double experts_pair(fm_cuda_engine *e, fm_cuda_layer *cl, const float *dx, int T, int k, int shared,
+                           int32_t *dids, float *dw, const int32_t *ids_a, const int32_t *ids_b, const float *w,
+                           float *dout, float *dout2, float *a, float *b, size_t n, cudaStream_t st) {
+    float *outs[2] = {dout, dout2};
+    const int32_t *idsv[2] = {ids_a, ids_b};
+    CU_OK(cudaMemcpyAsync(dw, w, sizeof(float) * T * k, cudaMemcpyHostToDevice, st));
+    for (int i = 0; i < 2; i++) {
+        CU_OK(cudaMemcpyAsync(dids, idsv[i], sizeof(int32_t) * T * k, cudaMemcpyHostToDevice, st));
+        CU_OK(cudaMemsetAsync(outs[i], 0xFF, sizeof(float) * n, st));
+        if (fm_cuda_experts(e, cl, dx, FM_DT_F32, T, dids, dw, shared, outs[i], st))
+            fail_msg("experts: %s", fm_last_error());
+    }
+    CU_OK(cudaStreamSynchronize(st));
+    CU_OK(cudaMemcpy(a, dout, sizeof(float) * n, cudaMemcpyDeviceToHost));
+    CU_OK(cudaMemcpy(b, dout2, sizeof(float) * n, cudaMemcpyDeviceToHost));
+    return rel_diff(a, b, n);
+}
 #endif
 
 /* Calls on caller-owned device memory and a caller's stream: fm_cuda_moe
@@ -1382,18 +1403,7 @@ static void test_device_calls(void **state) {
                 w0[t * k] = 0;
                 if (k > 1) w0[t * k + 1] = 0;
             }
-            int32_t *idz = malloc(sizeof(int32_t) * T * k);
-            assert_non_null(idz);
-            memcpy(idz, ids, sizeof(int32_t) * T * k);
-            CU_OK(cudaMemcpyAsync(dids, ids0, sizeof(int32_t) * T * k, cudaMemcpyHostToDevice, st));
-            CU_OK(cudaMemcpyAsync(dw, w0, sizeof(float) * T * k, cudaMemcpyHostToDevice, st));
-            if (fm_cuda_experts(e, cl, dx, FM_DT_F32, T, dids, dw, 0, dout, st)) fail_msg("experts: %s", fm_last_error());
-            CU_OK(cudaMemcpyAsync(dids, idz, sizeof(int32_t) * T * k, cudaMemcpyHostToDevice, st));
-            if (fm_cuda_experts(e, cl, dx, FM_DT_F32, T, dids, dw, 0, dout2, st)) fail_msg("experts: %s", fm_last_error());
-            CU_OK(cudaStreamSynchronize(st));
-            CU_OK(cudaMemcpy(a, dout, sizeof(float) * n, cudaMemcpyDeviceToHost));
-            CU_OK(cudaMemcpy(b, dout2, sizeof(float) * n, cudaMemcpyDeviceToHost));
-            double r3 = rel_diff(a, b, n);
+            double r3 = experts_pair(e, cl, dx, T, k, 0, dids, dw, ids0, ids, w0, dout, dout2, a, b, n, st);
             printf("# %-13s T=%2d dropped slots vs zero weights %.2e\n", presets[pi], T, r3);
             assert_true(r3 <= 1e-6);
             /* every slot dropped, the shared expert kept (no routed expert
@@ -1403,16 +1413,7 @@ static void test_device_calls(void **state) {
                 ids0[i] = -1;
                 w0[i] = 0;
             }
-            CU_OK(cudaMemcpyAsync(dids, ids0, sizeof(int32_t) * T * k, cudaMemcpyHostToDevice, st));
-            CU_OK(cudaMemcpyAsync(dw, w0, sizeof(float) * T * k, cudaMemcpyHostToDevice, st));
-            CU_OK(cudaMemsetAsync(dout, 0xFF, sizeof(float) * n, st));
-            if (fm_cuda_experts(e, cl, dx, FM_DT_F32, T, dids, dw, 1, dout, st)) fail_msg("experts: %s", fm_last_error());
-            CU_OK(cudaMemcpyAsync(dids, idz, sizeof(int32_t) * T * k, cudaMemcpyHostToDevice, st));
-            if (fm_cuda_experts(e, cl, dx, FM_DT_F32, T, dids, dw, 1, dout2, st)) fail_msg("experts: %s", fm_last_error());
-            CU_OK(cudaStreamSynchronize(st));
-            CU_OK(cudaMemcpy(a, dout, sizeof(float) * n, cudaMemcpyDeviceToHost));
-            CU_OK(cudaMemcpy(b, dout2, sizeof(float) * n, cudaMemcpyDeviceToHost));
-            double r5 = rel_diff(a, b, n);
+            double r5 = experts_pair(e, cl, dx, T, k, 1, dids, dw, ids0, ids, w0, dout, dout2, a, b, n, st);
             printf("# %-13s T=%2d no routed expert vs zero weights, shared kept %.2e\n", presets[pi], T, r5);
             assert_true(r5 <= 1e-6);
             /* captured in a graph on the caller's stream, replayed twice */
@@ -1434,7 +1435,7 @@ static void test_device_calls(void **state) {
             }
             cudaGraphExecDestroy(ge);
             cudaGraphDestroy(g);
-            free(idz); free(xf); free(ref); free(a); free(b); free(w); free(w0); free(ids); free(ids0); free(xb);
+            free(xf); free(ref); free(a); free(b); free(w); free(w0); free(ids); free(ids0); free(xb);
         }
         cudaStreamDestroy(st);
         cudaFree(dx); cudaFree(dout); cudaFree(dout2); cudaFree(dids); cudaFree(dw);

@@ -74,6 +74,27 @@ static __device__ __forceinline__ uint4 sk_ld_x(const uint16_t *src, int s, int 
     return src ? __ldcg((const uint4 *)(src + s * FM_KSEG) + d) : make_uint4(0, 0, 0, 0);
 }
 
+/* n (<= MAXC) chunks' partial pairs (a at q, b at q + boff; chunk c at
+ * q + c * cstride), every one loaded before the first add (one L2 round
+ * trip), then added in chunk order: the same bits on every run */
+template <int MAXC>
+static __device__ __forceinline__ void sum_chunks(const float *q, int cstride, int boff, int n, float &a, float &b) {
+    float va[MAXC], vb[MAXC];
+#pragma unroll
+    for (int c = 0; c < MAXC; c++) {
+        const float *r = q + min(c, n - 1) * cstride;
+        va[c] = __ldcg(r);
+        vb[c] = __ldcg(r + boff);
+    }
+    a = b = 0.0f;
+#pragma unroll
+    for (int c = 0; c < MAXC; c++)
+        if (c < n) {
+            a += va[c];
+            b += vb[c];
+        }
+}
+
 /*
  * Gate/up. Work units, one per warp: the shared expert's (row group, chunk)
  * first, then (active-expert slot, row group, chunk). Partials:
@@ -184,22 +205,8 @@ __global__ void __launch_bounds__(32 * SK_WARPS, FM_SPLITK_PER_SM) fm_splitk_gu_
     const float s2A = fm_nv_s2<MX>(dA.scale2[e]), s2B = fm_nv_s2<MX>(dB.scale2[e]);
     for (int i = lane; i < 16 * cnt; i += 32) {
         const int row = r0 + (i & 15), id = i >> 4, pos = pos0 + id;
-        /* every chunk's partials loaded before the first add: one L2
-         * round trip, then the sums in chunk order */
-        float va[FM_SPLITK_MAX_C], vb[FM_SPLITK_MAX_C];
-#pragma unroll
-        for (int cc = 0; cc < FM_SPLITK_MAX_C; cc++) {
-            const float *q = part + ((int64_t)(min(cc, C - 1) * P + pos) * 2) * rstride + row;
-            va[cc] = __ldcg(q);
-            vb[cc] = __ldcg(q + rstride);
-        }
-        float a = 0.0f, b = 0.0f;
-#pragma unroll
-        for (int cc = 0; cc < FM_SPLITK_MAX_C; cc++)
-            if (cc < C) {
-                a += va[cc];
-                b += vb[cc];
-            }
+        float a, b;
+        sum_chunks<FM_SPLITK_MAX_C>(part + ((int64_t)pos * 2) * rstride + row, P * 2 * rstride, rstride, C, a, b);
         float hv = 0.0f;
         if (row < dA.rows) {
             const float y = a * s2A + (dA.bias ? dA.bias[(int64_t)e * rows_p + row] : 0.0f);
@@ -464,28 +471,40 @@ static __device__ __forceinline__ void fu_cp_dn(uint32_t dst, const fm_dmat &dD,
             pol);
 }
 
+/* a lane's share of a 16-row tile in shared memory: its weights w (two
+ * 512-byte halves) and its scales sc */
+template <bool MX>
+static __device__ __forceinline__ void fu_tile(const unsigned char *w, const unsigned char *sc, int lane, uint4 &w0, uint4 &w1,
+                                               uint32_t &c0, uint32_t &c1) {
+    const int g = lane >> 2, t = lane & 3, spr = MX ? 4 : 8;
+    w0 = *(const uint4 *)(w + lane * 16);
+    w1 = *(const uint4 *)(w + 512 + lane * 16);
+    const unsigned char *sp = sc + g * spr + (MX ? t : 2 * t);
+    c0 = MX ? (uint32_t)sp[0] : (uint32_t)*(const uint16_t *)sp;
+    c1 = MX ? (uint32_t)sp[8 * spr] : (uint32_t)*(const uint16_t *)(sp + 8 * spr);
+}
+/* the token's column of segment S of the activations v in shared memory
+ * (lanes of row 0; the other columns zero) */
+static __device__ __forceinline__ void fu_col(const unsigned char *v, int S, int lane, uint4 (&xb)[4]) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int d = 0; d < 4; d++)
+        xb[d] = g == 0 ? *(const uint4 *)(v + (S * FM_KSEG + t * 32 + d * 8) * 2) : make_uint4(0, 0, 0, 0);
+}
 /* a warp's gate/up sums over segments [s0, s1) in shared memory, x the
- * token's row in shared memory (column 0; the other columns zero) */
+ * token's row in shared memory */
 template <bool MX>
 static __device__ __forceinline__ void fu_gu(float (&acc)[2][4], const unsigned char *sm, const fm_fused1_layout &L, int s0,
                                              int s1, int lane) {
-    const int g = lane >> 2, t = lane & 3, spr = MX ? 4 : 8;
+    const int spr = MX ? 4 : 8;
     for (int S = s0; S < s1; S++) {
-        uint4 wa[2], wb[2];
+        uint4 wa[2], wb[2], xb[4];
         uint32_t ca[2], cb[2];
 #pragma unroll
-        for (int m = 0; m < 2; m++) {
-            const unsigned char *w = sm + (m ? L.uw : L.gw) + S * 1024;
-            wa[m] = *(const uint4 *)(w + lane * 16);
-            wb[m] = *(const uint4 *)(w + 512 + lane * 16);
-            const unsigned char *sp = sm + (m ? L.us : L.gs) + S * 16 * spr + g * spr + (MX ? t : 2 * t);
-            ca[m] = MX ? (uint32_t)sp[0] : (uint32_t)*(const uint16_t *)sp;
-            cb[m] = MX ? (uint32_t)sp[8 * spr] : (uint32_t)*(const uint16_t *)(sp + 8 * spr);
-        }
-        uint4 xb[4];
-#pragma unroll
-        for (int d = 0; d < 4; d++)
-            xb[d] = g == 0 ? *(const uint4 *)(sm + L.x + (S * FM_KSEG + t * 32 + d * 8) * 2) : make_uint4(0, 0, 0, 0);
+        for (int m = 0; m < 2; m++)
+            fu_tile<MX>(sm + (m ? L.uw : L.gw) + S * 1024, sm + (m ? L.us : L.gs) + S * 16 * spr, lane, wa[m], wb[m], ca[m],
+                        cb[m]);
+        fu_col(sm + L.x, S, lane, xb);
         sk_seg<2, MX>(acc, wa, wb, ca, cb, xb);
     }
 }
@@ -494,21 +513,14 @@ static __device__ __forceinline__ void fu_gu(float (&acc)[2][4], const unsigned 
 template <bool MX>
 static __device__ __forceinline__ void fu_dn(float (&acc)[1][4], const unsigned char *wbase, const unsigned char *sbase,
                                              const unsigned char *hs, int nseg_d, int lane) {
-    const int g = lane >> 2, t = lane & 3, spr = MX ? 4 : 8;
+    const int spr = MX ? 4 : 8;
 #pragma unroll
     for (int s = 0; s < SK_DN_SEGS; s++) {
         if (s >= nseg_d) break;
-        uint4 w0[1], w1[1];
+        uint4 w0[1], w1[1], xb[4];
         uint32_t c0[1], c1[1];
-        w0[0] = *(const uint4 *)(wbase + s * 1024 + lane * 16);
-        w1[0] = *(const uint4 *)(wbase + s * 1024 + 512 + lane * 16);
-        const unsigned char *sp = sbase + s * 16 * spr + g * spr + (MX ? t : 2 * t);
-        c0[0] = MX ? (uint32_t)sp[0] : (uint32_t)*(const uint16_t *)sp;
-        c1[0] = MX ? (uint32_t)sp[8 * spr] : (uint32_t)*(const uint16_t *)(sp + 8 * spr);
-        uint4 xb[4];
-#pragma unroll
-        for (int d = 0; d < 4; d++)
-            xb[d] = g == 0 ? *(const uint4 *)(hs + (s * FM_KSEG + t * 32 + d * 8) * 2) : make_uint4(0, 0, 0, 0);
+        fu_tile<MX>(wbase + s * 1024, sbase + s * 16 * spr, lane, w0[0], w1[0], c0[0], c1[0]);
+        fu_col(hs, s, lane, xb);
         sk_seg<1, MX>(acc, w0, w1, c0, c1, xb);
     }
 }
@@ -597,22 +609,8 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
         if (flag) {
             /* the last chunk of row group j: the chunks in order, h */
             if (tid < 16) {
-                /* every chunk's partials loaded before the first add: one
-                 * L2 round trip */
-                float va[FU_MAXK], vb[FU_MAXK];
-#pragma unroll
-                for (int c = 0; c < FU_MAXK; c++) {
-                    const float *q = part + ((int64_t)min(c, KS - 1) * G + j) * 32 + tid;
-                    va[c] = __ldcg(q);
-                    vb[c] = __ldcg(q + 16);
-                }
-                float sa = 0.0f, sb = 0.0f;
-#pragma unroll
-                for (int c = 0; c < FU_MAXK; c++)
-                    if (c < KS) {
-                        sa += va[c];
-                        sb += vb[c];
-                    }
+                float sa, sb;
+                sum_chunks<FU_MAXK>(part + j * 32 + tid, G * 32, 16, KS, sa, sb);
                 const int row = j * 16 + tid;
                 p.h[(int64_t)p.T * p.k * p.hstride + kperm_pos(row)] = fu_h<MX>(p, p.sgate, p.sup, 0, row, sa, sb);
             }
@@ -726,7 +724,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
     /* the grid's last block resets the per-expert counters: every block
      * has passed its waits */
     if (tid == 0 && atomicAdd(done, 1u) == gridDim.x - 1) {
-        for (int i = 0; i < KS; i++) hcnt[i - s] = 0;
+        for (int i = 0; i < KS; i++) p.sk_cnt[i] = 0;
         *shh = 0;
         *done = 0;
     }
