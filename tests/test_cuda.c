@@ -741,6 +741,12 @@ static void test_splitk(void **state) {
                                     strstr(fm_cuda_engine_describe(g_eng), "sm_90") != NULL;
                     if (!strstr(kern, one ? "fm_fused1_kernel" : "fm_splitk_gu_kernel"))
                         fail_msg("%s T=%d: kernel %s", preset, T, kern);
+                    /* that launch selects the top-k itself in the families
+                     * scored expert by expert (layer L is not hash-routed) */
+                    const int sel = d.route == FM_ROUTE_NOAUX_TC || d.route == FM_ROUTE_DSV4;
+                    if (one && !strstr(kern, sel ? "top-k: inside the one-token launch (no selection kernel)"
+                                                 : "top-k: the selection kernel before the one-token launch"))
+                        fail_msg("%s T=%d: kernel %s", preset, T, kern);
                     uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
                     float *xf = malloc(sizeof(float) * (size_t)T * H);
                     float *o1 = malloc(sizeof(float) * (size_t)T * H), *o2 = malloc(sizeof(float) * (size_t)T * H);
@@ -769,6 +775,46 @@ static void test_splitk(void **state) {
  * wgmma path at passes of 8, 16 and 32 tokens, T = 64 and 150 (experts in
  * several passes), against the float64 reference. The bench's kernel line
  * says that the chunked blocks ran. */
+/* A hash-routed layer at one token on the splitk path: the one-launch
+ * kernel reads the selection kernel's choice (ids from the token's table),
+ * says so on the kernel line, and matches the float64 reference. */
+static void test_fused1_hash(void **state) {
+    (void)state;
+    NEED_GPU();
+    if (!strstr(fm_cuda_engine_describe(g_eng), "sm_90")) {
+        printf("# SKIPPED: the one-launch kernel needs sm_90\n");
+        return;
+    }
+    fm_model_desc d;
+    assert_int_equal(fm_preset_desc("tiny-deepseek-v4", FM_QF_NVFP4, &d), FM_OK);
+    d.hidden = 640;
+    d.moe_inter = 192;
+    d.shared_inter = 192 * d.n_shared;
+    if (fm_model_desc_validate(&d)) fail_msg("widened: %s", fm_last_error());
+    const int L = first_moe_layer(&d, 1);
+    assert_true(L >= 0);
+    fm_moe_layer *hl;
+    fm_cuda_layer *cl;
+    assert_int_equal(fm_moe_layer_random(&d, FM_QF_NVFP4, 77, L, &hl), FM_OK);
+    if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+    const fm_kernel_config cfg = {FM_PATH_SPLITK, 16, 1, 8, 1, 8, 0.1f};
+    if (fm_cuda_engine_set_config(g_eng, &cfg)) fail_msg("set config: %s", fm_last_error());
+    char kern[1024];
+    if (fm_cuda_layer_call_config(g_eng, cl, 1, NULL, kern, sizeof kern, NULL, 0))
+        fail_msg("call config: %s", fm_last_error());
+    printf("# %s\n", kern);
+    assert_non_null(strstr(kern, "fm_fused1_kernel"));
+    assert_non_null(strstr(kern, "top-k: the selection kernel before the one-token launch (a hash-routed layer)"));
+    for (int rep = 0; rep < 3; rep++) {
+        int32_t tok[1];
+        fm_test_token_ids(tok, 1, 900 + rep, 5, d.vocab_size);
+        compare_x(&d, hl, cl, 1, 60 + rep, tok, "tiny-deepseek-v4 hash layer %d T=1 token %d", L, tok[0]);
+    }
+    if (fm_cuda_engine_set_config(g_eng, NULL)) fail_msg("reset config: %s", fm_last_error());
+    fm_cuda_layer_free(cl);
+    fm_moe_layer_free(hl);
+}
+
 static void test_down_chunks(void **state) {
     (void)state;
     NEED_GPU();
@@ -1511,7 +1557,7 @@ int main(void) {
         cmocka_unit_test(test_input_dtypes),     cmocka_unit_test(test_launch_switches),
         cmocka_unit_test(test_grouping_k8),      cmocka_unit_test(test_route_many_experts),
         cmocka_unit_test(test_router_not_bf16),  cmocka_unit_test(test_sel_spread), cmocka_unit_test(test_route_ties),
-        cmocka_unit_test(test_device_calls),     cmocka_unit_test(test_splitk), cmocka_unit_test(test_down_chunks), cmocka_unit_test(test_bench_act),
+        cmocka_unit_test(test_device_calls),     cmocka_unit_test(test_splitk), cmocka_unit_test(test_fused1_hash), cmocka_unit_test(test_down_chunks), cmocka_unit_test(test_bench_act),
         cmocka_unit_test(test_shard_layers),     cmocka_unit_test(test_setup_behind_legacy_work),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);

@@ -611,6 +611,7 @@ static void test_explain(void **state) {
     /* one token there: 8 x 16 blocks of 186,112 bytes each (test_schedule) */
     assert_non_null(strstr(text, "one token: gate/up and down in one launch instead, 128 blocks (one per SM), 181.8 KB "
                                  "of shared memory each"));
+    assert_non_null(strstr(text, "one token's top-k: inside that launch, no selection kernel\n"));
     free(text);
     go.json = 1;
     assert_int_equal(fm_explain(&go, &text), FM_OK);
@@ -624,6 +625,8 @@ static void test_explain(void **state) {
                         "one_token_launch");
     assert_int_equal(json_integer_value(json_object_get(g, "blocks")), 128);
     assert_int_equal(json_integer_value(json_object_get(g, "shared_memory_bytes")), 186112);
+    assert_true(json_is_true(json_object_get(g, "selects_topk")));
+    assert_null(json_object_get(g, "selection_kernel_why"));
     json_decref(j);
     free(text);
     /* Kimi-K2's TP8 rank on an RTX PRO 6000 (sm_120, 99 KB per block): not one launch */
@@ -637,6 +640,20 @@ static void test_explain(void **state) {
     assert_int_equal(fm_explain(&ko, &text), FM_OK);
     assert_non_null(strstr(text, "one token: the two launches above (not one launch: its shared memory per block is "
                                  "more than the GPU's)"));
+    assert_null(strstr(text, "one token's top-k"));
+    free(text);
+    /* DeepSeek-V4-Flash's TP8 rank: its hash-routed first layers keep the
+     * selection kernel */
+    fm_model_desc vd;
+    assert_int_equal(fm_preset_desc("deepseek-v4-flash", FM_QF_NVFP4, &vd), FM_OK);
+    assert_true(vd.n_hash_layers > 0);
+    fm_explain_opts vo = ko;
+    vo.desc = &vd;
+    vo.model_label = "--preset deepseek-v4-flash";
+    vo.gpu = "NVIDIA H200";
+    assert_int_equal(fm_explain(&vo, &text), FM_OK);
+    assert_non_null(strstr(text, "one token's top-k: inside that launch, no selection kernel (the hash-routed layers "
+                                 "keep it)"));
     free(text);
     /* at B = 16 the wgmma path: down's K of 2 segments allows blocks of up
      * to 4 row chunks; the whole layer's K of 16 segments none */

@@ -212,6 +212,12 @@ typedef struct {
     int fused_smem;
     const char *fused_why;
     int down_chunks_max;           /* wgmma down: most row chunks per block    */
+    /* that one-token launch also selects the token's top-k itself, with no
+     * selection kernel between the logits and it (1), or not, and
+     * fused_sel_why says why (a hash-routed layer always runs the selection
+     * kernel) */
+    int fused_selects;
+    const char *fused_sel_why;
 } fm_explain_batch;
 
 typedef struct {

@@ -233,8 +233,16 @@ fm_status fm_cuda_launch_down(const fm_expert_params *p, const fm_launch_cfg *c,
 int fm_cuda_down_chunks(const fm_expert_params *p, const fm_launch_cfg *c);
 /* The splitk path's two launches (gate/up in C K chunks, then down), routed
  * and shared experts together, at most 16 tokens (nt 1 or 2); fused: its
- * one-token launch instead (where fm_cuda_fused1_fits). */
-fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int nt, int fused, int pdl, cudaStream_t s);
+ * one-token launch instead (where fm_cuda_fused1_fits), which selects the
+ * token's top-k itself where rp is given (the logits kernel launched
+ * alone before it; fm_cuda_fused1_selects), else reads the selection
+ * kernel's grouping. */
+fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int nt, int fused, const fm_route_params *rp,
+                                int pdl, cudaStream_t s);
+/* 1 where the one-token launch can select the token's top-k itself: an
+ * elementwise routing family without a hash table, and the selection's
+ * scratch within the launch's gate/up region. */
+int fm_cuda_fused1_selects(const fm_expert_params *p, const fm_route_params *rp);
 /* 1 where the splitk path's one-token launch (gate/up and down in one grid,
  * a block per SM) takes the call p describes on a device of compute
  * capability cc (major * 10 + minor): the rule fm_sched_fused1_why, then

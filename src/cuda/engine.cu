@@ -381,6 +381,20 @@ typedef struct {
     int shared;           /* run the shared expert                            */
 } layer_io;
 
+/* The one-token launch's top-k on a kernel line: inside it, or the
+ * selection kernel before it and why, as run_layer decides for a call with
+ * the shared expert (and the token ids, where the layer is hash-routed). */
+static void append_topk(fm_cuda_engine *e, const fm_cuda_layer *l, int T, const fm_launch_cfg *lc, char *buf, size_t cap) {
+    if (!lc->splitk || !lc->fused || !e->shared_enabled) return;
+    fm_expert_params ep;
+    fill_expert_params(e, l, T, 1, NULL, &ep);
+    const char *why = fm_sched_fused1_selects(l->d.route, l->hash, l->E, ep.gate.kp);
+    const size_t n = strlen(buf);
+    if (n >= cap) return;
+    if (!why) snprintf(buf + n, cap - n, "; top-k: inside the one-token launch (no selection kernel)");
+    else snprintf(buf + n, cap - n, "; top-k: the selection kernel before the one-token launch (%s)", why);
+}
+
 /* The launches of one layer on stream st. ev (phase timing, host calls
  * only): events between the routing and the two expert launches, on one
  * stream. */
@@ -425,11 +439,15 @@ static fm_status run_layer(fm_cuda_engine *e, const fm_cuda_layer *l, int T, con
         ep.sk_part = e->sk_part;
         ep.sk_cnt = e->sk_cnt;
         rp.early_trigger = lc->pdl ? 2 : 0;
+        /* one token in one launch that also selects its top-k: the logits
+         * kernel, then that launch (no selection kernel between) */
+        const int fused = lc->fused && ep.sgate.n;
+        const int sel = fused && !ev && parts == FM_ROUTE_PARTS_ALL && fm_cuda_fused1_selects(&ep, &rp);
         if (ev) FM_CU(cudaEventRecord(ev[0], st));
-        if ((s0 = fm_cuda_launch_route(&rp, smem, lc->pdl, parts, st))) return s0;
+        if ((s0 = fm_cuda_launch_route(&rp, smem, lc->pdl, sel ? FM_ROUTE_PART_LOGITS : parts, st))) return s0;
         if (!(parts & FM_ROUTE_PART_EXPERTS)) return FM_OK;
         if (ev) FM_CU(cudaEventRecord(ev[1], st));
-        if ((s0 = fm_cuda_launch_splitk(&ep, lc->ksplit, lc->nt, lc->fused && ep.sgate.n, lc->pdl, st))) return s0;
+        if ((s0 = fm_cuda_launch_splitk(&ep, lc->ksplit, lc->nt, fused, sel ? &rp : NULL, lc->pdl, st))) return s0;
         if (ev) {
             FM_CU(cudaEventRecord(ev[2], st));
             FM_CU(cudaEventRecord(ev[3], st));
@@ -736,6 +754,7 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
                  fm_cuda_route_logits_name(T, layers[0]->H, layers[0]->E, e->sm_count, layers[0]->router_wb != NULL,
                                            e->bench_xdt, e->blas != NULL));
     }
+    append_topk(e, layers[0], T, &lc, r->kernel, sizeof r->kernel);
 
     const int pdl0 = lc.pdl;
     s = graph_time(e, layers, n_layers, T, &lc, FM_ROUTE_PARTS_ALL, reps, &r->us_per_layer, &r->us_min, &r->us_max);
@@ -829,7 +848,10 @@ fm_status fm_cuda_layer_call_config(fm_cuda_engine *e, const fm_cuda_layer *l, i
         c = &one;
     }
     if (cfg) *cfg = c->cfg;
-    if (kernel && kernel_cap) fm_cuda_kernel_names(&c->lc, l->fmt == FM_QF_MXFP4, kernel, kernel_cap);
+    if (kernel && kernel_cap) {
+        fm_cuda_kernel_names(&c->lc, l->fmt == FM_QF_MXFP4, kernel, kernel_cap);
+        append_topk(e, l, T, &c->lc, kernel, kernel_cap);
+    }
     if (source && source_cap) snprintf(source, source_cap, "%s", c->src);
     return FM_OK;
 }

@@ -28,6 +28,7 @@
  */
 #include "expert_common.cuh"
 #include "schedule.h"
+#include "route_pick.cuh"
 
 #define SK_WARPS FM_SPLITK_WARPS
 /* gate/up segments whose loads a warp issues together */
@@ -558,8 +559,13 @@ static __device__ __forceinline__ uint16_t fu_h(const fm_expert_params &p, const
 
 #endif
 
-template <bool MX>
-__global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_params p, fm_fused1_layout L) {
+/* RK: 0 where the selection kernel grouped the routing (act_e ...); an
+ * elementwise routing family where every block selects the token's top-k
+ * itself from the logits' K slices (rp) as soon as the logits grid is done,
+ * and makes the token's activations from rp.x before that */
+template <bool MX, int RK>
+__global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_params p, fm_fused1_layout L,
+                                                                      fm_route_params rp) {
 #ifdef FU_BODY
     extern __shared__ __align__(128) unsigned char fu_smem[];
     __shared__ float red[SK_WARPS][2][16];
@@ -585,11 +591,24 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         /* the shared expert, before the routing is known: the token's x,
          * K chunk s of row group j of gate and up, the down sub-slice */
-        fu_expect(bar_sh, (uint32_t)(p.Hp * 2));
-        fu_bulk_x(sm + L.x, p.x_prep, (uint32_t)(p.Hp * 2), bar_sh);
+        if (!RK) {
+            fu_expect(bar_sh, (uint32_t)(p.Hp * 2));
+            fu_bulk_x(sm + L.x, p.x_prep, (uint32_t)(p.Hp * 2), bar_sh);
+        }
         fu_cp_gu<MX>(sm, L, p.sgate, p.sup, 0, j, nseg, c0, c1, bar_sh, wpol);
         fu_cp_dn<MX>(sm + L.sdn, p.sdown, 0, q0, q1, nseg_d, bar_sh, wpol);
         fu_arrive(bar_sh);
+    }
+    if (RK) {
+        /* the token's activations as the logits kernel writes x_prep: the
+         * previous layer wrote x before the logits grid passed its wait */
+        const int perm[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+        for (int c = tid * 8; c < p.Hp; c += 8 * 32 * SK_WARPS) {
+            const float4 v0 = c < rp.H ? load_x4(rp.x, rp.xdt, c) : make_float4(0, 0, 0, 0);
+            const float4 v1 = c + 4 < rp.H ? load_x4(rp.x, rp.xdt, c + 4) : make_float4(0, 0, 0, 0);
+            const float xv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+            *(uint4 *)(fu_smem + L.x + c * 2) = prep8(xv, perm);
+        }
     }
     __syncthreads();
     fu_bar_wait(bar_sh, 0);
@@ -625,8 +644,22 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
     __syncthreads();
     /* the routed expert of slot s */
     pdl_wait();
-    const int n_act = __ldcg(p.n_active);
-    int e = __ldcg(p.act_e + s);
+    __shared__ int pk_e[RT_MAXK];
+    __shared__ float pk_w[RT_MAXK];
+    int n_act, e;
+    if (RK) {
+        /* the token's top-k in the gate/up region (read by now) */
+        unsigned char *ws = fu_smem + L.gw;
+        select_scores_block<RK>(rp, 0, ws, tid, 32 * SK_WARPS);
+        __syncthreads();
+        if (wi == 0) select_pick<RK>(rp, 0, ws, pk_e, pk_w, blockIdx.x == 0);
+        __syncthreads();
+        n_act = rp.k;
+        e = pk_e[s];
+    } else {
+        n_act = __ldcg(p.n_active);
+        e = __ldcg(p.act_e + s);
+    }
     e = min(max(e, 0), p.gate.n - 1);
     const bool routed = s < n_act;
     if (routed && lane == 0) {
@@ -641,12 +674,32 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
             fu_arrive(bar_dn);
         }
     }
+    if (RK && blockIdx.x == 0 && wi == SK_WARPS - 1) {
+        /* the grouping the selection kernel would have written (one token,
+         * distinct ids ascending: pair j is active expert j) */
+        if (lane < rp.k) {
+            rp.sorted_tok[lane] = 0;
+            rp.sorted_w[lane] = pk_w[lane];
+            rp.act_e[lane] = pk_e[lane];
+            rp.act_off[lane] = lane;
+            rp.act_cnt[lane] = 1;
+        }
+        if (lane == 0) {
+            *rp.n_active = rp.k;
+            if (rp.stat_active) *rp.stat_active = rp.k;
+        }
+    }
     int pos0 = 0;
     float wsum = 0.0f;
-    if (routed) {
+    if (routed && RK) {
+        pos0 = s;
+        wsum = pk_w[s];
+    } else if (routed) {
         pos0 = __ldcg(p.act_off + s);
         const int cnt = __ldcg(p.act_cnt + s);
         for (int q = 0; q < cnt; q++) wsum += __ldcg(p.sorted_w + pos0 + q);
+    }
+    if (routed) {
         float acc[2][4] = {};
         for (int c = 0; c < FU_NCH; c++) {
             fu_bar_wait(bar_w + 8 * c, 0);
@@ -734,6 +787,23 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
 #endif
 }
 
+typedef void (*fu_kfn)(fm_expert_params, fm_fused1_layout, fm_route_params);
+/* the one-token launch for the format and, where it selects the top-k
+ * itself, the routing family (0: it reads the selection kernel's grouping) */
+static fu_kfn fu_kernel_for(int mx, int rk) {
+    switch (rk) {
+    case FM_ROUTE_NOAUX_TC:
+        return mx ? fm_fused1_kernel<true, FM_ROUTE_NOAUX_TC> : fm_fused1_kernel<false, FM_ROUTE_NOAUX_TC>;
+    case FM_ROUTE_DSV4: return mx ? fm_fused1_kernel<true, FM_ROUTE_DSV4> : fm_fused1_kernel<false, FM_ROUTE_DSV4>;
+    default: return mx ? fm_fused1_kernel<true, 0> : fm_fused1_kernel<false, 0>;
+    }
+}
+
+extern "C" int fm_cuda_fused1_selects(const fm_expert_params *p, const fm_route_params *rp) {
+    return !rp->pre_ids && rp->T == 1 && rp->k <= FM_FUSED1_MAXK &&
+           !fm_sched_fused1_selects(rp->route, rp->hash, rp->E, p->gate.kp);
+}
+
 /* Whether the one-token launch takes this call (a device of compute
  * capability cc_major): the checks of fm_fused1_kernel's shape, its
  * shared memory, and every block resident at once. */
@@ -755,7 +825,7 @@ extern "C" int fm_cuda_fused1_fits(const fm_expert_params *p, int cc) {
     fm_fused1_layout L;
     if (fm_sched_fused1_why(&sh, cc, p->smem_optin, p->sms, &L)) return 0;
     const int G = p->gate.rows_p / 16;
-    void (*k)(fm_expert_params, fm_fused1_layout) = p->mx ? fm_fused1_kernel<true> : fm_fused1_kernel<false>;
+    fu_kfn k = fu_kernel_for(p->mx, 0);
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0;
@@ -768,7 +838,7 @@ extern "C" int fm_cuda_fused1_fits(const fm_expert_params *p, int cc) {
     return (long long)per * p->sms >= (long long)p->max_active * G;
 }
 
-static fm_status fm_cuda_launch_fused1(const fm_expert_params *p, int pdl, cudaStream_t s) {
+static fm_status fm_cuda_launch_fused1(const fm_expert_params *p, const fm_route_params *rp, int pdl, cudaStream_t s) {
     fm_fused1_layout L;
     if (p->T != 1 || !p->gate.n || !p->sgate.n ||
         fm_sched_fused1_layout(p->Hp, p->gate.rows_p, p->gate.kp, p->down.rows_p, p->down.kp, p->max_active, p->mx, &L))
@@ -784,16 +854,18 @@ static fm_status fm_cuda_launch_fused1(const fm_expert_params *p, int pdl, cudaS
     cfg.stream = s;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
-    void (*k)(fm_expert_params, fm_fused1_layout) = p->mx ? fm_fused1_kernel<true> : fm_fused1_kernel<false>;
+    fm_route_params r0;
+    memset(&r0, 0, sizeof r0);
+    fu_kfn k = fu_kernel_for(p->mx, rp ? rp->route : 0);
     FM_CU(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total));
-    FM_CU(cudaLaunchKernelEx(&cfg, k, *p, L));
+    FM_CU(cudaLaunchKernelEx(&cfg, k, *p, L, rp ? *rp : r0));
     FM_CU_LAUNCH("fm_fused1_kernel");
     return FM_OK;
 }
 
-extern "C" fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int nt, int fused, int pdl,
-                                           cudaStream_t s) {
-    if (fused) return fm_cuda_launch_fused1(p, pdl, s);
+extern "C" fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int nt, int fused,
+                                           const fm_route_params *rp, int pdl, cudaStream_t s) {
+    if (fused) return fm_cuda_launch_fused1(p, rp, pdl, s);
     if (C < 1 || C > FM_SPLITK_MAX_C) return fm_error(FM_E_ARG, "splitk path: %d K chunks (1 .. %d)", C, FM_SPLITK_MAX_C);
     if (p->T > 8 * nt || (nt != 1 && nt != 2))
         return fm_error(FM_E_ARG, "splitk path: %d tokens with tile_n %d (at most 16 tokens)", p->T, 8 * nt);

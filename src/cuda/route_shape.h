@@ -22,6 +22,10 @@ long fm_route_tile_blocks(int T, int H, int E, int sms);
  * blocks than a third of the SMs (the GEMV's blocks then outnumber the
  * tiles'). */
 int fm_route_logits_gemv(int T, int H, int E, int sms);
+/* Shared memory of one token's selection over E experts (route_pick.cuh):
+ * the logits, the selection and weight scores (E floats each, E rounded up
+ * to 4) and E group flags, rounded up to 16 bytes. */
+#define FM_SEL_WARP_BYTES(E) (((size_t)(((E) + 3) & ~3) * 13 + 15) & ~(size_t)15)
 
 #ifdef __cplusplus
 }

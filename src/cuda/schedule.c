@@ -1,6 +1,8 @@
 /* The layer schedule's decisions (schedule.h). */
 #include "schedule.h"
 #include "cuda_env.h"
+#include "route_shape.h"
+#include "fp4moe.h"
 #include <math.h>
 #include <string.h>
 
@@ -106,6 +108,15 @@ const char *fm_sched_fused1_why(const fm_fused1_shape *s, int cc, int smem_optin
         return "the shape is out of its range";
     if (smem_optin && L->total > smem_optin) return "its shared memory per block is more than the GPU's";
     if (sms && (long long)s->k_active * (s->gate_rows_p / 16) > sms) return "its blocks are more than the SMs";
+    return NULL;
+}
+
+const char *fm_sched_fused1_selects(int route, int hash, int E, int gate_kp) {
+    if (route != FM_ROUTE_NOAUX_TC && route != FM_ROUTE_DSV4)
+        return "the routing family's scores are not expert by expert (softmax or gpt-oss)";
+    if (hash) return "a hash-routed layer";
+    if (E < 1 || gate_kp < 0 || FM_SEL_WARP_BYTES(E) > (size_t)(gate_kp / FM_SCHED_KSEG) * 1024)
+        return "the selection's shared memory is more than the launch's gate region";
     return NULL;
 }
 

@@ -117,6 +117,13 @@ typedef struct {
  * (zero where the shape is out of its range). The engine and `explain`
  * share it. */
 const char *fm_sched_fused1_why(const fm_fused1_shape *s, int cc, int smem_optin, int sms, fm_fused1_layout *L);
+/* NULL where that launch also selects the token's top-k itself from the
+ * logits' K slices, so that no selection kernel runs between the logits and
+ * it: route an elementwise family (fm_route_kind), not a hash-routed layer,
+ * the selection's shared memory for E experts within the launch's gate
+ * region (gate_kp: the routed gate's padded K); else why the selection
+ * kernel runs before it. */
+const char *fm_sched_fused1_selects(int route, int hash, int E, int gate_kp);
 
 #ifdef __cplusplus
 }

@@ -136,6 +136,10 @@ static fm_status decide_gpu(fm_explanation *x, const fm_sched *sch, fm_explain_b
             e->fused_why = fm_sched_fused1_why(&sh, cc, optin, sms, &L);
             e->fused_smem = L.total;
             e->fused_blocks = e->fused_why ? 0 : (long long)max_active * (gate_rp / 16);
+            /* as fm_cuda_fused1_selects decides it, for a layer routed by
+             * scores (hash-routed layers run the selection kernel) */
+            e->fused_sel_why = e->fused_blocks ? fm_sched_fused1_selects(d->route, 0, d->n_experts, hp) : NULL;
+            e->fused_selects = e->fused_blocks > 0 && !e->fused_sel_why;
         }
     }
     /* the wgmma down's row chunks per block: the most the rule can give
@@ -305,7 +309,13 @@ static void text_gpu_batch(const fm_explanation *x, const fm_explain_batch *e, F
                 fprintf(f, "                   one token: gate/up and down in one launch instead, %lld blocks (one per "
                            "SM), %.1f KB of shared memory each (sm_90 and later)\n",
                         e->fused_blocks, e->fused_smem / 1024.0);
-            else if (e->fused_why)
+            if (e->fused_selects)
+                fprintf(f, "                   one token's top-k: inside that launch, no selection kernel%s\n",
+                        d->n_hash_layers > 0 ? " (the hash-routed layers keep it)" : "");
+            else if (e->fused_blocks > 0 && e->fused_sel_why)
+                fprintf(f, "                   one token's top-k: the selection kernel before that launch (%s)\n",
+                        e->fused_sel_why);
+            if (e->fused_blocks <= 0 && e->fused_why)
                 fprintf(f, "                   one token: the two launches above (not one launch: %s)\n",
                         e->fused_why);
         }
@@ -424,8 +434,9 @@ static json_t *json_gpu_batch(const fm_explanation *x, const fm_explain_batch *e
                                           "down_per_sm", e->splitk_down_per_sm));
         if (e->fused_blocks > 0)
             json_object_set_new(sj, "one_token_launch",
-                                json_pack("{s:I, s:i}", "blocks", (json_int_t)e->fused_blocks, "shared_memory_bytes",
-                                          e->fused_smem));
+                                json_pack("{s:I, s:i, s:b, s:s*}", "blocks", (json_int_t)e->fused_blocks,
+                                          "shared_memory_bytes", e->fused_smem, "selects_topk", e->fused_selects,
+                                          "selection_kernel_why", e->fused_sel_why));
         json_object_set_new(j, "schedule", sj);
     }
     json_object_set_new(j, "default", fm_tune_params_json(&e->default_cfg));
