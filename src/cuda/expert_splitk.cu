@@ -825,17 +825,20 @@ extern "C" int fm_cuda_fused1_fits(const fm_expert_params *p, int cc) {
     fm_fused1_layout L;
     if (fm_sched_fused1_why(&sh, cc, p->smem_optin, p->sms, &L)) return 0;
     const int G = p->gate.rows_p / 16;
-    fu_kfn k = fu_kernel_for(p->mx, 0);
-    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
+    /* every build of it resident (those that select hold a little more
+     * static shared memory and registers), whichever a call takes */
+    static const int rks[] = {0, FM_ROUTE_NOAUX_TC, FM_ROUTE_DSV4};
+    for (int i = 0; i < 3; i++) {
+        fu_kfn k = fu_kernel_for(p->mx, rks[i]);
+        int per = 0;
+        if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, 32 * SK_WARPS, L.total) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return 0;
+        }
+        if ((long long)per * p->sms < (long long)p->max_active * G) return 0;
     }
-    int per = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, 32 * SK_WARPS, L.total) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return (long long)per * p->sms >= (long long)p->max_active * G;
+    return 1;
 }
 
 static fm_status fm_cuda_launch_fused1(const fm_expert_params *p, const fm_route_params *rp, int pdl, cudaStream_t s) {
