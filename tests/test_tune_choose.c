@@ -535,6 +535,20 @@ static void test_threads(void **state) {
     rm_cfg(d->a, &k);
 }
 
+/* explain's text (not JSON) for preset in NVFP4 on gpu, with base's other
+ * options (shard, batches); d receives the preset's description */
+static char *explain_preset(const fm_explain_opts *base, const char *preset, const char *gpu, fm_model_desc *d) {
+    assert_int_equal(fm_preset_desc(preset, FM_QF_NVFP4, d), FM_OK);
+    fm_explain_opts o = *base;
+    o.json = 0;
+    o.desc = d;
+    o.model_label = preset;
+    o.gpu = gpu;
+    char *text = NULL;
+    assert_int_equal(fm_explain(&o, &text), FM_OK);
+    return text;
+}
+
 static void test_explain(void **state) {
     dirs *d = *state;
     fm_model_desc md;
@@ -631,13 +645,7 @@ static void test_explain(void **state) {
     free(text);
     /* Kimi-K2's TP8 rank on an RTX PRO 6000 (sm_120, 99 KB per block): not one launch */
     fm_model_desc kd;
-    assert_int_equal(fm_preset_desc("kimi-k2", FM_QF_NVFP4, &kd), FM_OK);
-    fm_explain_opts ko = go;
-    ko.json = 0;
-    ko.desc = &kd;
-    ko.model_label = "--preset kimi-k2";
-    ko.gpu = "NVIDIA RTX PRO 6000";
-    assert_int_equal(fm_explain(&ko, &text), FM_OK);
+    text = explain_preset(&go, "kimi-k2", "NVIDIA RTX PRO 6000", &kd);
     assert_non_null(strstr(text, "one token: the two launches above (not one launch: its shared memory per block is "
                                  "more than the GPU's)"));
     assert_null(strstr(text, "one token's top-k"));
@@ -645,13 +653,8 @@ static void test_explain(void **state) {
     /* DeepSeek-V4-Flash's TP8 rank: its hash-routed first layers keep the
      * selection kernel */
     fm_model_desc vd;
-    assert_int_equal(fm_preset_desc("deepseek-v4-flash", FM_QF_NVFP4, &vd), FM_OK);
+    text = explain_preset(&go, "deepseek-v4-flash", "NVIDIA H200", &vd);
     assert_true(vd.n_hash_layers > 0);
-    fm_explain_opts vo = ko;
-    vo.desc = &vd;
-    vo.model_label = "--preset deepseek-v4-flash";
-    vo.gpu = "NVIDIA H200";
-    assert_int_equal(fm_explain(&vo, &text), FM_OK);
     assert_non_null(strstr(text, "one token's top-k: inside that launch, no selection kernel (the hash-routed layers "
                                  "keep it)"));
     free(text);
