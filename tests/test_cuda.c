@@ -775,46 +775,6 @@ static void test_splitk(void **state) {
  * wgmma path at passes of 8, 16 and 32 tokens, T = 64 and 150 (experts in
  * several passes), against the float64 reference. The bench's kernel line
  * says that the chunked blocks ran. */
-/* A hash-routed layer at one token on the splitk path: the one-launch
- * kernel reads the selection kernel's choice (ids from the token's table),
- * says so on the kernel line, and matches the float64 reference. */
-static void test_fused1_hash(void **state) {
-    (void)state;
-    NEED_GPU();
-    if (!strstr(fm_cuda_engine_describe(g_eng), "sm_90")) {
-        printf("# SKIPPED: the one-launch kernel needs sm_90\n");
-        return;
-    }
-    fm_model_desc d;
-    assert_int_equal(fm_preset_desc("tiny-deepseek-v4", FM_QF_NVFP4, &d), FM_OK);
-    d.hidden = 640;
-    d.moe_inter = 192;
-    d.shared_inter = 192 * d.n_shared;
-    if (fm_model_desc_validate(&d)) fail_msg("widened: %s", fm_last_error());
-    const int L = first_moe_layer(&d, 1);
-    assert_true(L >= 0);
-    fm_moe_layer *hl;
-    fm_cuda_layer *cl;
-    assert_int_equal(fm_moe_layer_random(&d, FM_QF_NVFP4, 77, L, &hl), FM_OK);
-    if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
-    const fm_kernel_config cfg = {FM_PATH_SPLITK, 16, 1, 8, 1, 8, 0.1f};
-    if (fm_cuda_engine_set_config(g_eng, &cfg)) fail_msg("set config: %s", fm_last_error());
-    char kern[1024];
-    if (fm_cuda_layer_call_config(g_eng, cl, 1, NULL, kern, sizeof kern, NULL, 0))
-        fail_msg("call config: %s", fm_last_error());
-    printf("# %s\n", kern);
-    assert_non_null(strstr(kern, "fm_fused1_kernel"));
-    assert_non_null(strstr(kern, "top-k: the selection kernel before the one-token launch (a hash-routed layer)"));
-    for (int rep = 0; rep < 3; rep++) {
-        int32_t tok[1];
-        fm_test_token_ids(tok, 1, 900 + rep, 5, d.vocab_size);
-        compare_x(&d, hl, cl, 1, 60 + rep, tok, "tiny-deepseek-v4 hash layer %d T=1 token %d", L, tok[0]);
-    }
-    if (fm_cuda_engine_set_config(g_eng, NULL)) fail_msg("reset config: %s", fm_last_error());
-    fm_cuda_layer_free(cl);
-    fm_moe_layer_free(hl);
-}
-
 static void test_down_chunks(void **state) {
     (void)state;
     NEED_GPU();
@@ -1286,12 +1246,100 @@ static double experts_pair(fm_cuda_engine *e, fm_cuda_layer *cl, const float *dx
 }
 #endif
 
-/* Calls on caller-owned device memory and a caller's stream: fm_cuda_moe
- * against fm_cuda_forward and the float64 reference; fm_cuda_experts with
- * the ids and weights routing chose (the same function), with slots dropped
- * by an id of -1 or one past the experts (the same as a zero weight), without
- * the shared expert; both captured in a CUDA graph and replayed; and the
- * refusals (no reserved workspace, T above it, misaligned buffers). */
+/* One token on the splitk path at a shared expert as wide as the routed
+ * ones (tiny-deepseek-v4 widened as test_splitk does): on a layer routed by
+ * scores the one-launch kernel selects the top-k itself, on a hash-routed
+ * layer the selection kernel runs before it; each kernel line says which,
+ * fm_cuda_forward matches the float64 reference, and fm_cuda_moe on device
+ * memory, captured in a CUDA graph and replayed twice, gives fm_cuda_forward's
+ * output, ids and weights bit for bit. */
+static void test_fused1_select(void **state) {
+    (void)state;
+    NEED_GPU();
+#ifdef FM_HAVE_CUDA
+    if (!strstr(fm_cuda_engine_describe(g_eng), "sm_90")) {
+        printf("# SKIPPED: the one-launch kernel needs sm_90\n");
+        return;
+    }
+    fm_model_desc d;
+    assert_int_equal(fm_preset_desc("tiny-deepseek-v4", FM_QF_NVFP4, &d), FM_OK);
+    d.hidden = 640;
+    d.moe_inter = 192;
+    d.shared_inter = 192 * d.n_shared;
+    if (fm_model_desc_validate(&d)) fail_msg("widened: %s", fm_last_error());
+    const int H = d.hidden, k = d.topk;
+    const fm_kernel_config cfg = {FM_PATH_SPLITK, 16, 1, 8, 1, 8, 0.1f};
+    for (int hash = 0; hash < 2; hash++) {
+        const int L = first_moe_layer(&d, hash);
+        assert_true(L >= 0);
+        fm_moe_layer *hl;
+        fm_cuda_layer *cl;
+        assert_int_equal(fm_moe_layer_random(&d, FM_QF_NVFP4, 77 + hash, L, &hl), FM_OK);
+        if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+        if (fm_cuda_engine_set_config(g_eng, &cfg)) fail_msg("set config: %s", fm_last_error());
+        char kern[1024];
+        if (fm_cuda_layer_call_config(g_eng, cl, 1, NULL, kern, sizeof kern, NULL, 0))
+            fail_msg("call config: %s", fm_last_error());
+        printf("# layer %d: %s\n", L, kern);
+        assert_non_null(strstr(kern, "fm_fused1_kernel"));
+        assert_non_null(strstr(kern, hash ? "top-k: the selection kernel before the one-token launch (a hash-routed "
+                                            "layer)"
+                                          : "top-k: inside the one-token launch (no selection kernel)"));
+        float *dx, *dout, *dw, *out = malloc(sizeof(float) * H), *got = malloc(sizeof(float) * H);
+        float w[RT_TEST_MAXK], gw[RT_TEST_MAXK];
+        int32_t *dids, *dtok, ids[RT_TEST_MAXK], gids[RT_TEST_MAXK];
+        uint16_t *xb = malloc(sizeof(uint16_t) * H);
+        float *xf = malloc(sizeof(float) * H);
+        assert_non_null(out); assert_non_null(got); assert_non_null(xb); assert_non_null(xf);
+        CU_OK(cudaMalloc((void **)&dx, sizeof(uint16_t) * H));
+        CU_OK(cudaMalloc((void **)&dout, sizeof(float) * H));
+        CU_OK(cudaMalloc((void **)&dw, sizeof(float) * k));
+        CU_OK(cudaMalloc((void **)&dids, sizeof(int32_t) * k));
+        CU_OK(cudaMalloc((void **)&dtok, sizeof(int32_t)));
+        cudaStream_t st;
+        CU_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        assert_int_equal(fm_cuda_engine_reserve(g_eng, cl, 1), FM_OK);
+        for (int rep = 0; rep < 3; rep++) {
+            int32_t tok[1];
+            fm_test_token_ids(tok, 1, 900 + rep, 5, d.vocab_size);
+            compare_x(&d, hl, cl, 1, 60 + rep, tok, "tiny-deepseek-v4 layer %d (hash %d) T=1 token %d", L, hash, tok[0]);
+            make_x(60 + rep, 1, H, xb, xf);
+            fm_moe_out o = {out, ids, w};
+            if (fm_cuda_forward(g_eng, &d, cl, xb, FM_DT_BF16, 1, tok, &o)) fail_msg("forward: %s", fm_last_error());
+            CU_OK(cudaMemcpyAsync(dx, xb, sizeof(uint16_t) * H, cudaMemcpyHostToDevice, st));
+            CU_OK(cudaMemcpyAsync(dtok, tok, sizeof(int32_t), cudaMemcpyHostToDevice, st));
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            CU_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            fm_status cs = fm_cuda_moe(g_eng, cl, dx, FM_DT_BF16, 1, hash ? dtok : NULL, dout, dids, dw, st);
+            CU_OK(cudaStreamEndCapture(st, &g));
+            if (cs) fail_msg("captured moe: %s", fm_last_error());
+            CU_OK(cudaGraphInstantiate(&ge, g, 0));
+            for (int r = 0; r < 2; r++) {
+                CU_OK(cudaMemsetAsync(dout, 0xFF, sizeof(float) * H, st));
+                CU_OK(cudaMemsetAsync(dids, 0xFF, sizeof(int32_t) * k, st));
+                CU_OK(cudaGraphLaunch(ge, st));
+                CU_OK(cudaStreamSynchronize(st));
+                CU_OK(cudaMemcpy(got, dout, sizeof(float) * H, cudaMemcpyDeviceToHost));
+                CU_OK(cudaMemcpy(gids, dids, sizeof(int32_t) * k, cudaMemcpyDeviceToHost));
+                CU_OK(cudaMemcpy(gw, dw, sizeof(float) * k, cudaMemcpyDeviceToHost));
+                assert_memory_equal(got, out, sizeof(float) * H);
+                assert_memory_equal(gids, ids, sizeof(int32_t) * k);
+                assert_memory_equal(gw, w, sizeof(float) * k);
+            }
+            cudaGraphExecDestroy(ge);
+            cudaGraphDestroy(g);
+        }
+        if (fm_cuda_engine_set_config(g_eng, NULL)) fail_msg("reset config: %s", fm_last_error());
+        cudaStreamDestroy(st);
+        cudaFree(dx); cudaFree(dout); cudaFree(dw); cudaFree(dids); cudaFree(dtok);
+        free(out); free(got); free(xb); free(xf);
+        fm_cuda_layer_free(cl);
+        fm_moe_layer_free(hl);
+    }
+#endif
+}
+
 /* A rank's share generated on the GPU (fm_cuda_layer_random_shard) computes
  * what the CPU engine computes for that rank of the full host layer
  * (fm_shard_forward_cpu): TP through the normal forward (full router), EP
@@ -1372,6 +1420,12 @@ static void test_shard_layers(void **state) {
 #endif
 }
 
+/* Calls on caller-owned device memory and a caller's stream: fm_cuda_moe
+ * against fm_cuda_forward and the float64 reference; fm_cuda_experts with
+ * the ids and weights routing chose (the same function), with slots dropped
+ * by an id of -1 or one past the experts (the same as a zero weight), without
+ * the shared expert; both captured in a CUDA graph and replayed; and the
+ * refusals (no reserved workspace, T above it, misaligned buffers). */
 static void test_device_calls(void **state) {
     (void)state;
     NEED_GPU();
@@ -1557,7 +1611,7 @@ int main(void) {
         cmocka_unit_test(test_input_dtypes),     cmocka_unit_test(test_launch_switches),
         cmocka_unit_test(test_grouping_k8),      cmocka_unit_test(test_route_many_experts),
         cmocka_unit_test(test_router_not_bf16),  cmocka_unit_test(test_sel_spread), cmocka_unit_test(test_route_ties),
-        cmocka_unit_test(test_device_calls),     cmocka_unit_test(test_splitk), cmocka_unit_test(test_fused1_hash), cmocka_unit_test(test_down_chunks), cmocka_unit_test(test_bench_act),
+        cmocka_unit_test(test_device_calls),     cmocka_unit_test(test_splitk), cmocka_unit_test(test_fused1_select), cmocka_unit_test(test_down_chunks), cmocka_unit_test(test_bench_act),
         cmocka_unit_test(test_shard_layers),     cmocka_unit_test(test_setup_behind_legacy_work),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
