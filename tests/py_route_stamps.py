@@ -34,6 +34,11 @@ def fus(T, gusums):
     return "FUS T=%d waitmax 18.00 gusums %.2f hwaitmax 29.70 dnland 30.10\n" % (T, gusums)
 
 
+def fsel(T, hdone):
+    return ("FSEL T=%d routed0 11.00 routed 11.40 gusums 20.00 hdone %.2f hwait0 21.20 hwait 21.60 dnland 20.50 "
+            "sumend 24.00 end 24.30\n" % (T, hdone))
+
+
 def run(text):
     with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
         f.write(text)
@@ -48,7 +53,7 @@ def run(text):
 # medians per batch size, each field alone; other lines of the log ignored
 log = ("timing: median of 50 graph replays\n" + stamp(1, 3.0, 13.0) + stamp(1, 5.0, 11.0) + stamp(1, 4.0, 30.0) +
        stamp(256, 13.7, 60.8) + gst(256, 500) + gst(256, 700) + sst(1, 300) + sst(1, 500) + sst(1, 100) +
-       exp(1, 28.0) + exp(1, 30.0) + fus(1, 27.0) + fus(1, 28.0) + fus(1, 29.5) +
+       exp(1, 28.0) + exp(1, 30.0) + fus(1, 27.0) + fus(1, 28.0) + fus(1, 29.5) + fsel(1, 21.0) + fsel(1, 20.0) +
        "     1        29.0   (28.8 .. 29.4)\n")
 p = run(log)
 assert p.returncode == 0, p.stderr
@@ -59,6 +64,7 @@ assert "GST   T=256  n=2" in out and "pass1 600.00" in out and "end 90.00" in ou
 assert "SST   T=1    n=3" in out and "group 300.00" in out and "scores 2000.00" in out, out
 assert "EXP   T=1    n=2" in out and "dnend 29.00" in out and "nextlg 32.00" in out, out
 assert "FUS   T=1    n=3" in out and "gusums 28.00" in out and "dnland 30.10" in out, out
+assert "FSEL  T=1    n=2" in out and "hdone 20.50" in out and "end 24.30" in out, out
 with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
     f.write(stamp(16, 2.0, 9.0) + gst(16, 7))
 try:
@@ -69,7 +75,8 @@ assert sorted(rows) == [("GST", 16), ("STAMP", 16)] and rows[("STAMP", 16)][0]["
 assert rows[("GST", 16)][0]["pass1"] == 7.0
 
 # broken input: a message naming the problem, exit 2, no traceback
-for bad, why in (("no stamps here\n", "no STAMP, GST, SST, EXP or FUS lines"),
+for bad, why in (("no stamps here\n", "no STAMP, GST, SST, EXP, FUS or FSEL lines"),
+                 (fsel(1, 3.0).replace(" end 24.30", ""), "not a FSEL line"),
                  (fus(1, 3.0).replace("gusums", "gusum"), "not a FUS line"),
                  (sst(1, 5).replace("pick", "pik"), "not a SST line"),
                  (exp(4, 9.0).replace(" nextlg 32.00", ""), "not a EXP line"),

@@ -26,7 +26,14 @@ the EXP fields are its blocks: the first past its wait on the routing
 on h (dnwait), the last slice's output written (dnend); and FUS lines add the
 last block past its wait on the routing (waitmax), the last warp's gate/up
 sums done (gusums), the last block past its waits on h (hwaitmax), the last
-routed block's down weights landed in its shared memory (dnland).
+routed block's down weights landed in its shared memory (dnland). FSEL
+lines, where that launch selected the top-k itself (no selection kernel, so
+no STAMP or EXP line; µs from this layer's first logits block): the first and
+the last block with its expert known (routed0, routed), the last warp's
+gate/up sums (gusums), the last block with its h rows written (hdone), the
+first and the last past their waits on h (hwait0, hwait), the last routed
+block's down weights landed (dnland), the last slice's output written
+(sumend), the grid's last block done (end).
 Prints the median of every field per batch size; each field's median is taken
 alone. Exit 2 with a message on a log without stamps or with a broken line.
 """
@@ -38,8 +45,9 @@ GST = ('wait', 'select', 'elect', 'zero', 'pass1', 'scans', 'act', 'pass2', 'end
 SST = ('path', 'wait', 'scores', 'pick', 'select', 'sync', 'group')
 EXP = ('guwait', 'guend', 'dnwait', 'dnend', 'nextlg')
 FUS = ('waitmax', 'gusums', 'hwaitmax', 'dnland')
+FSEL = ('routed0', 'routed', 'gusums', 'hdone', 'hwait0', 'hwait', 'dnland', 'sumend', 'end')
 KINDS = {'STAMP': (STAMP, 'us'), 'GST': (GST, 'cycles'), 'SST': (SST, 'cycles'), 'EXP': (EXP, 'us'),
-         'FUS': (FUS, 'us')}
+         'FUS': (FUS, 'us'), 'FSEL': (FSEL, 'us')}
 
 
 def parse(path):
@@ -69,7 +77,7 @@ def parse(path):
                 raise ValueError('%s:%d: not a %s line: %s' % (path, n, kind, line.strip()[:120]))
             rows.setdefault((kind, T), []).append(vals)
     if not rows:
-        raise ValueError('%s: no STAMP, GST, SST, EXP or FUS lines (a bench log of a route-stamps build?)' % path)
+        raise ValueError('%s: no STAMP, GST, SST, EXP, FUS or FSEL lines (a bench log of a route-stamps build?)' % path)
     return rows
 
 
