@@ -626,6 +626,9 @@ static void test_explain(void **state) {
     assert_non_null(strstr(text, "one token: gate/up and down in one launch instead, 128 blocks (one per SM), 181.8 KB "
                                  "of shared memory each"));
     assert_non_null(strstr(text, "one token's top-k: inside that launch, no selection kernel\n"));
+    assert_non_null(strstr(text, "one warp's top-k (in the one-token launch instead, below)\n"));
+    assert_non_null(strstr(text, "expert kernels launched right after the logits' wait on the previous layer (the "
+                                 "one-token launch"));
     free(text);
     go.json = 1;
     assert_int_equal(fm_explain(&go, &text), FM_OK);
@@ -657,6 +660,8 @@ static void test_explain(void **state) {
     assert_true(vd.n_hash_layers > 0);
     assert_non_null(strstr(text, "one token's top-k: inside that launch, no selection kernel (the hash-routed layers "
                                  "keep it)"));
+    assert_non_null(strstr(text, "(in the one-token launch instead, below; the hash-routed layers keep the selection "
+                                 "kernel)"));
     free(text);
     /* at B = 16 the wgmma path: down's K of 2 segments allows blocks of up
      * to 4 row chunks; the whole layer's K of 16 segments none */

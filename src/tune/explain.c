@@ -140,6 +140,10 @@ static fm_status decide_gpu(fm_explanation *x, const fm_sched *sch, fm_explain_b
              * scores (hash-routed layers run the selection kernel) */
             e->fused_sel_why = e->fused_blocks ? fm_sched_fused1_selects(d->route, 0, d->n_experts, hp) : NULL;
             e->fused_selects = e->fused_blocks > 0 && !e->fused_sel_why;
+            /* the logits kernel lets its dependents in right after its own wait */
+            if (e->fused_selects && sch->pdl)
+                e->expert_launch = "right after the logits' wait on the previous layer (the one-token launch, which "
+                                   "selects the top-k itself)";
         }
     }
     /* the wgmma down's row chunks per block: the most the rule can give
@@ -294,9 +298,13 @@ static void text_gpu_batch(const fm_explanation *x, const fm_explain_batch *e, F
             fprintf(f, "                   down blocks: up to %d row chunks each (a short K: as many as keep one wave "
                        "of resident blocks; the bench's kernel line names how many ran)\n",
                     e->down_chunks_max);
-        fprintf(f, "                   selection: %s\n",
+        fprintf(f, "                   selection: %s%s\n",
                 e->selection_spread ? "the token's sums and scores over the selection block's warps, one warp's top-k"
-                                    : "one warp per token");
+                                    : "one warp per token",
+                !e->fused_selects      ? ""
+                : d->n_hash_layers > 0 ? " (in the one-token launch instead, below; the hash-routed layers keep the "
+                                         "selection kernel)"
+                                       : " (in the one-token launch instead, below)");
         fprintf(f, "                   expert kernels launched %s\n", e->expert_launch);
         if (e->splitk_gu_blocks > 0) {
             const double slots = (double)e->logits_sms;
