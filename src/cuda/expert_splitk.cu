@@ -674,21 +674,8 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
             fu_arrive(bar_dn);
         }
     }
-    if (RK && blockIdx.x == 0 && wi == SK_WARPS - 1) {
-        /* the grouping the selection kernel would have written (one token,
-         * distinct ids ascending: pair j is active expert j) */
-        if (lane < rp.k) {
-            rp.sorted_tok[lane] = 0;
-            rp.sorted_w[lane] = pk_w[lane];
-            rp.act_e[lane] = pk_e[lane];
-            rp.act_off[lane] = lane;
-            rp.act_cnt[lane] = 1;
-        }
-        if (lane == 0) {
-            *rp.n_active = rp.k;
-            if (rp.stat_active) *rp.stat_active = rp.k;
-        }
-    }
+    /* the grouping the selection kernel would have written */
+    if (RK && blockIdx.x == 0 && wi == SK_WARPS - 1) group_one_token(rp, pk_e, pk_w);
     int pos0 = 0;
     float wsum = 0.0f;
     if (routed && RK) {

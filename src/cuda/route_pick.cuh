@@ -285,4 +285,22 @@ static __device__ void select_scores_block(const fm_route_params &p, int t, unsi
     }
 }
 
+/* One token's grouping, as the expert kernels read it, from its k distinct
+ * ids in ascending order and their weights (lane j < k of one warp): pair j
+ * is active expert j, with the one token, at place j. */
+static __device__ __forceinline__ void group_one_token(const fm_route_params &p, const int *ids, const float *w) {
+    const int lane = threadIdx.x & 31;
+    if (lane < p.k) {
+        p.sorted_tok[lane] = 0;
+        p.sorted_w[lane] = w[lane];
+        p.act_e[lane] = ids[lane];
+        p.act_off[lane] = lane;
+        p.act_cnt[lane] = 1;
+    }
+    if (lane == 0) {
+        *p.n_active = p.k;
+        if (p.stat_active) *p.stat_active = p.k;
+    }
+}
+
 #endif

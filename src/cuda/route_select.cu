@@ -411,19 +411,8 @@ static __device__ void group_pairs_warp(const fm_route_params &p, int chosen[][R
     const int k = p.k, n = p.T * p.k, lane = threadIdx.x & 31;
     const bool have = lane < n;
     if (p.T == 1 && !p.hash) {
-        /* one token's ids are distinct and ascending: pair j is active
-         * expert j, with one token, at place j; nothing to count */
-        if (have) {
-            p.sorted_tok[lane] = 0;
-            p.sorted_w[lane] = chosen_w[0][lane];
-            p.act_e[lane] = chosen[0][lane];
-            p.act_off[lane] = lane;
-            p.act_cnt[lane] = 1;
-        }
-        if (lane == 0) {
-            *p.n_active = k;
-            if (p.stat_active) *p.stat_active = k;
-        }
+        /* one token's ids are distinct and ascending: nothing to count */
+        group_one_token(p, chosen[0], chosen_w[0]);
         return;
     }
     const int idv[1] = {have ? chosen[lane / k][lane % k] : 0x7fffffff};
