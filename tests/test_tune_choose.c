@@ -549,6 +549,36 @@ static char *explain_preset(const fm_explain_opts *base, const char *preset, con
     return text;
 }
 
+/* The selection's spread (schedule.c): two tokens each over half of the
+ * block's warps, three tokens a warp each; the family that is not
+ * elementwise never spreads. */
+static void test_explain_spread(void **state) {
+    (void)state;
+    const int bs[] = {2, 3};
+    const char *presets[] = {"deepseek-v4-flash", "qwen3-30b-a3b"};
+    for (int i = 0; i < 2; i++) {
+        fm_model_desc md;
+        assert_int_equal(fm_preset_desc(presets[i], FM_QF_NVFP4, &md), FM_OK);
+        fm_explain_opts o = {.desc = &md, .model_label = presets[i], .fmt = FM_QF_NVFP4, .batches = bs,
+                             .n_batches = 2, .gpu = "NVIDIA H200"};
+        char *text = NULL;
+        assert_int_equal(fm_explain(&o, &text), FM_OK);
+        const char *half = strstr(text, "selection: each token's sums and scores over its half of the selection "
+                                        "block's warps, one warp's top-k each");
+        const char *warp = strstr(text, "selection: one warp per token");
+        if (i == 0) {
+            assert_non_null(half);
+            assert_null(strstr(half + 8, "selection: each token's"));
+            assert_non_null(warp);
+            assert_true(warp > half); /* B = 3 after B = 2 */
+        } else {
+            assert_null(half);
+            assert_non_null(warp);
+        }
+        free(text);
+    }
+}
+
 static void test_explain(void **state) {
     dirs *d = *state;
     fm_model_desc md;
@@ -883,6 +913,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_memo, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_explain, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_explain_spread, setup, teardown),
         cmocka_unit_test_setup_teardown(test_explain_decide, setup, teardown),
         cmocka_unit_test_setup_teardown(test_builtin_copies, setup, teardown),
     };

@@ -571,6 +571,9 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
     __shared__ float red[SK_WARPS][2][16];
     __shared__ int flag;
     __shared__ __align__(8) uint64_t bars[SK_WARPS * FU_NCH + 2];
+    /* the picks in the order the top-k finds them, [RT_MAXK]: how many */
+    __shared__ int pk_ord[RT_MAXK + 1];
+    __shared__ float pk_ow[RT_MAXK];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, tid = threadIdx.x;
     const int G = p.gate.rows_p / 16, KS = p.max_active;
     const int s = (int)blockIdx.x / G, j = (int)blockIdx.x % G;
@@ -587,6 +590,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
     const int c0 = s * nseg / KS, c1 = (s + 1) * nseg / KS;
     const int w0 = wi * nseg / SK_WARPS, w1 = (wi + 1) * nseg / SK_WARPS;
     if (tid == 0) {
+        pk_ord[RT_MAXK] = 0;
         for (int i = 0; i < SK_WARPS * FU_NCH + 2; i++) fu_bar_init(bar0 + 8 * i);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         /* the shared expert, before the routing is known: the token's x,
@@ -648,14 +652,18 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
     __shared__ float pk_w[RT_MAXK];
     int n_act, e;
     if (RK) {
-        /* the token's top-k in the gate/up region (read by now) */
-        unsigned char *ws = fu_smem + L.gw;
+        /* the token's top-k in the scratch past the layout; slot s takes
+         * the s-th pick as soon as warp 0 finds it (the weights once its
+         * pick is done), so the first slots' copies start k - 1 rounds
+         * before the last's */
+        unsigned char *ws = fu_smem + L.total;
         select_scores_block<RK>(rp, 0, ws, tid, 32 * SK_WARPS);
         __syncthreads();
-        if (wi == 0) select_pick<RK>(rp, 0, ws, pk_e, pk_w, blockIdx.x == 0);
-        __syncthreads();
+        if (wi == 0) select_pick<RK>(rp, 0, ws, pk_e, pk_w, blockIdx.x == 0, pk_ord, pk_ow);
+        else
+            while (((volatile int *)pk_ord)[RT_MAXK] <= s) __nanosleep(20); /* leave warp 0 the issue slots */
         n_act = rp.k;
-        e = pk_e[s];
+        e = ((volatile int *)pk_ord)[s];
     } else {
         n_act = __ldcg(p.n_active);
         e = __ldcg(p.act_e + s);
@@ -664,23 +672,30 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
     const bool routed = s < n_act;
     if (routed && lane == 0) {
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        for (int c = 0; c < FU_NCH; c++) {
-            fu_cp_gu<MX>(sm, L, p.gate, p.up, e, j, nseg, w0 + c * (w1 - w0) / FU_NCH, w0 + (c + 1) * (w1 - w0) / FU_NCH,
-                         bar_w + 8 * c, wpol);
-            fu_arrive(bar_w + 8 * c);
+        /* warp 0 still picks where the block selects: warp 1 issues its
+         * copies and down's */
+        const int nw = !RK ? 1 : wi == 0 ? 0 : wi == 1 ? 2 : 1;
+        for (int q = 0; q < nw; q++) {
+            const int ww = RK && wi == 1 ? q : wi;
+            const int a0 = ww * nseg / SK_WARPS, a1 = (ww + 1) * nseg / SK_WARPS;
+            for (int c = 0; c < FU_NCH; c++) {
+                fu_cp_gu<MX>(sm, L, p.gate, p.up, e, j, nseg, a0 + c * (a1 - a0) / FU_NCH, a0 + (c + 1) * (a1 - a0) / FU_NCH,
+                             bar0 + 8 * FU_NCH * ww + 8 * c, wpol);
+                fu_arrive(bar0 + 8 * FU_NCH * ww + 8 * c);
+            }
         }
-        if (wi == 0) {
+        if (wi == (RK ? 1 : 0)) {
             fu_cp_dn<MX>(sm + L.dn, p.down, e, d0, d1, nseg_d, bar_dn, wpol);
             fu_arrive(bar_dn);
         }
     }
-    /* the grouping the selection kernel would have written */
-    if (RK && blockIdx.x == 0 && wi == SK_WARPS - 1) group_one_token(rp, pk_e, pk_w);
+    /* the grouping the selection kernel would have written (warp 0 of
+     * block 0 holds the ascending picks) */
+    if (RK && blockIdx.x == 0 && wi == 0) group_one_token(rp, pk_e, pk_w);
     int pos0 = 0;
     float wsum = 0.0f;
     if (routed && RK) {
-        pos0 = s;
-        wsum = pk_w[s];
+        pos0 = s; /* its weight once warp 0 is done (below) */
     } else if (routed) {
         pos0 = __ldcg(p.act_off + s);
         const int cnt = __ldcg(p.act_cnt + s);
@@ -708,6 +723,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
         while (fu_ld_acquire(shh) < (unsigned)G) __nanosleep(32);
     }
     __syncthreads();
+    if (RK && routed) wsum = pk_ow[s];
     /* every block of the grid is resident or done: the next grid may start */
     pdl_launch_dependents();
     /* both h rows into shared memory */
@@ -775,6 +791,8 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
 }
 
 typedef void (*fu_kfn)(fm_expert_params, fm_fused1_layout, fm_route_params);
+/* the selection's scratch for E experts, past the launch's layout */
+static int fu_sel_bytes(int E) { return (int)((FM_SEL_WARP_BYTES(E) + 127) & ~(size_t)127); }
 /* the one-token launch for the format and, where it selects the top-k
  * itself, the routing family (0: it reads the selection kernel's grouping) */
 static fu_kfn fu_kernel_for(int mx, int rk) {
@@ -817,9 +835,10 @@ extern "C" int fm_cuda_fused1_fits(const fm_expert_params *p, int cc) {
     static const int rks[] = {0, FM_ROUTE_NOAUX_TC, FM_ROUTE_DSV4};
     for (int i = 0; i < 3; i++) {
         fu_kfn k = fu_kernel_for(p->mx, rks[i]);
+        const int smem = L.total + (rks[i] ? fu_sel_bytes(p->gate.n) : 0);
         int per = 0;
-        if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, 32 * SK_WARPS, L.total) != cudaSuccess) {
+        if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, 32 * SK_WARPS, smem) != cudaSuccess) {
             (void)cudaGetLastError();
             return 0;
         }
@@ -847,7 +866,9 @@ static fm_status fm_cuda_launch_fused1(const fm_expert_params *p, const fm_route
     fm_route_params r0;
     memset(&r0, 0, sizeof r0);
     fu_kfn k = fu_kernel_for(p->mx, rp ? rp->route : 0);
-    FM_CU(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total));
+    /* the selection's scratch past the layout */
+    cfg.dynamicSmemBytes = L.total + (rp ? (size_t)fu_sel_bytes(rp->E) : 0);
+    FM_CU(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cfg.dynamicSmemBytes));
     FM_CU(cudaLaunchKernelEx(&cfg, k, *p, L, rp ? *rp : r0));
     FM_CU_LAUNCH("fm_fused1_kernel");
     return FM_OK;

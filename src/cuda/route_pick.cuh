@@ -73,7 +73,7 @@ static __device__ __forceinline__ float4 bias_quad(const float4 (&rb)[SEL_RB], c
  * weights, and the writes. */
 template <int RK>
 static __device__ void select_pick(const fm_route_params &p, int t, unsigned char *ws, int *chosen, float *chosen_w,
-                                   bool write = true) {
+                                   bool write = true, int *order = nullptr, float *order_w = nullptr) {
     const int E = p.E, k = p.k, Ep = lg_stride(E);
     const int lane = threadIdx.x & 31;
     const int nch = (E + 127) / 128;
@@ -148,6 +148,12 @@ static __device__ void select_pick(const fm_route_params &p, int t, unsigned cha
                         for (int i = 0; i < 4; i++)
                             if ((unsigned)(128 * c + 4 * lane + i) == w) kq[c][i] = 0u;
                     if (lane == 0) chosen[j] = (int)w;
+                    if (order && lane == 0) {
+                        /* each pick as found, then how many (spun on by other warps) */
+                        ((volatile int *)order)[j] = (int)w;
+                        __threadfence_block();
+                        ((volatile int *)order)[RT_MAXK] = j + 1;
+                    }
                 }
             } else {
                 unsigned *key = (unsigned *)sel;
@@ -175,6 +181,11 @@ static __device__ void select_pick(const fm_route_params &p, int t, unsigned cha
                     const unsigned w = __reduce_min_sync(0xffffffffu, best == m ? be : 0xffffffffu);
                     if (lane == ((w & 127u) >> 2)) key[w] = 0u;
                     if (lane == 0) chosen[j] = (int)w;
+                    if (order && lane == 0) {
+                        ((volatile int *)order)[j] = (int)w;
+                        __threadfence_block();
+                        ((volatile int *)order)[RT_MAXK] = j + 1;
+                    }
                     __syncwarp();
                 }
             }
@@ -213,6 +224,7 @@ static __device__ void select_pick(const fm_route_params &p, int t, unsigned cha
             }
         }
         __syncwarp();
+        if (mine && order_w) order_w[lane] = w;
         if (mine) {
             if (write) {
                 p.ids[(size_t)t * k + rank] = myid;

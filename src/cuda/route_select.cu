@@ -478,9 +478,9 @@ __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p)
      * kernel this grid waited on */
     if (p.gu_done)
         for (int e = blockIdx.x * nth + tid; e < E; e += gridDim.x * nth) p.gu_done[e] = 0;
-    if (sel_elementwise<RK>::value && small && T == 1) {
-        /* one token: its sums and scores over the whole block, then the
-         * first warp picks its top-k into chosen[0] */
+    if (sel_elementwise<RK>::value && small && T <= 2) {
+        /* one or two tokens: each token's sums and scores over its share of
+         * the block's warps, then its first warp picks its top-k */
         const int wpt = wpb / T, tt = warp / wpt;
         unsigned char *ws = rs_smem + (size_t)tt * sel_warp_bytes(E);
         select_scores_block<RK>(p, tt, ws, tid - tt * wpt * 32, wpt * 32);

@@ -32,7 +32,7 @@ int fm_sched_trigger(const fm_sched *s, int fork) {
 
 int fm_sched_sel_spread(const fm_sched *s, int elementwise, int T, int k) {
     (void)s;
-    return elementwise && T <= 1 && T * k <= 32;
+    return elementwise && T <= 2 && T * k <= 32;
 }
 
 double fm_sched_wave_fill(double blocks, double slots) {

@@ -36,8 +36,9 @@ int fm_sched_handoff(const fm_sched *s, int wgmma, int T);
  * selecting, 2 right after its wait on the logits (fork: the shared expert
  * runs on its own stream, so the routed blocks must take the SMs first). */
 int fm_sched_trigger(const fm_sched *s, int fork);
-/* 1 when one token's selection sums and scores spread over the selection
- * block: elementwise scoring families (noaux_tc, DeepSeek-V4), T = 1. */
+/* 1 when each token's selection sums and scores spread over its share of
+ * the selection block's warps: elementwise scoring families (noaux_tc,
+ * DeepSeek-V4), T <= 2. */
 int fm_sched_sel_spread(const fm_sched *s, int elementwise, int T, int k);
 
 /* The wgmma kernels' K split: 2 (each (row block, pass) item becomes two

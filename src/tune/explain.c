@@ -299,8 +299,10 @@ static void text_gpu_batch(const fm_explanation *x, const fm_explain_batch *e, F
                        "of resident blocks; the bench's kernel line names how many ran)\n",
                     e->down_chunks_max);
         fprintf(f, "                   selection: %s%s\n",
-                e->selection_spread ? "the token's sums and scores over the selection block's warps, one warp's top-k"
-                                    : "one warp per token",
+                !e->selection_spread ? "one warp per token"
+                : T == 1             ? "the token's sums and scores over the selection block's warps, one warp's top-k"
+                                     : "each token's sums and scores over its half of the selection block's warps, "
+                                       "one warp's top-k each",
                 !e->fused_selects      ? ""
                 : d->n_hash_layers > 0 ? " (in the one-token launch instead, below; the hash-routed layers keep the "
                                          "selection kernel)"
