@@ -36,7 +36,7 @@ def fus(T, gusums):
 
 def fsel(T, hdone):
     return ("FSEL T=%d routed0 11.00 routed 11.40 gusums 20.00 hdone %.2f hwait0 21.20 hwait 21.60 dnland 20.50 "
-            "sumend 24.00 end 24.30\n" % (T, hdone))
+            "sumend 24.00 end 24.30 entry0 -3.00 entry 2.00 waited0 8.00 waited 8.40 scored 9.90\n" % (T, hdone))
 
 
 def run(text):

@@ -33,7 +33,9 @@ the last block with its expert known (routed0, routed), the last warp's
 gate/up sums (gusums), the last block with its h rows written (hdone), the
 first and the last past their waits on h (hwait0, hwait), the last routed
 block's down weights landed (dnland), the last slice's output written
-(sumend), the grid's last block done (end).
+(sumend), the grid's last block done (end), the first and the last block
+started (entry0, entry) and past their wait on the logits (waited0, waited),
+and the last with the scores computed (scored).
 Prints the median of every field per batch size; each field's median is taken
 alone. Exit 2 with a message on a log without stamps or with a broken line.
 """
@@ -45,7 +47,8 @@ GST = ('wait', 'select', 'elect', 'zero', 'pass1', 'scans', 'act', 'pass2', 'end
 SST = ('path', 'wait', 'scores', 'pick', 'select', 'sync', 'group')
 EXP = ('guwait', 'guend', 'dnwait', 'dnend', 'nextlg')
 FUS = ('waitmax', 'gusums', 'hwaitmax', 'dnland')
-FSEL = ('routed0', 'routed', 'gusums', 'hdone', 'hwait0', 'hwait', 'dnland', 'sumend', 'end')
+FSEL = ('routed0', 'routed', 'gusums', 'hdone', 'hwait0', 'hwait', 'dnland', 'sumend', 'end', 'entry0', 'entry',
+        'waited0', 'waited', 'scored')
 KINDS = {'STAMP': (STAMP, 'us'), 'GST': (GST, 'cycles'), 'SST': (SST, 'cycles'), 'EXP': (EXP, 'us'),
          'FUS': (FUS, 'us'), 'FSEL': (FSEL, 'us')}
 
