@@ -161,22 +161,36 @@ static void test_fused1_layout(void **state) {
     assert_string_equal(fm_sched_fused1_why(&glm, 90, 232448, 114, &L), "its blocks are more than the SMs");
     /* the launch's own top-k: the elementwise families (GLM-5's, DeepSeek-V4's)
      * at E 256 beside a 6144-wide gate; the reasons it is not */
-    assert_null(fm_sched_fused1_selects(FM_ROUTE_NOAUX_TC, 0, 256, 6144));
-    assert_null(fm_sched_fused1_selects(FM_ROUTE_DSV4, 0, 256, 4096));
-    assert_string_equal(fm_sched_fused1_selects(FM_ROUTE_SOFTMAX, 0, 256, 6144),
+    assert_null(fm_sched_fused1_selects(FM_ROUTE_NOAUX_TC, 0, 256));
+    assert_null(fm_sched_fused1_selects(FM_ROUTE_DSV4, 0, 256));
+    assert_string_equal(fm_sched_fused1_selects(FM_ROUTE_SOFTMAX, 0, 256),
                         "the routing family's scores are not expert by expert (softmax or gpt-oss)");
-    assert_string_equal(fm_sched_fused1_selects(FM_ROUTE_GPTOSS, 0, 128, 2944),
+    assert_string_equal(fm_sched_fused1_selects(FM_ROUTE_GPTOSS, 0, 128),
                         "the routing family's scores are not expert by expert (softmax or gpt-oss)");
-    assert_string_equal(fm_sched_fused1_selects(FM_ROUTE_DSV4, 1, 256, 4096), "a hash-routed layer");
-    /* 13 bytes an expert, rounded up to 16: 256 experts take 3,328 bytes,
-     * one 128-wide segment of gate 1,024, four 4,096 */
+    assert_string_equal(fm_sched_fused1_selects(FM_ROUTE_DSV4, 1, 256), "a hash-routed layer");
+    /* 13 bytes an expert, rounded up to 16 (one token's selection), and to
+     * 128 past the launch's layout: 256 experts take 3,328 bytes either way,
+     * 61 take 832 and 896 */
     assert_int_equal(FM_SEL_WARP_BYTES(256), 3328);
     assert_int_equal(FM_SEL_WARP_BYTES(61), 832);
-    assert_string_equal(fm_sched_fused1_selects(FM_ROUTE_NOAUX_TC, 0, 256, 128),
-                        "the selection's shared memory is more than the launch's gate region");
-    assert_null(fm_sched_fused1_selects(FM_ROUTE_NOAUX_TC, 0, 256, 512));
-    assert_non_null(fm_sched_fused1_selects(FM_ROUTE_NOAUX_TC, 0, 0, 6144));
-    assert_non_null(fm_sched_fused1_selects(FM_ROUTE_NOAUX_TC, 0, 256, -128));
+    assert_int_equal(FM_FUSED1_SEL_BYTES(256), 3328);
+    assert_int_equal(FM_FUSED1_SEL_BYTES(61), 896);
+    assert_int_equal(FM_FUSED1_SEL_BYTES(384), 4992);
+    assert_string_equal(fm_sched_fused1_selects(FM_ROUTE_NOAUX_TC, 0, 0), "no experts");
+    assert_non_null(fm_sched_fused1_selects(FM_ROUTE_NOAUX_TC, 0, -3));
+    /* the shared memory counts the top-k's scratch past the layout (every
+     * build of the launch must be resident): GLM-5's 256 experts fit an
+     * H200 with it; a block of the layout's bytes and less than the
+     * scratch more does not, while the same shape without experts (no
+     * scratch counted) does */
+    c = glm;
+    c.E = 256;
+    assert_null(fm_sched_fused1_why(&c, 90, 232448, 132, &L));
+    assert_int_equal(L.total, 186112);
+    assert_string_equal(fm_sched_fused1_why(&c, 90, 186112 + 3327, 132, &L),
+                        "its shared memory per block is more than the GPU's");
+    assert_null(fm_sched_fused1_why(&c, 90, 186112 + 3328, 132, &L));
+    assert_null(fm_sched_fused1_why(&glm, 90, 186112, 132, &L));
     /* sizes out of range: -1 and a zero layout */
     const int bad[][7] = {{0, 256, 6144, 6144, 256, 8, 0},    {6100, 256, 6144, 6144, 256, 8, 0},
                           {6144, 250, 6144, 6144, 256, 8, 0}, {6144, 256, 6144, 6144, 200, 8, 0},

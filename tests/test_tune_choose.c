@@ -652,8 +652,9 @@ static void test_explain(void **state) {
     assert_int_equal(fm_explain(&go, &text), FM_OK);
     assert_non_null(strstr(text, "splitk grids: gate/up 288 blocks, 2 per SM (1.09 waves); down 384 blocks, 3 per SM "
                                  "(0.97 waves)"));
-    /* one token there: 8 x 16 blocks of 186,112 bytes each (test_schedule) */
-    assert_non_null(strstr(text, "one token: gate/up and down in one launch instead, 128 blocks (one per SM), 181.8 KB "
+    /* one token there: 8 x 16 blocks of 186,112 bytes each (test_schedule)
+     * and the top-k's 3,328 past them */
+    assert_non_null(strstr(text, "one token: gate/up and down in one launch instead, 128 blocks (one per SM), 185.0 KB "
                                  "of shared memory each"));
     assert_non_null(strstr(text, "one token's top-k: inside that launch, no selection kernel\n"));
     assert_non_null(strstr(text, "one warp's top-k (in the one-token launch instead, below)\n"));
@@ -671,7 +672,7 @@ static void test_explain(void **state) {
     g = json_object_get(json_object_get(json_array_get(json_object_get(j, "batches"), 0), "schedule"),
                         "one_token_launch");
     assert_int_equal(json_integer_value(json_object_get(g, "blocks")), 128);
-    assert_int_equal(json_integer_value(json_object_get(g, "shared_memory_bytes")), 186112);
+    assert_int_equal(json_integer_value(json_object_get(g, "shared_memory_bytes")), 186112 + 3328); /* + the top-k's scratch */
     assert_true(json_is_true(json_object_get(g, "selects_topk")));
     assert_null(json_object_get(g, "selection_kernel_why"));
     json_decref(j);

@@ -206,8 +206,8 @@ typedef struct {
     int splitk_down_per_sm;        /* ... and how many run per SM              */
     /* the splitk path at one token (T = 1 on the splitk path): gate/up and
      * down in one launch of fused_blocks blocks, one per SM, fused_smem
-     * bytes of shared memory each; 0 blocks where it does not run, and
-     * fused_why says why */
+     * bytes of dynamic shared memory each (with the top-k's scratch where
+     * it selects); 0 blocks where it does not run, and fused_why says why */
     long long fused_blocks;
     int fused_smem;
     const char *fused_why;

@@ -240,8 +240,8 @@ int fm_cuda_down_chunks(const fm_expert_params *p, const fm_launch_cfg *c);
 fm_status fm_cuda_launch_splitk(const fm_expert_params *p, int C, int nt, int fused, const fm_route_params *rp,
                                 int pdl, cudaStream_t s);
 /* 1 where the one-token launch can select the token's top-k itself: an
- * elementwise routing family without a hash table, and the selection's
- * scratch within the launch's gate/up region. */
+ * elementwise routing family without a hash table (its scratch, past the
+ * launch's layout, is counted where fm_cuda_fused1_fits decides). */
 int fm_cuda_fused1_selects(const fm_expert_params *p, const fm_route_params *rp);
 /* 1 where the splitk path's one-token launch (gate/up and down in one grid,
  * a block per SM) takes the call p describes on a device of compute

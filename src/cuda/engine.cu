@@ -388,7 +388,7 @@ static void append_topk(fm_cuda_engine *e, const fm_cuda_layer *l, int T, const 
     if (!lc->splitk || !lc->fused || !e->shared_enabled) return;
     fm_expert_params ep;
     fill_expert_params(e, l, T, 1, NULL, &ep);
-    const char *why = fm_sched_fused1_selects(l->d.route, l->hash, l->E, ep.gate.kp);
+    const char *why = fm_sched_fused1_selects(l->d.route, l->hash, l->E);
     const size_t n = strlen(buf);
     if (n >= cap) return;
     if (!why) snprintf(buf + n, cap - n, "; top-k: inside the one-token launch (no selection kernel)");

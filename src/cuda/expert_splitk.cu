@@ -791,8 +791,6 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
 }
 
 typedef void (*fu_kfn)(fm_expert_params, fm_fused1_layout, fm_route_params);
-/* the selection's scratch for E experts, past the launch's layout */
-static int fu_sel_bytes(int E) { return (int)((FM_SEL_WARP_BYTES(E) + 127) & ~(size_t)127); }
 /* the one-token launch for the format and, where it selects the top-k
  * itself, the routing family (0: it reads the selection kernel's grouping) */
 static fu_kfn fu_kernel_for(int mx, int rk) {
@@ -806,7 +804,7 @@ static fu_kfn fu_kernel_for(int mx, int rk) {
 
 extern "C" int fm_cuda_fused1_selects(const fm_expert_params *p, const fm_route_params *rp) {
     return !rp->pre_ids && rp->T == 1 && rp->k <= FM_FUSED1_MAXK &&
-           !fm_sched_fused1_selects(rp->route, rp->hash, rp->E, p->gate.kp);
+           !fm_sched_fused1_selects(rp->route, rp->hash, rp->E);
 }
 
 /* Whether the one-token launch takes this call (a device of compute
@@ -827,6 +825,7 @@ extern "C" int fm_cuda_fused1_fits(const fm_expert_params *p, int cc) {
     sh.sdown_rows_p = p->sdown.rows_p;
     sh.sdown_kp = p->sdown.kp;
     sh.mx = p->mx;
+    sh.E = p->gate.n;
     fm_fused1_layout L;
     if (fm_sched_fused1_why(&sh, cc, p->smem_optin, p->sms, &L)) return 0;
     const int G = p->gate.rows_p / 16;
@@ -835,7 +834,7 @@ extern "C" int fm_cuda_fused1_fits(const fm_expert_params *p, int cc) {
     static const int rks[] = {0, FM_ROUTE_NOAUX_TC, FM_ROUTE_DSV4};
     for (int i = 0; i < 3; i++) {
         fu_kfn k = fu_kernel_for(p->mx, rks[i]);
-        const int smem = L.total + (rks[i] ? fu_sel_bytes(p->gate.n) : 0);
+        const int smem = L.total + (rks[i] ? (int)FM_FUSED1_SEL_BYTES(p->gate.n) : 0);
         int per = 0;
         if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, 32 * SK_WARPS, smem) != cudaSuccess) {
@@ -867,7 +866,7 @@ static fm_status fm_cuda_launch_fused1(const fm_expert_params *p, const fm_route
     memset(&r0, 0, sizeof r0);
     fu_kfn k = fu_kernel_for(p->mx, rp ? rp->route : 0);
     /* the selection's scratch past the layout */
-    cfg.dynamicSmemBytes = L.total + (rp ? (size_t)fu_sel_bytes(rp->E) : 0);
+    cfg.dynamicSmemBytes = L.total + (rp ? FM_FUSED1_SEL_BYTES(rp->E) : 0);
     FM_CU(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cfg.dynamicSmemBytes));
     FM_CU(cudaLaunchKernelEx(&cfg, k, *p, L, rp ? *rp : r0));
     FM_CU_LAUNCH("fm_fused1_kernel");

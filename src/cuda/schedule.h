@@ -3,6 +3,7 @@
  * present) decide the same way. */
 #ifndef FM_SCHEDULE_H
 #define FM_SCHEDULE_H
+#include "route_shape.h"
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -104,27 +105,33 @@ int fm_sched_fused1_layout(int Hp, int gate_rows_p, int gate_kp, int down_rows_p
 #define FM_FUSED1_MAXK 16
 /* A call's shape as that kernel sees it: tokens, routed slots (max_active),
  * x's padded width, the routed matrices' padded rows and K (gate's stand
- * for up's), the shared expert's (0 where there is none), MXFP4 or not. */
+ * for up's), the shared expert's (0 where there is none), MXFP4 or not, the
+ * experts (E: the top-k's scratch, past the layout, in the builds that
+ * select it). */
 typedef struct {
     int T, k_active, Hp;
     int gate_rows_p, gate_kp, down_rows_p, down_kp;
     int sgate_rows_p, sgate_kp, sdown_rows_p, sdown_kp;
-    int mx;
+    int mx, E;
 } fm_fused1_shape;
+/* The top-k's scratch of the builds that select it, past the layout: one
+ * token's selection over E experts (route_shape.h), rounded up to 128. */
+#define FM_FUSED1_SEL_BYTES(E) ((FM_SEL_WARP_BYTES(E) + 127) & ~(size_t)127)
 /* NULL where the one-token launch takes the call on a GPU of compute
  * capability cc (major * 10 + minor), smem_optin bytes of shared memory per
  * block and sms SMs (each 0: unknown, not checked), before the occupancy the
- * device reports (the engine checks it too); else why not. *L: its layout
- * (zero where the shape is out of its range). The engine and `explain`
- * share it. */
+ * device reports (the engine checks it too); else why not. The shared memory
+ * counted is the layout's and the top-k's scratch, since the engine takes
+ * the launch only where every build of it is resident. *L: its layout (zero
+ * where the shape is out of its range). The engine and `explain` share it. */
 const char *fm_sched_fused1_why(const fm_fused1_shape *s, int cc, int smem_optin, int sms, fm_fused1_layout *L);
-/* NULL where that launch also selects the token's top-k itself from the
- * logits' K slices, so that no selection kernel runs between the logits and
- * it: route an elementwise family (fm_route_kind), not a hash-routed layer,
- * the selection's shared memory for E experts within the launch's gate
- * region (gate_kp: the routed gate's padded K); else why the selection
- * kernel runs before it. */
-const char *fm_sched_fused1_selects(int route, int hash, int E, int gate_kp);
+/* NULL where that launch, taking the call (fm_sched_fused1_why, whose
+ * shared memory counts the top-k's scratch), also selects the token's top-k
+ * itself from the logits' K slices, so that no selection kernel runs between
+ * the logits and it: route an elementwise family (fm_route_kind), not a
+ * hash-routed layer, E experts; else why the selection kernel runs before
+ * it. */
+const char *fm_sched_fused1_selects(int route, int hash, int E);
 
 #ifdef __cplusplus
 }

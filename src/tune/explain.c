@@ -130,7 +130,7 @@ static fm_status decide_gpu(fm_explanation *x, const fm_sched *sch, fm_explain_b
             const fm_fused1_shape sh = {.T = T, .k_active = max_active, .Hp = hp,
                                         .gate_rows_p = gate_rp, .gate_kp = hp, .down_rows_p = down_rp, .down_kp = gate_rp,
                                         .sgate_rows_p = sgate_rp, .sgate_kp = hp, .sdown_rows_p = down_rp,
-                                        .sdown_kp = sgate_rp, .mx = x->fmt == FM_QF_MXFP4};
+                                        .sdown_kp = sgate_rp, .mx = x->fmt == FM_QF_MXFP4, .E = d->n_experts};
             /* the opt-in shared memory per block: 227 KB on sm_90 and sm_100, 99 KB on sm_120 */
             const int optin = !cc ? 0 : cc / 10 == 12 ? 101376 : 232448;
             e->fused_why = fm_sched_fused1_why(&sh, cc, optin, sms, &L);
@@ -138,8 +138,10 @@ static fm_status decide_gpu(fm_explanation *x, const fm_sched *sch, fm_explain_b
             e->fused_blocks = e->fused_why ? 0 : (long long)max_active * (gate_rp / 16);
             /* as fm_cuda_fused1_selects decides it, for a layer routed by
              * scores (hash-routed layers run the selection kernel) */
-            e->fused_sel_why = e->fused_blocks ? fm_sched_fused1_selects(d->route, 0, d->n_experts, hp) : NULL;
+            e->fused_sel_why = e->fused_blocks ? fm_sched_fused1_selects(d->route, 0, d->n_experts) : NULL;
             e->fused_selects = e->fused_blocks > 0 && !e->fused_sel_why;
+            /* the launch asks for the top-k's scratch past its layout */
+            if (e->fused_selects) e->fused_smem += (int)FM_FUSED1_SEL_BYTES(d->n_experts);
             /* the logits kernel lets its dependents in right after its own wait */
             if (e->fused_selects && sch->pdl)
                 e->expert_launch = "right after the logits' wait on the previous layer (the one-token launch, which "
