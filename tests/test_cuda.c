@@ -817,6 +817,63 @@ static void test_down_chunks(void **state) {
     }
 }
 
+/* The wgmma gate/up's K split over a cluster at a TP rank's shape (K of
+ * 6144: 48 segments; I 256): a few tokens over 32 experts keep the grid
+ * under a block per SM, where the rule splits K; the kernel line names the
+ * split, and the layer matches the reference with the split as it runs. */
+static void test_gateup_ksplit(void **state) {
+    (void)state;
+    NEED_GPU();
+    if (!strstr(fm_cuda_engine_describe(g_eng), "sm_90")) {
+        printf("# SKIPPED: the wgmma path needs sm_90\n");
+        return;
+    }
+    const fm_qformat fmts[] = {FM_QF_NVFP4, FM_QF_MXFP4};
+    const int Ts[] = {2, 4, 8};
+    for (int fi = 0; fi < 2; fi++) {
+        fm_model_desc d;
+        assert_int_equal(fm_preset_desc("tiny-deepseek", fmts[fi], &d), FM_OK);
+        d.n_experts = 32;
+        d.topk = 8;
+        d.hidden = 6144;
+        d.moe_inter = 256;
+        d.shared_inter = 256 * d.n_shared;
+        if (fm_model_desc_validate(&d)) fail_msg("widened tiny-deepseek: %s", fm_last_error());
+        const int L = first_moe_layer(&d, 0), H = d.hidden;
+        fm_moe_layer *hl;
+        fm_cuda_layer *cl;
+        assert_int_equal(fm_moe_layer_random(&d, d.expert_format, 1400 + fi, L, &hl), FM_OK);
+        if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+        int split_seen = 0;
+        for (size_t bi = 0; bi < sizeof Ts / sizeof Ts[0]; bi++) {
+            const int T = Ts[bi];
+            const fm_kernel_config cfg = {FM_PATH_WGMMA, 64, 1, 4, 1, 16, 0.1f};
+            if (fm_cuda_engine_set_config(g_eng, &cfg)) fail_msg("set config: %s", fm_last_error());
+            uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+            float *xf = malloc(sizeof(float) * (size_t)T * H);
+            assert_non_null(xb); assert_non_null(xf);
+            make_x(91 * T + fi, T, H, xb, xf);
+            cmp_result r;
+            run_compare(&d, hl, cl, T, xb, NULL, &r);
+            fm_cuda_bench_result br;
+            if (fm_cuda_bench(g_eng, &d, &cl, 1, T, 5, 2, &br)) fail_msg("fm_cuda_bench: %s", fm_last_error());
+            fm_cuda_engine_set_config(g_eng, NULL);
+            const char *ks = strstr(br.kernel, "routed gate/up K over ");
+            int n = 1;
+            if (ks) n = atoi(ks + strlen("routed gate/up K over "));
+            split_seen |= n > 1;
+            check_ref(&r, 1, "%s E=32 k=8 H=%d I=256 T=%d (gate/up K over %d blocks)", fm_qformat_name(fmts[fi]), H, T, n);
+            assert_non_null(strstr(br.kernel, "fm_expert_wg_kernel"));
+            assert_true(n == 1 || n == 2 || n == 4 || n == 8);
+            free(xb); free(xf);
+        }
+        /* the rule splits K at these grids (it would not at one long K chunk per SM) */
+        assert_true(split_seen);
+        fm_cuda_layer_free(cl);
+        fm_moe_layer_free(hl);
+    }
+}
+
 /* 1 when engine e has loaded cuBLAS: its description names the version. */
 static int engine_has_blas(const fm_cuda_engine *e) {
     const char *b = strstr(fm_cuda_engine_describe(e), ", cuBLAS ");
@@ -1611,7 +1668,8 @@ int main(void) {
         cmocka_unit_test(test_input_dtypes),     cmocka_unit_test(test_launch_switches),
         cmocka_unit_test(test_grouping_k8),      cmocka_unit_test(test_route_many_experts),
         cmocka_unit_test(test_router_not_bf16),  cmocka_unit_test(test_sel_spread), cmocka_unit_test(test_route_ties),
-        cmocka_unit_test(test_device_calls),     cmocka_unit_test(test_splitk), cmocka_unit_test(test_fused1_select), cmocka_unit_test(test_down_chunks), cmocka_unit_test(test_bench_act),
+        cmocka_unit_test(test_device_calls),     cmocka_unit_test(test_splitk), cmocka_unit_test(test_fused1_select), cmocka_unit_test(test_down_chunks),
+        cmocka_unit_test(test_gateup_ksplit), cmocka_unit_test(test_bench_act),
         cmocka_unit_test(test_shard_layers),     cmocka_unit_test(test_setup_behind_legacy_work),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);

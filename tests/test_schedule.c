@@ -64,6 +64,18 @@ static const ks_case cases[] = {
     /* the shared expert's blocks count: 892 routed and 700 shared, 1,592
      * on 792 slots (0.67 full) against 3,184 (0.80): under the margin */
     {"GLM-5 TP8 B = 64 with 700 shared blocks", 1, 1724, 700, 256, 64, 48, 256, 8, 64, 256, 132, 6, 1},
+    /* gate/up in quarters where 4 x blocks <= 3 x SMs and K has 32
+     * segments or more: the TP8 ranks at B = 2 (16 or 12 experts x 4 row
+     * blocks) and DeepSeek-V4-Flash's at B = 4 (24 x 4); GLM-5's and
+     * Kimi-K2's at B = 4 (32 x 4) stay in halves */
+    {"GLM-5 TP8 B = 2", 1, 64, 0, 256, 64, 48, 256, 8, 2, 16, 132, 4, 4},
+    {"DeepSeek-V4-Flash TP8 B = 4", 1, 96, 0, 256, 64, 32, 256, 6, 4, 24, 132, 4, 4},
+    {"GLM-5 TP8 B = 4", 1, 128, 0, 256, 64, 48, 256, 8, 4, 32, 132, 4, 2},
+    {"99 blocks on 132 SMs", 1, 99, 0, 256, 64, 48, 256, 8, 4, 32, 132, 4, 4},
+    {"100 blocks on 132 SMs", 1, 100, 0, 256, 64, 48, 256, 8, 4, 32, 132, 4, 2},
+    {"SM count defaults to 132, quarters", 1, 99, 0, 256, 64, 48, 256, 8, 4, 32, 0, 4, 4},
+    {"31 segments: halves", 1, 64, 0, 256, 64, 31, 256, 8, 2, 16, 132, 4, 2},
+    {"down never in quarters", 0, 64, 0, 6144, 128, 48, 256, 8, 2, 16, 132, 4, 2},
 };
 
 /* The splitk grids: GLM-5's TP8 rank at B = 1 (gate rows 256, shared 256,

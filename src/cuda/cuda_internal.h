@@ -231,6 +231,9 @@ fm_status fm_cuda_launch_down(const fm_expert_params *p, const fm_launch_cfg *c,
 /* Row chunks per block of that down launch on the wgmma path
  * (fm_sched_wg_down_chunks; 1 elsewhere). */
 int fm_cuda_down_chunks(const fm_expert_params *p, const fm_launch_cfg *c);
+/* Blocks (one cluster) over which that gate/up launch splits K on the wgmma
+ * path (fm_sched_wg_ksplit; 1 elsewhere). */
+int fm_cuda_gateup_ksplit(const fm_expert_params *p, const fm_launch_cfg *c);
 /* The splitk path's two launches (gate/up in C K chunks, then down), routed
  * and shared experts together, at most 16 tokens (nt 1 or 2); fused: its
  * one-token launch instead (where fm_cuda_fused1_fits), which selects the

@@ -743,9 +743,10 @@ fm_status fm_cuda_bench(fm_cuda_engine *e, const fm_model_desc *d, fm_cuda_layer
         ep.sms = e->sm_count;
         ep.smem_optin = e->smem_optin;
         if (e->sched.sh_fork && ep.sgate.n > 0) ep.sgate.n = ep.sup.n = ep.sdown.n = 0;
-        const int ch = fm_cuda_down_chunks(&ep, &lc);
+        const int ch = fm_cuda_down_chunks(&ep, &lc), ks = fm_cuda_gateup_ksplit(&ep, &lc);
         size_t n = strlen(r->kernel);
-        if (ch > 1)
+        if (ks > 1) n += (size_t)snprintf(r->kernel + n, sizeof r->kernel - n, "; routed gate/up K over %d blocks", ks);
+        if (ch > 1 && n < sizeof r->kernel)
             snprintf(r->kernel + n, sizeof r->kernel - n, "; routed down blocks of %d row chunks", ch);
     }
     {

@@ -200,6 +200,13 @@ extern "C" int fm_cuda_down_chunks(const fm_expert_params *p, const fm_launch_cf
     return 1 << w.lch;
 }
 
+extern "C" int fm_cuda_gateup_ksplit(const fm_expert_params *p, const fm_launch_cfg *c) {
+    if (!c->wgmma_path || c->splitk) return 1;
+    wg_plan w;
+    plan_wg(p, 2, wg_nmax(c), c->warps == 8 ? 2 : 1, &w);
+    return w.ks;
+}
+
 static fm_status launch(const fm_expert_params *p, const fm_launch_cfg *c, int nmat, cudaStream_t s) {
     if (c->wgmma_path)
         return launch_wg(p, nmat, c->pdl, wg_nmax(c), c->warps == 8 ? 2 : 1, s);
@@ -256,7 +263,7 @@ extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char
         else
             snprintf(buf, cap,
                      "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16, A in registers, B in shared memory; "
-                     "64-row gate/up and 128-row down blocks, K split in 2 where a grid is under 5 blocks per SM "
+                     "64-row gate/up and 128-row down blocks, K split in 2 or 4 where a grid is under 5 blocks per SM "
                      "or the split fills its last wave; "
                      "up to %d tokens per pass%s)",
                      mx ? "mxfp4" : "nvfp4", c->nt > 2 ? 32 : 8 * c->nt, c->nt <= 2 ? V4 : "");

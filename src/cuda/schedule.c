@@ -54,6 +54,11 @@ int fm_sched_wg_ksplit(int gu, long long blocks, long long sh_blocks, int rows_p
                        int T, int max_active, int sms, int per_sm) {
     if (sms <= 0) sms = 132;
     if (nseg < (gu ? FM_WG_KS_MIN_SEG_GU : FM_WG_KS_MIN_SEG_DOWN) || blocks <= 0) return 1;
+    /* gate/up in quarters of 8 segments or more where the quartered grid
+     * keeps at most 3 blocks per SM: each block's warps decode their
+     * segments one after another, a chain that a grid of about one block
+     * per SM does not hide; at 4 per SM the clusters of 4 lose it again */
+    if (gu && nseg >= 32 && 4 * blocks <= 3LL * sms) return 4;
     if (blocks < 5LL * sms) return 2;
     /* equal blocks that stream the same bytes end in waves, and a last wave
      * of few blocks keeps few bytes in flight */

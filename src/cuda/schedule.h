@@ -42,8 +42,10 @@ int fm_sched_trigger(const fm_sched *s, int fork);
  * DeepSeek-V4), T <= 2. */
 int fm_sched_sel_spread(const fm_sched *s, int elementwise, int T, int k);
 
-/* The wgmma kernels' K split: 2 (each (row block, pass) item becomes two
- * blocks over half of K each) or 1. Each half keeps at least
+/* The wgmma kernels' K split: 4 or 2 (each (row block, pass) item becomes
+ * that many blocks over a part of K each) or 1. Gate/up splits in 4 where
+ * each quarter keeps 8 segments or more and 4 x blocks <= 3 x sms (a TP
+ * rank's grid at B = 2 - 4). Else each half keeps at least
  * FM_WG_KS_MIN_SEG_GU / 2 segments of K (gate/up, which also pays its
  * cluster's reduction) or FM_WG_KS_MIN_SEG_DOWN / 2 (down); then the grid
  * splits where it is under 5 blocks per SM (about one wave of 4 resident
