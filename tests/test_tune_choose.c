@@ -579,6 +579,45 @@ static void test_explain_spread(void **state) {
     }
 }
 
+/* The wgmma gate/up's quarters (schedule.c) on the H200's 132 SMs: the TP8
+ * ranks at B = 2 (16 or 12 experts x 4 row blocks), DeepSeek-V4-Flash's at
+ * B = 4 (96 blocks); GLM-5's at B = 4 (128 blocks: 512 quartered, more
+ * than 3 per SM) and the whole DeepSeek-V4-Flash layer (32 row blocks an
+ * expert) never. */
+static void test_explain_quarters(void **state) {
+    (void)state;
+    fm_shard tp8 = {.mode = FM_DIST_TP, .ranks = 8, .rank = 0};
+    const int bs[] = {2, 4, 8};
+    const char *presets[] = {"glm-5", "deepseek-v4-flash", "deepseek-v4-flash"};
+    for (int i = 0; i < 3; i++) {
+        fm_model_desc md;
+        assert_int_equal(fm_preset_desc(presets[i], FM_QF_NVFP4, &md), FM_OK);
+        fm_explain_opts o = {.desc = &md, .model_label = presets[i], .fmt = FM_QF_NVFP4, .batches = bs,
+                             .n_batches = 3, .gpu = "NVIDIA H200", .shard = i < 2 ? &tp8 : NULL};
+        char *text = NULL;
+        assert_int_equal(fm_explain(&o, &text), FM_OK);
+        const char *b4 = strstr(text, "batch 4"), *b8 = strstr(text, "batch 8");
+        assert_non_null(b4);
+        assert_non_null(b8);
+        if (i == 0) {
+            const char *q = strstr(text, "gate/up blocks: K in quarters, a cluster of 4 per row block (64 blocks x 4 "
+                                         "on 132 SMs: at most 3 per SM");
+            assert_non_null(q);
+            assert_true(q < b4);
+            assert_null(strstr(b4, "K in quarters"));
+        } else if (i == 1) {
+            const char *q2 = strstr(text, "(48 blocks x 4 on 132 SMs"), *q4 = strstr(text, "(96 blocks x 4 on 132 SMs");
+            assert_non_null(q2);
+            assert_non_null(q4);
+            assert_true(q2 < b4 && q4 > b4 && q4 < b8);
+            assert_null(strstr(b8, "K in quarters"));
+        } else {
+            assert_null(strstr(text, "K in quarters"));
+        }
+        free(text);
+    }
+}
+
 static void test_explain(void **state) {
     dirs *d = *state;
     fm_model_desc md;
@@ -915,6 +954,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_explain, setup, teardown),
         cmocka_unit_test_setup_teardown(test_explain_spread, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_explain_quarters, setup, teardown),
         cmocka_unit_test_setup_teardown(test_explain_decide, setup, teardown),
         cmocka_unit_test_setup_teardown(test_builtin_copies, setup, teardown),
     };

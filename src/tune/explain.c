@@ -155,6 +155,23 @@ static fm_status decide_gpu(fm_explanation *x, const fm_sched *sch, fm_explain_b
         const int rpb = c->cfg.warps == 8 && nt > 1 ? 256 : 128;
         e->down_chunks_max = fm_sched_wg_down_chunks_max(fm_sched_pad(d->hidden, FM_SCHED_DOWN_ROWS), rpb,
                                                          fm_sched_pad(d->moe_inter, FM_SCHED_KSEG) / FM_SCHED_KSEG);
+        /* gate/up's quarters (fm_sched_wg_ksplit without the occupancy):
+         * one warpgroup per block, 64-row blocks, the shared expert's
+         * blocks in the grid unless it runs on its own stream */
+        if (!(c->cfg.warps == 8 && nt > 1)) {
+            const int ta = T * d->topk, max_active = ta < d->n_experts ? ta : d->n_experts;
+            const int gate_rp = fm_sched_pad(d->moe_inter, FM_SCHED_KSEG);
+            const int nmax = nt > 4 ? 8 : nt;
+            long long sh_blocks = 0;
+            if (d->n_shared > 0 && d->shared_inter > 0 && !e->shared_fork)
+                sh_blocks = (long long)((fm_sched_pad(d->shared_inter, FM_SCHED_KSEG) + 63) / 64) *
+                            ((T + 8 * nmax - 1) / (8 * nmax));
+            e->gateup_blocks = (long long)max_active * ((gate_rp + 63) / 64) + sh_blocks;
+            e->gateup_quarters =
+                fm_sched_wg_ksplit(1, e->gateup_blocks, sh_blocks, gate_rp, 64,
+                                   fm_sched_pad(d->hidden, FM_SCHED_KSEG) / FM_SCHED_KSEG, d->n_experts, d->topk, T,
+                                   max_active, sms, 0) == 4;
+        }
     }
     /* each ignored file once, however many batches saw it */
     if (c->warnings[0] && !strstr(x->warnings, c->warnings))
@@ -300,6 +317,10 @@ static void text_gpu_batch(const fm_explanation *x, const fm_explain_batch *e, F
             fprintf(f, "                   down blocks: up to %d row chunks each (a short K: as many as keep one wave "
                        "of resident blocks; the bench's kernel line names how many ran)\n",
                     e->down_chunks_max);
+        if (e->gateup_quarters)
+            fprintf(f, "                   gate/up blocks: K in quarters, a cluster of 4 per row block (%lld blocks x 4 "
+                       "on %d SMs: at most 3 per SM; the bench's kernel line names the split)\n",
+                    e->gateup_blocks, e->logits_sms);
         fprintf(f, "                   selection: %s%s\n",
                 !e->selection_spread ? "one warp per token"
                 : T == 1             ? "the token's sums and scores over the selection block's warps, one warp's top-k"
@@ -439,6 +460,7 @@ static json_t *json_gpu_batch(const fm_explanation *x, const fm_explain_batch *e
                                e->expert_launch);
         if (d->n_shared) json_object_set_new(sj, "shared_tokens_per_pass", json_integer(e->shared_tokens));
         if (e->down_chunks_max > 1) json_object_set_new(sj, "down_chunks_max", json_integer(e->down_chunks_max));
+        if (e->gateup_quarters) json_object_set_new(sj, "gateup_k_split", json_integer(4));
         if (e->splitk_gu_blocks > 0)
             json_object_set_new(sj, "splitk_grids",
                                 json_pack("{s:I, s:i, s:i, s:i}", "gateup_blocks", (json_int_t)e->splitk_gu_blocks,
