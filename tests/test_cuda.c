@@ -769,6 +769,43 @@ static void test_splitk(void **state) {
         }
 }
 
+/* Layer L of d with seeded random weights, on the host (*hl) and on the
+ * GPU (*cl). */
+static void layer_both(const fm_model_desc *d, uint64_t seed, int L, fm_moe_layer **hl, fm_cuda_layer **cl) {
+    if (fm_moe_layer_random(d, d->expert_format, seed, L, hl)) fail_msg("random layer: %s", fm_last_error());
+    if (fm_cuda_layer_upload(g_eng, d, *hl, cl)) fail_msg("upload: %s", fm_last_error());
+}
+
+/* preset in format fmt widened to a TP rank's kind of shape: E experts of
+ * top-k k, hidden H, intermediate I (the shared expert's too, where it has
+ * one) */
+static void widened(const char *preset, fm_qformat fmt, int E, int k, int H, int I, fm_model_desc *d) {
+    assert_int_equal(fm_preset_desc(preset, fmt, d), FM_OK);
+    d->n_experts = E;
+    d->topk = k;
+    d->hidden = H;
+    d->moe_inter = I;
+    if (d->n_shared > 0) d->shared_inter = I * d->n_shared;
+    if (fm_model_desc_validate(d)) fail_msg("widened %s: %s", preset, fm_last_error());
+}
+
+/* The layer (d, hl on the host, cl on the GPU) under the forced config cfg
+ * at T tokens of make_x(x_seed) activations: the comparison with the
+ * reference (*r) and the bench's result (*br, its kernel line). */
+static void forced_run(const fm_model_desc *d, const fm_moe_layer *hl, fm_cuda_layer *cl, const fm_kernel_config *cfg,
+                       int T, uint64_t x_seed, cmp_result *r, fm_cuda_bench_result *br) {
+    const int H = d->hidden;
+    if (fm_cuda_engine_set_config(g_eng, cfg)) fail_msg("set config: %s", fm_last_error());
+    uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
+    float *xf = malloc(sizeof(float) * (size_t)T * H);
+    assert_non_null(xb); assert_non_null(xf);
+    make_x(x_seed, T, H, xb, xf);
+    run_compare(d, hl, cl, T, xb, NULL, r);
+    if (fm_cuda_bench(g_eng, d, &cl, 1, T, 5, 2, br)) fail_msg("fm_cuda_bench: %s", fm_last_error());
+    fm_cuda_engine_set_config(g_eng, NULL);
+    free(xb); free(xf);
+}
+
 /* Down in blocks of several row chunks (a short K and many blocks: a TP
  * rank's shape): E 256, k 8, H 1920 (15 chunks of 128 rows, so that the last
  * block of an expert holds fewer), I 256 (two K segments), both formats, the
@@ -782,35 +819,21 @@ static void test_down_chunks(void **state) {
     const int tiles[] = {8, 16, 32}, Ts[] = {64, 150};
     for (int fi = 0; fi < 2; fi++) {
         fm_model_desc d;
-        assert_int_equal(fm_preset_desc("tiny-qwen3", fmts[fi], &d), FM_OK);
-        d.n_experts = 256;
-        d.topk = 8;
-        d.hidden = 1920;
-        d.moe_inter = 256;
-        if (fm_model_desc_validate(&d)) fail_msg("widened tiny-qwen3: %s", fm_last_error());
+        widened("tiny-qwen3", fmts[fi], 256, 8, 1920, 256, &d);
         const int L = first_moe_layer(&d, 0), H = d.hidden;
         fm_moe_layer *hl;
         fm_cuda_layer *cl;
-        assert_int_equal(fm_moe_layer_random(&d, d.expert_format, 1300 + fi, L, &hl), FM_OK);
-        if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+        layer_both(&d, 1300 + fi, L, &hl, &cl);
         for (size_t ti = 0; ti < sizeof tiles / sizeof tiles[0]; ti++)
             for (size_t bi = 0; bi < sizeof Ts / sizeof Ts[0]; bi++) {
                 const int T = Ts[bi];
                 const fm_kernel_config cfg = {FM_PATH_WGMMA, 64, 1, 4, 1, tiles[ti], 1.5f};
-                if (fm_cuda_engine_set_config(g_eng, &cfg)) fail_msg("set config: %s", fm_last_error());
-                uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
-                float *xf = malloc(sizeof(float) * (size_t)T * H);
-                assert_non_null(xb); assert_non_null(xf);
-                make_x(77 * T + (int)ti, T, H, xb, xf);
                 cmp_result r;
-                run_compare(&d, hl, cl, T, xb, NULL, &r);
                 fm_cuda_bench_result br;
-                if (fm_cuda_bench(g_eng, &d, &cl, 1, T, 5, 2, &br)) fail_msg("fm_cuda_bench: %s", fm_last_error());
-                fm_cuda_engine_set_config(g_eng, NULL);
+                forced_run(&d, hl, cl, &cfg, T, 77 * T + (int)ti, &r, &br);
                 check_ref(&r, 1, "%s E=256 H=%d I=256 tile_n %d T=%d (%s)", fm_qformat_name(fmts[fi]), H, tiles[ti], T,
                           strstr(br.kernel, "row chunks") ? "down in row chunks" : "no chunks");
                 if (strstr(br.kernel, "fm_expert_wg_kernel")) assert_non_null(strstr(br.kernel, "row chunks"));
-                free(xb); free(xf);
             }
         fm_cuda_layer_free(cl);
         fm_moe_layer_free(hl);
@@ -832,32 +855,18 @@ static void test_gateup_ksplit(void **state) {
     const int Ts[] = {2, 4, 8};
     for (int fi = 0; fi < 2; fi++) {
         fm_model_desc d;
-        assert_int_equal(fm_preset_desc("tiny-deepseek", fmts[fi], &d), FM_OK);
-        d.n_experts = 32;
-        d.topk = 8;
-        d.hidden = 6144;
-        d.moe_inter = 256;
-        d.shared_inter = 256 * d.n_shared;
-        if (fm_model_desc_validate(&d)) fail_msg("widened tiny-deepseek: %s", fm_last_error());
+        widened("tiny-deepseek", fmts[fi], 32, 8, 6144, 256, &d);
         const int L = first_moe_layer(&d, 0), H = d.hidden;
         fm_moe_layer *hl;
         fm_cuda_layer *cl;
-        assert_int_equal(fm_moe_layer_random(&d, d.expert_format, 1400 + fi, L, &hl), FM_OK);
-        if (fm_cuda_layer_upload(g_eng, &d, hl, &cl)) fail_msg("upload: %s", fm_last_error());
+        layer_both(&d, 1400 + fi, L, &hl, &cl);
         int split_seen = 0;
         for (size_t bi = 0; bi < sizeof Ts / sizeof Ts[0]; bi++) {
             const int T = Ts[bi];
             const fm_kernel_config cfg = {FM_PATH_WGMMA, 64, 1, 4, 1, 16, 0.1f};
-            if (fm_cuda_engine_set_config(g_eng, &cfg)) fail_msg("set config: %s", fm_last_error());
-            uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * H);
-            float *xf = malloc(sizeof(float) * (size_t)T * H);
-            assert_non_null(xb); assert_non_null(xf);
-            make_x(91 * T + fi, T, H, xb, xf);
             cmp_result r;
-            run_compare(&d, hl, cl, T, xb, NULL, &r);
             fm_cuda_bench_result br;
-            if (fm_cuda_bench(g_eng, &d, &cl, 1, T, 5, 2, &br)) fail_msg("fm_cuda_bench: %s", fm_last_error());
-            fm_cuda_engine_set_config(g_eng, NULL);
+            forced_run(&d, hl, cl, &cfg, T, 91 * T + fi, &r, &br);
             const char *ks = strstr(br.kernel, "routed gate/up K over ");
             int n = 1;
             if (ks) n = atoi(ks + strlen("routed gate/up K over "));
@@ -865,7 +874,6 @@ static void test_gateup_ksplit(void **state) {
             check_ref(&r, 1, "%s E=32 k=8 H=%d I=256 T=%d (gate/up K over %d blocks)", fm_qformat_name(fmts[fi]), H, T, n);
             assert_non_null(strstr(br.kernel, "fm_expert_wg_kernel"));
             assert_true(n == 1 || n == 2 || n == 4 || n == 8);
-            free(xb); free(xf);
         }
         /* the rule splits K at these grids (it would not at one long K chunk per SM) */
         assert_true(split_seen);
