@@ -873,7 +873,7 @@ static void test_gateup_ksplit(void **state) {
             split_seen |= n > 1;
             check_ref(&r, 1, "%s E=32 k=8 H=%d I=256 T=%d (gate/up K over %d blocks)", fm_qformat_name(fmts[fi]), H, T, n);
             assert_non_null(strstr(br.kernel, "fm_expert_wg_kernel"));
-            assert_true(n == 1 || n == 2 || n == 4 || n == 8);
+            assert_true(n >= 1 && n <= 8); /* a cluster of at most 8 */
         }
         /* the rule splits K at these grids (it would not at one long K chunk per SM) */
         assert_true(split_seen);
