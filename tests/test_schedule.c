@@ -82,6 +82,24 @@ static const ks_case cases[] = {
  * 8 experts, 16 K chunks) is 288 gate/up blocks; down runs three per SM
  * only where 2 per SM take more than one wave, at one token tile and K of
  * at most two segments. */
+/* The wgmma launch's work items: GLM-5's TP8 gate/up at B = 2 (16 slots x
+ * 4 row blocks of 64, the shared expert on its own stream), the same with
+ * the shared expert's 4 row blocks in the launch at B = 40 (three 16-token
+ * chunks), a row count not a multiple of the block. */
+static void test_wg_items(void **state) {
+    (void)state;
+    int shc = -1;
+    long long shb = -1;
+    assert_true(fm_sched_wg_items(16, 256, 0, 64, 2, 16, &shc, &shb) == 64);
+    assert_int_equal(shc, 0);
+    assert_true(shb == 0);
+    assert_true(fm_sched_wg_items(32, 256, 256, 64, 40, 16, &shc, &shb) == 32 * 4 + 12);
+    assert_int_equal(shc, 3);
+    assert_true(shb == 12);
+    assert_true(fm_sched_wg_items(3, 200, 0, 64, 1, 8, &shc, &shb) == 12);
+    assert_true(fm_sched_wg_items(0, 256, 256, 64, 1, 8, &shc, &shb) == 4);
+}
+
 static void test_splitk_grids(void **state) {
     (void)state;
     assert_true(fm_sched_splitk_gu_blocks(256, 256, 8, 16) == 288);
@@ -282,6 +300,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wave_fill),
         cmocka_unit_test(test_splitk_grids),
+        cmocka_unit_test(test_wg_items),
         cmocka_unit_test(test_fused1_layout),
         cmocka_unit_test(test_ksplit),
         cmocka_unit_test(test_down_chunks),

@@ -67,11 +67,11 @@ static int64_t grid_items(const fm_expert_params *p, int nmat, int rpb, int chun
                           int *sh_chunks) {
     const fm_dmat *m = nmat == 2 ? &p->gate : &p->down;
     const fm_dmat *sm = nmat == 2 ? &p->sgate : &p->sdown;
-    const int nrb = (m->rows_p + rpb - 1) / rpb;
-    const int nrb_s = sm->n ? (sm->rows_p + rpb - 1) / rpb : 0;
-    *sh_chunks = nrb_s > 0 ? (p->T + chunk - 1) / chunk : 0;
-    *sh_blocks = (int64_t)nrb_s * *sh_chunks;
-    return (int64_t)p->max_active * nrb + *sh_blocks;
+    long long shb;
+    const long long items = fm_sched_wg_items(p->max_active, m->rows_p, sm->n ? sm->rows_p : 0, rpb, p->T, chunk,
+                                              sh_chunks, &shb);
+    *sh_blocks = shb;
+    return items;
 }
 
 /* One expert launch (both kernel families): the shared expert's (row block,

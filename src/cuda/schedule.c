@@ -50,6 +50,14 @@ static double expected_blocks(long long sh_blocks, int rows_p, int rpb, int E, i
     return ceil(act) * ((rows_p + rpb - 1) / rpb) + (double)sh_blocks;
 }
 
+long long fm_sched_wg_items(int max_active, int rows_p, int srows_p, int rpb, int T, int chunk, int *sh_chunks,
+                            long long *sh_blocks) {
+    const int nrb = rpb > 0 ? (rows_p + rpb - 1) / rpb : 0, nrb_s = rpb > 0 && srows_p > 0 ? (srows_p + rpb - 1) / rpb : 0;
+    *sh_chunks = nrb_s > 0 && chunk > 0 ? (T + chunk - 1) / chunk : 0;
+    *sh_blocks = (long long)nrb_s * *sh_chunks;
+    return (long long)(max_active > 0 ? max_active : 0) * nrb + *sh_blocks;
+}
+
 int fm_sched_wg_ksplit(int gu, long long blocks, long long sh_blocks, int rows_p, int rpb, int nseg, int E, int k,
                        int T, int max_active, int sms, int per_sm) {
     if (sms <= 0) sms = 132;

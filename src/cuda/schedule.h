@@ -42,6 +42,12 @@ int fm_sched_trigger(const fm_sched *s, int fork);
  * DeepSeek-V4), T <= 2. */
 int fm_sched_sel_spread(const fm_sched *s, int elementwise, int T, int k);
 
+/* The work items of one wgmma launch: max_active x the row blocks of rows_p
+ * rows (rpb each), plus the shared expert's (srows_p rows, 0: none in this
+ * launch) row blocks x *sh_chunks chunks of `chunk` tokens of T
+ * (*sh_blocks of them). The engine's grid and `explain` count them alike. */
+long long fm_sched_wg_items(int max_active, int rows_p, int srows_p, int rpb, int T, int chunk, int *sh_chunks,
+                            long long *sh_blocks);
 /* The wgmma kernels' K split: 4 or 2 (each (row block, pass) item becomes
  * that many blocks over a part of K each) or 1. Gate/up splits in 4 where
  * each quarter keeps 8 segments or more and 4 x blocks <= 3 x sms (a TP

@@ -161,12 +161,12 @@ static fm_status decide_gpu(fm_explanation *x, const fm_sched *sch, fm_explain_b
         if (!(c->cfg.warps == 8 && nt > 1)) {
             const int ta = T * d->topk, max_active = ta < d->n_experts ? ta : d->n_experts;
             const int gate_rp = fm_sched_pad(d->moe_inter, FM_SCHED_KSEG);
-            const int nmax = nt > 4 ? 8 : nt;
-            long long sh_blocks = 0;
-            if (d->n_shared > 0 && d->shared_inter > 0 && !e->shared_fork)
-                sh_blocks = (long long)((fm_sched_pad(d->shared_inter, FM_SCHED_KSEG) + 63) / 64) *
-                            ((T + 8 * nmax - 1) / (8 * nmax));
-            e->gateup_blocks = (long long)max_active * ((gate_rp + 63) / 64) + sh_blocks;
+            const int sgate_rp = d->n_shared > 0 && d->shared_inter > 0 && !e->shared_fork
+                                     ? fm_sched_pad(d->shared_inter, FM_SCHED_KSEG)
+                                     : 0;
+            int sh_chunks;
+            long long sh_blocks;
+            e->gateup_blocks = fm_sched_wg_items(max_active, gate_rp, sgate_rp, 64, T, 8 * nt, &sh_chunks, &sh_blocks);
             e->gateup_quarters =
                 fm_sched_wg_ksplit(1, e->gateup_blocks, sh_blocks, gate_rp, 64,
                                    fm_sched_pad(d->hidden, FM_SCHED_KSEG) / FM_SCHED_KSEG, d->n_experts, d->topk, T,
