@@ -64,8 +64,11 @@ mk_build "$T/pack/bin" 1
 printf '#!/usr/bin/env bash\necho "cold-warm per line 42.0"\n' > "$T/pack/bin/cuda_icache"
 chmod +x "$T/pack/bin/cuda_icache"
 mk_build "$T/pack/v1/bin" 2
+# v2's bench fails: its smoke leaves it out of the A/B
+mk_build "$T/pack/v2/bin" 3
+printf '#!/usr/bin/env bash\necho "grid wait never ended" >&2\nexit 1\n' > "$T/pack/v2/bin/fp4moe"
 mkdir -p "$T/pack/lib" "$R/.carry"
-tar -C "$T/pack" -cf - bin lib v1 | xz > "$R/.carry/devbuild.tar.xz"
+tar -C "$T/pack" -cf - bin lib v1 v2 | xz > "$R/.carry/devbuild.tar.xz"
 
 cat > "$R/fakebin/nvidia-smi" << 'EOF'
 #!/usr/bin/env bash
@@ -75,7 +78,7 @@ chmod +x "$R/fakebin/nvidia-smi"
 bad "no zz/bin/fp4moe in the carried builds" run zz
 
 (cd "$R" && PATH=$R/fakebin:$PATH OUT=$T/out1 VAR_PRESET="glm-5@tp:8 qwen3" VAR_BATCH=1,4 VAR_ROUNDS=2 \
-    bash dev/gpu/variants.sh run v1) > "$T/run1" 2>&1 || fail "run: exit $?: $(tail -n 5 "$T/run1")"
+    bash dev/gpu/variants.sh run v1 v2) > "$T/run1" 2>&1 || fail "run: exit $?: $(tail -n 5 "$T/run1")"
 S=$T/out1/variants.txt
 grep -q "GPU: NVIDIA H100 80GB HBM3" "$S" || fail "run: GPU line missing: $(cat "$S")"
 grep -q "configs: the H200's shipped configs relabelled for NVIDIA H100 80GB HBM3" "$S" || fail "run: relabel line missing"
@@ -85,9 +88,13 @@ grep -q '"gpu": "NVIDIA H100 80GB HBM3"' "$cf" 2>/dev/null || fail "run: the rel
 grep -q "cold-warm per line 42.0" "$S" || fail "run: no cuda_icache output in the summary"
 grep -q "test_cuda \[cur\] exit 0 \[  PASSED  \] 23 tests." "$S" || fail "run: cur's test line: $(cat "$S")"
 grep -q "test_cuda \[v1\] exit 0" "$S" || fail "run: v1's test line"
-# rounds: cur gives 30, 29 at B = 1 (best 29), v1 2 * (30, 29) (best 58): ratio 2.00
+# rounds: cur gives 30, 29 at B = 1 (best 29); v1's smoke is its first
+# call, then 2 * (29, 28) (best 56): ratio 1.93
 grep -q "^== glm-5@tp:8" "$S" || fail "run: no glm-5@tp:8 table"
-grep -A6 "^== glm-5@tp:8" "$S" | grep -Eq "^ +1 +29\.0 \(1\.00\) +58\.0 \(2\.00\)" || fail "run: B = 1 row: $(cat "$S")"
+grep -A6 "^== glm-5@tp:8" "$S" | grep -Eq "^ +1 +29\.0 \(1\.00\) +56\.0 \(1\.93\)$" || fail "run: B = 1 row: $(cat "$S")"
+grep -q -- "--preset glm-5 --shard tp:8 --batch 1,16 --layers 2" "$T/args_2" || fail "run: v1's smoke: $(cat "$T/args_2")"
+grep -q "smoke \[v2\] exit 1: left out of the A/B (grid wait never ended" "$S" || fail "run: v2's smoke line: $(cat "$S")"
+! grep -A3 "^== glm-5@tp:8" "$S" | grep -q " v2" || fail "run: v2 in the A/B after a failed smoke"
 grep -q "^== qwen3" "$S" || fail "run: no qwen3 table"
 grep -q -- "--preset glm-5 --shard tp:8 --batch 1,4 --layers 8" "$T/args_1" || fail "run: bench arguments: $(cat "$T/args_1")"
 grep -q -- "--preset qwen3 --batch 1,4 --layers 8" "$T/args_2" || fail "run: the second case's arguments"

@@ -15,7 +15,9 @@
 #
 # On the GPU machine (a checkout of the same tree, .carry carried):
 #   bash dev/gpu/variants.sh run NAME ...
-# unpacks, runs cuda_icache (the cost of cold code), then dev/gpu/ab.sh with
+# unpacks, runs cuda_icache (the cost of cold code), a short bench of each
+# variant (one that fails or hangs within VAR_SMOKE_S s, default 40, leaves
+# the A/B and the summary says so), then dev/gpu/ab.sh with
 # the current build ("cur") first, then test_cuda of every build, one after
 # another (VAR_TEST_TIMEOUT_S each, default 300); VAR_PRESET, VAR_BATCH,
 # VAR_ROUNDS and VAR_DEADLINE_S go to it as AB_PRESET, AB_BATCH, AB_ROUNDS and
@@ -109,7 +111,19 @@ fi
 # VAR_ACT=bf16 (or f16): every build's bench activations of that type
 act=${VAR_ACT:+,FM_AB_ACT=$VAR_ACT}
 v="cur:${act#,}"
-for n in "$@"; do v="$v $n:FM_AB_BIN=.devbuild/$n/bin$act"; done
+# a short bench of each variant first (VAR_SMOKE_S seconds each, default
+# 40): one that fails or hangs (a grid-wide wait that never ends) leaves
+# the A/B, where each of its runs would cost ab.sh's 200 s timeout
+for n in "$@"; do
+    timeout "${VAR_SMOKE_S:-40}" ".devbuild/$n/bin/fp4moe" bench --device cuda --preset glm-5 --shard tp:8 \
+        --batch 1,16 --layers 2 ${VAR_ACT:+--act $VAR_ACT} > "$OUT/smoke_$n.txt" 2>&1
+    rc=$?
+    if ((rc)); then
+        echo "smoke [$n] exit $rc: left out of the A/B ($(tail -n 2 "$OUT/smoke_$n.txt" | tr '\n' ' '))" >> "$S"
+    else
+        v="$v $n:FM_AB_BIN=.devbuild/$n/bin$act"
+    fi
+done
 OUT=$OUT AB_VARIANTS=$v AB_ROUNDS=${VAR_ROUNDS:-2} AB_BATCH=${VAR_BATCH:-1,2,4,8,16,64,256} \
     AB_PRESET=${VAR_PRESET:-"glm-5@tp:8 deepseek-v4-flash@tp:8 kimi-k2@tp:8 glm-5@ep:8/0 deepseek-v4-flash"} \
     AB_DEADLINE_S=${VAR_DEADLINE_S:-} bash dev/gpu/ab.sh > "$OUT/variants_ab.log" 2>&1
