@@ -43,6 +43,7 @@ bad "'../x' is not a variant name" run ../x
 bad "no .carry/devbuild.tar.xz" run a
 VAR_TEST_TIMEOUT_S=1m bad "VAR_TEST_TIMEOUT_S '1m' is not whole seconds" run a
 VAR_DEADLINE_S=5m bad "VAR_DEADLINE_S '5m' is not whole seconds" run a
+VAR_SMOKE_S=0 bad "VAR_SMOKE_S '0' is not whole seconds" run a
 VAR_ACT=fp8 bad "VAR_ACT 'fp8' is not f32, bf16 or f16" run a
 
 # stand-ins: fp4moe prints a bench table whose times depend on the build

@@ -85,6 +85,7 @@ fi
 # run
 tt=${VAR_TEST_TIMEOUT_S:-300}
 [[ $tt =~ ^[1-9][0-9]*$ ]] || die "VAR_TEST_TIMEOUT_S '$tt' is not whole seconds"
+[[ ${VAR_SMOKE_S:-40} =~ ^[1-9][0-9]*$ ]] || die "VAR_SMOKE_S '$VAR_SMOKE_S' is not whole seconds"
 # checked here too, so that a bad deadline stops the call before any work
 [[ -z ${VAR_DEADLINE_S:-} || $VAR_DEADLINE_S =~ ^[0-9]+$ ]] || die "VAR_DEADLINE_S '$VAR_DEADLINE_S' is not whole seconds"
 [[ -z ${VAR_ACT:-} || $VAR_ACT =~ ^(f32|bf16|f16)$ ]] || die "VAR_ACT '$VAR_ACT' is not f32, bf16 or f16"
