@@ -93,7 +93,7 @@ grep -q "test_cuda \[v1\] exit 0" "$S" || fail "run: v1's test line"
 # call, then 2 * (29, 28) (best 56): ratio 1.93
 grep -q "^== glm-5@tp:8" "$S" || fail "run: no glm-5@tp:8 table"
 grep -A6 "^== glm-5@tp:8" "$S" | grep -Eq "^ +1 +29\.0 \(1\.00\) +56\.0 \(1\.93\)$" || fail "run: B = 1 row: $(cat "$S")"
-grep -q -- "--preset glm-5 --shard tp:8 --batch 1,16 --layers 2" "$T/args_2" || fail "run: v1's smoke: $(cat "$T/args_2")"
+grep -q -- "--preset glm-5 --shard tp:8 --batch 1,4 --layers 2" "$T/args_2" || fail "run: v1's smoke: $(cat "$T/args_2")"
 grep -q "smoke \[v2\] exit 1: left out of the A/B (grid wait never ended" "$S" || fail "run: v2's smoke line: $(cat "$S")"
 ! grep -A3 "^== glm-5@tp:8" "$S" | grep -q " v2" || fail "run: v2 in the A/B after a failed smoke"
 grep -q "^== qwen3" "$S" || fail "run: no qwen3 table"

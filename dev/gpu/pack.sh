@@ -29,7 +29,8 @@ done
 mkdir -p .carry
 tar -C .devbuild -cf - "${files[@]}" | xz -T0 -6 > .carry/devbuild.tar.xz
 ls -la .carry/devbuild.tar.xz
-# a GPU call carries at most 64 MiB in all: say so here, not there
+# a GPU call carries at most 64 MiB in all: refuse here, where fewer builds
+# can be packed, rather than fail at the call
 sz=$(stat -c %s .carry/devbuild.tar.xz)
 if ((sz > 64 * 1024 * 1024)); then
     echo "pack: .carry/devbuild.tar.xz is $((sz / 1048576)) MiB, more than the 64 MiB a GPU call carries; pack fewer builds (PACK_EXTRA)" >&2

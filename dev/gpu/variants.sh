@@ -16,8 +16,8 @@
 # On the GPU machine (a checkout of the same tree, .carry carried):
 #   bash dev/gpu/variants.sh run NAME ...
 # unpacks, runs cuda_icache (the cost of cold code), a short bench of each
-# variant (one that fails or hangs within VAR_SMOKE_S s, default 40, leaves
-# the A/B and the summary says so), then dev/gpu/ab.sh with
+# variant on the first case (one that fails or hangs within VAR_SMOKE_S s,
+# default 40, leaves the A/B and the summary says so), then dev/gpu/ab.sh with
 # the current build ("cur") first, then test_cuda of every build, one after
 # another (VAR_TEST_TIMEOUT_S each, default 300); VAR_PRESET, VAR_BATCH,
 # VAR_ROUNDS and VAR_DEADLINE_S go to it as AB_PRESET, AB_BATCH, AB_ROUNDS and
@@ -85,7 +85,8 @@ fi
 # run
 tt=${VAR_TEST_TIMEOUT_S:-300}
 [[ $tt =~ ^[1-9][0-9]*$ ]] || die "VAR_TEST_TIMEOUT_S '$tt' is not whole seconds"
-[[ ${VAR_SMOKE_S:-40} =~ ^[1-9][0-9]*$ ]] || die "VAR_SMOKE_S '$VAR_SMOKE_S' is not whole seconds"
+smoke_s=${VAR_SMOKE_S:-40}
+[[ $smoke_s =~ ^[1-9][0-9]*$ ]] || die "VAR_SMOKE_S '$smoke_s' is not whole seconds"
 # checked here too, so that a bad deadline stops the call before any work
 [[ -z ${VAR_DEADLINE_S:-} || $VAR_DEADLINE_S =~ ^[0-9]+$ ]] || die "VAR_DEADLINE_S '$VAR_DEADLINE_S' is not whole seconds"
 [[ -z ${VAR_ACT:-} || $VAR_ACT =~ ^(f32|bf16|f16)$ ]] || die "VAR_ACT '$VAR_ACT' is not f32, bf16 or f16"
@@ -112,12 +113,18 @@ fi
 # VAR_ACT=bf16 (or f16): every build's bench activations of that type
 act=${VAR_ACT:+,FM_AB_ACT=$VAR_ACT}
 v="cur:${act#,}"
-# a short bench of each variant first (VAR_SMOKE_S seconds each, default
-# 40): one that fails or hangs (a grid-wide wait that never ends) leaves
-# the A/B, where each of its runs would cost ab.sh's 200 s timeout
+cases=${VAR_PRESET:-"glm-5@tp:8 deepseek-v4-flash@tp:8 kimi-k2@tp:8 glm-5@ep:8/0 deepseek-v4-flash"}
+batches=${VAR_BATCH:-1,2,4,8,16,64,256}
+# a short bench of each variant first, the A/B's first case at its batch
+# sizes over 2 layers: one that fails or hangs (a grid-wide wait that never
+# ends) leaves the A/B, where each of its runs would cost ab.sh's 200 s
+# timeout
+c0=${cases%% *}
+smoke_case=(--preset "${c0%%@*}")
+[[ $c0 == *@* ]] && smoke_case+=(--shard "${c0#*@}")
 for n in "$@"; do
-    timeout "${VAR_SMOKE_S:-40}" ".devbuild/$n/bin/fp4moe" bench --device cuda --preset glm-5 --shard tp:8 \
-        --batch 1,16 --layers 2 ${VAR_ACT:+--act $VAR_ACT} > "$OUT/smoke_$n.txt" 2>&1
+    timeout "$smoke_s" ".devbuild/$n/bin/fp4moe" bench --device cuda "${smoke_case[@]}" \
+        --batch "$batches" --layers 2 ${VAR_ACT:+--act $VAR_ACT} > "$OUT/smoke_$n.txt" 2>&1
     rc=$?
     if ((rc)); then
         echo "smoke [$n] exit $rc: left out of the A/B ($(tail -n 2 "$OUT/smoke_$n.txt" | tr '\n' ' '))" >> "$S"
@@ -125,8 +132,7 @@ for n in "$@"; do
         v="$v $n:FM_AB_BIN=.devbuild/$n/bin$act"
     fi
 done
-OUT=$OUT AB_VARIANTS=$v AB_ROUNDS=${VAR_ROUNDS:-2} AB_BATCH=${VAR_BATCH:-1,2,4,8,16,64,256} \
-    AB_PRESET=${VAR_PRESET:-"glm-5@tp:8 deepseek-v4-flash@tp:8 kimi-k2@tp:8 glm-5@ep:8/0 deepseek-v4-flash"} \
+OUT=$OUT AB_VARIANTS=$v AB_ROUNDS=${VAR_ROUNDS:-2} AB_BATCH=$batches AB_PRESET=$cases \
     AB_DEADLINE_S=${VAR_DEADLINE_S:-} bash dev/gpu/ab.sh > "$OUT/variants_ab.log" 2>&1
 sed -n '/^== /,$p' "$OUT/variants_ab.log" | grep -v '^round ' >> "$S"
 # correctness after the timings, one build at a time, so that no build's
