@@ -44,6 +44,7 @@ bad "no .carry/devbuild.tar.xz" run a
 VAR_TEST_TIMEOUT_S=1m bad "VAR_TEST_TIMEOUT_S '1m' is not whole seconds" run a
 VAR_DEADLINE_S=5m bad "VAR_DEADLINE_S '5m' is not whole seconds" run a
 VAR_SMOKE_S=0 bad "VAR_SMOKE_S '0' is not whole seconds" run a
+VAR_TESTS="cur zz" bad "VAR_TESTS names 'zz', not cur or a variant of this run" run a
 VAR_ACT=fp8 bad "VAR_ACT 'fp8' is not f32, bf16 or f16" run a
 
 # stand-ins: fp4moe prints a bench table whose times depend on the build
@@ -111,6 +112,16 @@ rm -f "$T"/args_*
     bash dev/gpu/variants.sh run v1) > "$T/run4" 2>&1 || fail "VAR_ACT run: exit $?: $(tail -n 5 "$T/run4")"
 grep -q -- "--act bf16" "$T/args_1" || fail "VAR_ACT: cur's bench: $(cat "$T/args_1")"
 grep -q -- "--act bf16" "$T/args_2" || fail "VAR_ACT: v1's bench: $(cat "$T/args_2")"
+grep -q "test_cuda \[v1\]" "$T/out4/variants.txt" || fail "VAR_ACT run: no v1 test line"
+
+# VAR_TESTS: only the builds it names run test_cuda; none runs none
+(cd "$R" && PATH=$R/fakebin:$PATH OUT=$T/out5 VAR_PRESET="glm-5@tp:8" VAR_BATCH=1 VAR_ROUNDS=1 VAR_TESTS=v1 \
+    bash dev/gpu/variants.sh run v1) > "$T/run5" 2>&1 || fail "VAR_TESTS=v1 run: exit $?: $(tail -n 5 "$T/run5")"
+grep -q "test_cuda \[v1\] exit 0" "$T/out5/variants.txt" || fail "VAR_TESTS=v1: no v1 test line"
+! grep -q "test_cuda \[cur\]" "$T/out5/variants.txt" || fail "VAR_TESTS=v1: cur's test_cuda ran"
+(cd "$R" && PATH=$R/fakebin:$PATH OUT=$T/out6 VAR_PRESET="glm-5@tp:8" VAR_BATCH=1 VAR_ROUNDS=1 VAR_TESTS=none \
+    bash dev/gpu/variants.sh run v1) > "$T/run6" 2>&1 || fail "VAR_TESTS=none run: exit $?: $(tail -n 5 "$T/run6")"
+! grep -q "test_cuda" "$T/out6/variants.txt" || fail "VAR_TESTS=none: a test_cuda ran"
 
 # on an H200 the shipped configs stay as they are; a deadline of 0 runs no case
 rm -rf "$R/.devbuild"

@@ -19,7 +19,8 @@
 # variant on the first case (one that fails or hangs within VAR_SMOKE_S s,
 # default 40, leaves the A/B and the summary says so), then dev/gpu/ab.sh with
 # the current build ("cur") first, then test_cuda of every build, one after
-# another (VAR_TEST_TIMEOUT_S each, default 300); VAR_PRESET, VAR_BATCH,
+# another (VAR_TEST_TIMEOUT_S each, default 300; VAR_TESTS="cur a ..." names
+# the builds whose test_cuda runs, default all, "none" none); VAR_PRESET, VAR_BATCH,
 # VAR_ROUNDS and VAR_DEADLINE_S go to it as AB_PRESET, AB_BATCH, AB_ROUNDS and
 # AB_DEADLINE_S (defaults: the TP8 ranks of GLM-5, DeepSeek-V4-Flash and
 # Kimi-K2, GLM-5's EP8 rank 0, the whole DeepSeek-V4-Flash layer; B = 1, 2, 4,
@@ -85,6 +86,11 @@ fi
 # run
 tt=${VAR_TEST_TIMEOUT_S:-300}
 [[ $tt =~ ^[1-9][0-9]*$ ]] || die "VAR_TEST_TIMEOUT_S '$tt' is not whole seconds"
+tests=${VAR_TESTS:-cur $*}
+[[ $tests == none ]] && tests=
+for n in $tests; do
+    [[ $n == cur || " $* " == *" $n "* ]] || die "VAR_TESTS names '$n', not cur or a variant of this run"
+done
 smoke_s=${VAR_SMOKE_S:-40}
 [[ $smoke_s =~ ^[1-9][0-9]*$ ]] || die "VAR_SMOKE_S '$smoke_s' is not whole seconds"
 # checked here too, so that a bad deadline stops the call before any work
@@ -137,7 +143,7 @@ OUT=$OUT AB_VARIANTS=$v AB_ROUNDS=${VAR_ROUNDS:-2} AB_BATCH=$batches AB_PRESET=$
 sed -n '/^== /,$p' "$OUT/variants_ab.log" | grep -v '^round ' >> "$S"
 # correctness after the timings, one build at a time, so that no build's
 # result depends on another's sharing the GPU; VAR_TEST_TIMEOUT_S bounds each
-for n in cur "$@"; do
+for n in $tests; do
     d=.devbuild/bin
     [[ $n == cur ]] || d=.devbuild/$n/bin
     (cd "$OUT" && timeout "$tt" "$ROOT/$d/test_cuda") > "$OUT/test_$n.log" 2>&1
