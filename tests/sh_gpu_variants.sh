@@ -149,5 +149,10 @@ rc=$?
 [ "$rc" = 2 ] || fail "build.sh FM_GPU_TARGETS=no_such_target: exit $rc, expected 2"
 grep -qF "FM_GPU_TARGETS names none of the programs" "$T/b.err" || fail "build.sh: $(cat "$T/b.err")"
 [ ! -e "$T/bdir" ] || fail "build.sh: configured a build for a bad FM_GPU_TARGETS"
+(cd "$R" && FM_GPU_ARCHS="90a;all" FM_GPU_BUILD_DIR="$T/bdir" bash dev/gpu/build.sh) > "$T/b.out" 2> "$T/b.err"
+rc=$?
+[ "$rc" = 2 ] || fail "build.sh FM_GPU_ARCHS='90a;all': exit $rc, expected 2"
+grep -qF "FM_GPU_ARCHS '90a;all' is not a list like 80;90a" "$T/b.err" || fail "build.sh FM_GPU_ARCHS: $(cat "$T/b.err")"
+[ ! -e "$T/bdir" ] || fail "build.sh: configured a build for a bad FM_GPU_ARCHS"
 
 done_checks "variants.sh and ab.sh"

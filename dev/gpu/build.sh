@@ -28,10 +28,14 @@ if [[ -n ${FM_GPU_TARGETS:-} ]]; then
     [[ -n $sel ]] || { echo "build.sh: FM_GPU_TARGETS names none of the programs" >&2; exit 2; }
     PROGRAMS=$sel
 fi
+# FM_GPU_ARCHS="90a": machine code for those only (a variant's build runs on
+# Hopper alone, and half the size carries twice the variants in one call)
+archs=${FM_GPU_ARCHS:-80;90a}
+[[ $archs =~ ^[0-9]+a?(;[0-9]+a?)*$ ]] || { echo "build.sh: FM_GPU_ARCHS '$archs' is not a list like 80;90a" >&2; exit 2; }
 targets=""
 for p in $PROGRAMS; do targets="$targets ${p%%:*}"; done
-# configured after the checks above, so that a bad FM_GPU_TARGETS builds nothing
-cmake -S . -B "$B" -DFM_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="80;90a" >/dev/null
+# configured after the checks above, so that a bad FM_GPU_TARGETS or FM_GPU_ARCHS builds nothing
+cmake -S . -B "$B" -DFM_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$archs" >/dev/null
 # shellcheck disable=SC2086  # one word per target
 cmake --build "$B" -j"$(nproc)" --target $targets
 # the shared library, where the tree has its target

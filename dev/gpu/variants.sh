@@ -8,7 +8,8 @@
 # into .devbuild/NAME: HEAD with the tree's uncommitted changes to tracked
 # files and the variant's patches applied, in one scratch worktree
 # (.devbuild/wt, built in .devbuild/build-wt) reused from variant to variant,
-# so that only what a patch touches compiles again; then packs fp4moe and
+# so that only what a patch touches compiles again (sm_90a only: the variants
+# run on Hopper); then packs fp4moe and
 # test_cuda of every build and the tree's cuda_icache (dev/gpu/pack.sh:
 # .carry/devbuild.tar.xz, to carry).
 # PATCH: a file of dev/gpu/patches, with or without .patch, or a path.
@@ -73,9 +74,12 @@ if [[ $cmd == build ]]; then
         for p in "${ps[@]}"; do
             f=$(patch_of "$p")
             [[ $f == /* ]] || f=$ROOT/$f
-            git -C "$WT" apply "$f" || die "variant '$n': $f does not apply"
+            # a three-way merge where two patches touch neighbouring lines
+            # (against the tree so far, staged)
+            git -C "$WT" apply "$f" 2>/dev/null || { git -C "$WT" add -A && git -C "$WT" apply --3way "$f"; } ||
+                die "variant '$n': $f does not apply"
         done
-        (cd "$WT" && FM_GPU_TARGETS="fp4moe_cli test_cuda" FM_GPU_BUILD_DIR="$ROOT/.devbuild/build-wt" \
+        (cd "$WT" && FM_GPU_TARGETS="fp4moe_cli test_cuda" FM_GPU_ARCHS=90a FM_GPU_BUILD_DIR="$ROOT/.devbuild/build-wt" \
             FM_GPU_OUT="$ROOT/.devbuild/$n" bash dev/gpu/build.sh) || die "variant '$n': build failed"
     done
     PACK_EXTRA="${names[*]}" bash dev/gpu/pack.sh fp4moe test_cuda cuda_icache || die "packing failed"
