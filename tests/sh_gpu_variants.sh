@@ -45,6 +45,7 @@ VAR_TEST_TIMEOUT_S=1m bad "VAR_TEST_TIMEOUT_S '1m' is not whole seconds" run a
 VAR_DEADLINE_S=5m bad "VAR_DEADLINE_S '5m' is not whole seconds" run a
 VAR_SMOKE_S=0 bad "VAR_SMOKE_S '0' is not whole seconds" run a
 VAR_TESTS="cur zz" bad "VAR_TESTS names 'zz', not cur or a variant of this run" run a
+VAR_TEST_JOBS=0 bad "VAR_TEST_JOBS '0' is not a whole number of builds" run a
 VAR_ACT=fp8 bad "VAR_ACT 'fp8' is not f32, bf16 or f16" run a
 
 # stand-ins: fp4moe prints a bench table whose times depend on the build
@@ -59,7 +60,11 @@ echo "     B       us   GB/s  % bw  x floor"
 for b in 1 4; do awk -v b=\$b -v s=$2 -v n=\$n 'BEGIN { printf "%6d %8.1f %6.1f %5.1f %5.2f\n", b, (10 * b + 20 - n) * s, 100, 50, 2 }'; done
 echo "\$@" >> "$T/args_$2"
 EOF
-    printf '#!/usr/bin/env bash\necho "[  PASSED  ] 23 tests."\n' > "$1/test_cuda"
+    cat > "$1/test_cuda" << EOF
+#!/usr/bin/env bash
+echo "start $2" >> "$T/tlog"; [ -n "\${FAKE_TEST_SLEEP:-}" ] && sleep "\$FAKE_TEST_SLEEP"; echo "end $2" >> "$T/tlog"
+echo "[  PASSED  ] 23 tests."
+EOF
     chmod +x "$1/fp4moe" "$1/test_cuda"
 }
 mk_build "$T/pack/bin" 1
@@ -122,6 +127,19 @@ grep -q "test_cuda \[v1\] exit 0" "$T/out5/variants.txt" || fail "VAR_TESTS=v1: 
 (cd "$R" && PATH=$R/fakebin:$PATH OUT=$T/out6 VAR_PRESET="glm-5@tp:8" VAR_BATCH=1 VAR_ROUNDS=1 VAR_TESTS=none \
     bash dev/gpu/variants.sh run v1) > "$T/run6" 2>&1 || fail "VAR_TESTS=none run: exit $?: $(tail -n 5 "$T/run6")"
 ! grep -q "test_cuda" "$T/out6/variants.txt" || fail "VAR_TESTS=none: a test_cuda ran"
+
+# VAR_TEST_JOBS=2: two builds' tests at once, their lines in the builds' order
+rm -f "$T/tlog"
+(cd "$R" && PATH=$R/fakebin:$PATH OUT=$T/out7 VAR_PRESET="glm-5@tp:8" VAR_BATCH=1 VAR_ROUNDS=1 VAR_TEST_JOBS=2 \
+    FAKE_TEST_SLEEP=1 bash dev/gpu/variants.sh run v1) > "$T/run7" 2>&1 || fail "VAR_TEST_JOBS=2 run: exit $?: $(tail -n 5 "$T/run7")"
+[ "$(sed -n 2p "$T/tlog" | cut -c1-5)" = "start" ] || fail "VAR_TEST_JOBS=2: the tests ran one after another: $(cat "$T/tlog")"
+grep -A1 "test_cuda \[cur\] exit 0" "$T/out7/variants.txt" | grep -q "test_cuda \[v1\] exit 0" ||
+    fail "VAR_TEST_JOBS=2: test lines: $(grep test_cuda "$T/out7/variants.txt")"
+# one at a time by default
+rm -f "$T/tlog"
+(cd "$R" && PATH=$R/fakebin:$PATH OUT=$T/out8 VAR_PRESET="glm-5@tp:8" VAR_BATCH=1 VAR_ROUNDS=1 \
+    bash dev/gpu/variants.sh run v1) > "$T/run8" 2>&1 || fail "default test run: exit $?"
+[ "$(sed -n 2p "$T/tlog" | cut -c1-3)" = "end" ] || fail "default: the tests overlapped: $(cat "$T/tlog")"
 
 # on an H200 the shipped configs stay as they are; a deadline of 0 runs no case
 rm -rf "$R/.devbuild"

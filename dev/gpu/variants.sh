@@ -21,7 +21,8 @@
 # default 40, leaves the A/B and the summary says so), then dev/gpu/ab.sh with
 # the current build ("cur") first, then test_cuda of every build, one after
 # another (VAR_TEST_TIMEOUT_S each, default 300; VAR_TESTS="cur a ..." names
-# the builds whose test_cuda runs, default all, "none" none); VAR_PRESET, VAR_BATCH,
+# the builds whose test_cuda runs, default all, "none" none; VAR_TEST_JOBS
+# of them at once, default 1); VAR_PRESET, VAR_BATCH,
 # VAR_ROUNDS and VAR_DEADLINE_S go to it as AB_PRESET, AB_BATCH, AB_ROUNDS and
 # AB_DEADLINE_S (defaults: the TP8 ranks of GLM-5, DeepSeek-V4-Flash and
 # Kimi-K2, GLM-5's EP8 rank 0, the whole DeepSeek-V4-Flash layer; B = 1, 2, 4,
@@ -95,6 +96,8 @@ tests=${VAR_TESTS:-cur $*}
 for n in $tests; do
     [[ $n == cur || " $* " == *" $n "* ]] || die "VAR_TESTS names '$n', not cur or a variant of this run"
 done
+jobs=${VAR_TEST_JOBS:-1}
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || die "VAR_TEST_JOBS '$jobs' is not a whole number of builds"
 smoke_s=${VAR_SMOKE_S:-40}
 [[ $smoke_s =~ ^[1-9][0-9]*$ ]] || die "VAR_SMOKE_S '$smoke_s' is not whole seconds"
 # checked here too, so that a bad deadline stops the call before any work
@@ -145,12 +148,21 @@ done
 OUT=$OUT AB_VARIANTS=$v AB_ROUNDS=${VAR_ROUNDS:-2} AB_BATCH=$batches AB_PRESET=$cases \
     AB_DEADLINE_S=${VAR_DEADLINE_S:-} bash dev/gpu/ab.sh > "$OUT/variants_ab.log" 2>&1
 sed -n '/^== /,$p' "$OUT/variants_ab.log" | grep -v '^round ' >> "$S"
-# correctness after the timings, one build at a time, so that no build's
-# result depends on another's sharing the GPU; VAR_TEST_TIMEOUT_S bounds each
-for n in $tests; do
-    d=.devbuild/bin
+# correctness after the timings, VAR_TEST_JOBS builds at a time (default
+# one; the library must not need a quiet GPU, so more only save time), each
+# in a folder of its own; VAR_TEST_TIMEOUT_S bounds each
+run_test() {
+    local n=$1 d=.devbuild/bin
     [[ $n == cur ]] || d=.devbuild/$n/bin
-    (cd "$OUT" && timeout "$tt" "$ROOT/$d/test_cuda") > "$OUT/test_$n.log" 2>&1
-    echo "test_cuda [$n] exit $? $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/test_$n.log" | tr '\n' ' ')" >> "$S"
+    mkdir -p "$OUT/test_$n.d"
+    (cd "$OUT/test_$n.d" && timeout "$tt" "$ROOT/$d/test_cuda") > "$OUT/test_$n.log" 2>&1
+    echo "test_cuda [$n] exit $? $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/test_$n.log" | tr '\n' ' ')" > "$OUT/test_$n.res"
+}
+running=0
+for n in $tests; do
+    run_test "$n" &
+    if ((++running >= jobs)); then wait -n; ((running--)); fi
 done
+wait
+for n in $tests; do cat "$OUT/test_$n.res" >> "$S"; done
 cat "$S"
