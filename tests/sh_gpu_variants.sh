@@ -159,6 +159,22 @@ rc=$?
 grep -qF "AB_DEADLINE_S '5m' is not a whole number of seconds" "$T/ab3.err" || fail "ab.sh AB_DEADLINE_S=5m: $(cat "$T/ab3.err")"
 [ ! -e "$T/args_1" ] || fail "ab.sh AB_DEADLINE_S=5m: ran the bench"
 
+# pack.sh refuses a pack larger than a GPU call carries and leaves the
+# last pack as it was; and a limit that is not a number
+cp "$R/.carry/devbuild.tar.xz" "$T/pack_before"
+(cd "$R" && PACK_LIMIT_MIB=0 bash dev/gpu/pack.sh fp4moe) > "$T/p.out" 2> "$T/p.err"
+rc=$?
+[ "$rc" = 3 ] || fail "pack.sh PACK_LIMIT_MIB=0: exit $rc, expected 3"
+grep -qF "more than the 0 MiB a GPU call carries" "$T/p.err" || fail "pack.sh PACK_LIMIT_MIB=0: $(cat "$T/p.err")"
+cmp -s "$T/pack_before" "$R/.carry/devbuild.tar.xz" || fail "pack.sh: a refused pack replaced the last one"
+[ ! -e "$R/.carry/devbuild.tar.xz.part" ] || fail "pack.sh: a refused pack left its part file"
+(cd "$R" && PACK_LIMIT_MIB=6x bash dev/gpu/pack.sh fp4moe) > "$T/p.out" 2> "$T/p.err"
+rc=$?
+[ "$rc" = 2 ] || fail "pack.sh PACK_LIMIT_MIB=6x: exit $rc, expected 2"
+grep -qF "PACK_LIMIT_MIB '6x' is not a whole number of MiB" "$T/p.err" || fail "pack.sh PACK_LIMIT_MIB=6x: $(cat "$T/p.err")"
+(cd "$R" && bash dev/gpu/pack.sh fp4moe) > "$T/p.out" 2> "$T/p.err" || fail "pack.sh: exit $?: $(cat "$T/p.err")"
+tar -tJf "$R/.carry/devbuild.tar.xz" | grep -qx "bin/fp4moe" || fail "pack.sh: no bin/fp4moe in the pack"
+
 # build.sh refuses FM_GPU_TARGETS that names none of its programs before it
 # configures or builds anything
 cp "$SRC/dev/gpu/build.sh" "$R/dev/gpu/"

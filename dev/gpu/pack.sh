@@ -17,6 +17,7 @@ fi
 progs=${*:-fp4moe test_cuda test_tensors test_cuda_repack cuda_smoke}
 files=()
 for p in $progs; do files+=("bin/$p"); done
+shopt -s nullglob # an empty lib/ adds nothing
 for f in .devbuild/lib/*; do
     [[ -L $f || $f == *libfp4moe.so || $f == *libfp4moe.so.?.? ]] && continue
     files+=("lib/${f##*/}")
@@ -26,13 +27,19 @@ done
 for x in ${PACK_EXTRA:-}; do
     for p in $progs; do [[ -e .devbuild/$x/bin/$p ]] && files+=("$x/bin/$p"); done
 done
+# a GPU call carries at most 64 MiB in all (PACK_LIMIT_MIB): refuse here,
+# where fewer builds can be packed, rather than fail at the call; the pack
+# goes into place only when it fits, so a refused one leaves the last as it was
+limit=${PACK_LIMIT_MIB:-64}
+[[ $limit =~ ^[0-9]+$ ]] || { echo "pack: PACK_LIMIT_MIB '$limit' is not a whole number of MiB" >&2; exit 2; }
 mkdir -p .carry
-tar -C .devbuild -cf - "${files[@]}" | xz -T0 -6 > .carry/devbuild.tar.xz
-ls -la .carry/devbuild.tar.xz
-# a GPU call carries at most 64 MiB in all: refuse here, where fewer builds
-# can be packed, rather than fail at the call
-sz=$(stat -c %s .carry/devbuild.tar.xz)
-if ((sz > 64 * 1024 * 1024)); then
-    echo "pack: .carry/devbuild.tar.xz is $((sz / 1048576)) MiB, more than the 64 MiB a GPU call carries; pack fewer builds (PACK_EXTRA)" >&2
+tmp=.carry/devbuild.tar.xz.part
+trap 'rm -f "$tmp"' EXIT
+tar -C .devbuild -cf - "${files[@]}" | xz -T0 -6 > "$tmp"
+sz=$(stat -c %s "$tmp")
+if ((sz > limit * 1024 * 1024)); then
+    echo "pack: the pack is $((sz / 1048576)) MiB, more than the $limit MiB a GPU call carries; pack fewer builds (PACK_EXTRA)" >&2
     exit 3
 fi
+mv "$tmp" .carry/devbuild.tar.xz
+ls -la .carry/devbuild.tar.xz
