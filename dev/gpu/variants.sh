@@ -83,7 +83,7 @@ if [[ $cmd == build ]]; then
         (cd "$WT" && FM_GPU_TARGETS="fp4moe_cli test_cuda" FM_GPU_ARCHS=90a FM_GPU_BUILD_DIR="$ROOT/.devbuild/build-wt" \
             FM_GPU_OUT="$ROOT/.devbuild/$n" bash dev/gpu/build.sh) || die "variant '$n': build failed"
     done
-    PACK_EXTRA="${names[*]}" bash dev/gpu/pack.sh fp4moe test_cuda cuda_icache || die "packing failed"
+    PACK_EXTRA="${names[*]}" bash dev/gpu/pack.sh fp4moe test_cuda cuda_icache cuda_chain || die "packing failed"
     echo "variants: built cur ${names[*]}; carry .carry and run: bash dev/gpu/variants.sh run ${names[*]}"
     exit 0
 fi

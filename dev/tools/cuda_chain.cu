@@ -1,0 +1,335 @@
+/*
+ * cuda_chain: how short a one-token MoE layer of a TP8 rank can be when its
+ * reads form the chain that routing imposes, with no arithmetic at all. A
+ * rank's B = 1 layer reads a few MB of router, then its top-k experts' gate/up
+ * (whose addresses the router decides), then their down (which needs all of
+ * h). This tool reads exactly those bytes, per layer, in the orders a design
+ * can choose, each step's addresses computed from the XOR of everything the
+ * step before read (so nothing can be read early that a real layer could not
+ * read early), and prints µs per layer against the floor (the experts' bytes
+ * over the bandwidth measured in the same run, as fp4moe's benchmark counts
+ * it):
+ *
+ *   read     one launch reads the layer's bytes with no dependency (the
+ *            floor as a short read realises it)
+ *   launch3  three launches per layer (router | routed gate/up | routed
+ *            down, the shared expert with the routed), programmatic
+ *            dependent launch between them, the router's bytes read before
+ *            the wait on the previous layer
+ *   chain    one launch per layer, grid barriers between the steps, the
+ *            shared expert with the routed steps
+ *   early    chain with the shared expert's bytes read in the router's step
+ *   early+pdl early, and the router's and the shared expert's bytes read
+ *            before the wait on the previous layer (only the token's row
+ *            after it): the shortest chain a one-launch design has
+ *
+ * Layers run back to back in one CUDA graph, each on its own buffers (no L2
+ * reuse between layers); the median of the graph's replays is kept.
+ *
+ *   cuda_chain [--preset glm-5|deepseek-v4-flash|kimi-k2|all] [--layers 1..64] [--reps 1..1000]
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#define TOOL "cuda_chain"
+#include "cuda_check.cuh"
+#include "device_util.cuh"
+#include "stream_read.cuh"
+
+#define CH_THREADS 512
+#define CH_U 8
+/* routed regions hold this many alternatives, so that a step's addresses
+ * depend on what the step before read */
+#define CH_ALT 4
+
+struct ch_layer {
+    const uint4 *router, *sgu, *sdn, *rgu, *rdn; /* rgu, rdn: CH_ALT alternatives each */
+    size_t n_router, n_sgu, n_sdn, n_rgu, n_rdn; /* 16-byte words */
+    unsigned *cnt;                               /* 2 barrier counters, zero at the graph's start */
+    unsigned *part;                              /* 2 x gridDim.x partial XORs */
+    unsigned *out;
+};
+
+/* the block's share [b * n / G, (b + 1) * n / G) of n words, CH_U loads per
+ * thread in flight */
+static __device__ __forceinline__ uint32_t ch_read(const uint4 *p, size_t n) {
+    const size_t G = gridDim.x, b = blockIdx.x, lo = b * n / G, hi = (b + 1) * n / G;
+    uint32_t acc = 0;
+    size_t i = lo + threadIdx.x;
+    for (; i + (CH_U - 1) * CH_THREADS < hi; i += CH_U * CH_THREADS) {
+        uint4 v[CH_U];
+#pragma unroll
+        for (int u = 0; u < CH_U; u++) v[u] = fm_ld_nc(p + i + u * CH_THREADS);
+#pragma unroll
+        for (int u = 0; u < CH_U; u++) acc ^= fm_xor4(v[u]);
+    }
+    for (; i < hi; i += CH_THREADS) acc ^= fm_xor4(fm_ld_nc(p + i));
+    return acc;
+}
+/* every block's XOR in, every block gets all of them back: the grid
+ * barrier a step that needs the whole previous step (top-k, h) waits on */
+static __device__ __forceinline__ uint32_t ch_barrier(uint32_t acc, unsigned *cnt, unsigned *part) {
+    __shared__ unsigned s_acc;
+    if (threadIdx.x == 0) s_acc = 0;
+    __syncthreads();
+    atomicXor(&s_acc, acc);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __stcg(part + blockIdx.x, s_acc);
+        __threadfence();
+        atomicAdd(cnt, 1u);
+        while (*(volatile unsigned *)cnt < gridDim.x) __nanosleep(20);
+        __threadfence();
+        s_acc = 0;
+    }
+    __syncthreads();
+    for (unsigned i = threadIdx.x; i < gridDim.x; i += CH_THREADS) atomicXor(&s_acc, __ldcg(part + i));
+    __syncthreads();
+    return s_acc;
+}
+
+enum { M_READ, M_LAUNCH3, M_CHAIN, M_EARLY, M_EARLY_PDL, M_COUNT };
+static const char *const mode_name[M_COUNT] = {"read", "launch3", "chain", "early", "early+pdl"};
+
+template <int MODE>
+__global__ void __launch_bounds__(CH_THREADS, 2) ch_layer_kernel(ch_layer L) {
+    uint32_t acc = 0;
+    if (MODE == M_EARLY_PDL) {
+        /* weights that do not depend on the previous layer: read before the wait */
+        acc = ch_read(L.router, L.n_router) ^ ch_read(L.sgu, L.n_sgu) ^ ch_read(L.sdn, L.n_sdn);
+        pdl_launch_dependents();
+        pdl_wait();
+    } else {
+        pdl_wait();
+        acc = ch_read(L.router, L.n_router);
+        if (MODE == M_EARLY) acc ^= ch_read(L.sgu, L.n_sgu) ^ ch_read(L.sdn, L.n_sdn);
+    }
+    if (MODE == M_READ) {
+        acc ^= ch_read(L.sgu, L.n_sgu) ^ ch_read(L.sdn, L.n_sdn) ^ ch_read(L.rgu, L.n_rgu) ^ ch_read(L.rdn, L.n_rdn);
+        if (threadIdx.x == 0) atomicXor(L.out, acc);
+        return;
+    }
+    /* the top-k: needs every block's router share */
+    const uint32_t v1 = ch_barrier(acc, L.cnt, L.part);
+    acc = ch_read(L.rgu + (v1 % CH_ALT) * L.n_rgu, L.n_rgu);
+    if (MODE == M_CHAIN) acc ^= ch_read(L.sgu, L.n_sgu);
+    /* down: needs all of h */
+    const uint32_t v2 = ch_barrier(acc, L.cnt + 1, L.part + gridDim.x);
+    acc = ch_read(L.rdn + (v2 % CH_ALT) * L.n_rdn, L.n_rdn);
+    if (MODE == M_CHAIN) acc ^= ch_read(L.sdn, L.n_sdn);
+    if (MODE != M_EARLY_PDL) pdl_launch_dependents();
+    if (threadIdx.x == 0) atomicXor(L.out, acc);
+}
+
+/* launch3's three launches: STEP 0 the router (read before the wait), 1 the
+ * routed and shared gate/up, 2 the routed and shared down; each step's
+ * addresses from the previous step's XORs */
+template <int STEP>
+__global__ void __launch_bounds__(CH_THREADS, 2) ch_step_kernel(ch_layer L) {
+    __shared__ unsigned s_acc;
+    if (threadIdx.x == 0) s_acc = 0;
+    uint32_t acc = 0;
+    if (STEP == 0) acc = ch_read(L.router, L.n_router);
+    pdl_launch_dependents();
+    pdl_wait();
+    __syncthreads();
+    if (STEP > 0) {
+        const unsigned *prev = L.part + (STEP > 0 ? STEP - 1 : 0) * gridDim.x;
+        for (unsigned i = threadIdx.x; i < gridDim.x; i += CH_THREADS) atomicXor(&s_acc, __ldcg(prev + i));
+        __syncthreads();
+        const uint32_t v = s_acc;
+        acc = STEP == 1 ? ch_read(L.rgu + (v % CH_ALT) * L.n_rgu, L.n_rgu) ^ ch_read(L.sgu, L.n_sgu)
+                        : ch_read(L.rdn + (v % CH_ALT) * L.n_rdn, L.n_rdn) ^ ch_read(L.sdn, L.n_sdn);
+        __syncthreads();
+        if (threadIdx.x == 0) s_acc = 0;
+        __syncthreads();
+    }
+    atomicXor(&s_acc, acc);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (STEP < 2) __stcg(L.part + STEP * gridDim.x + blockIdx.x, s_acc);
+        else atomicXor(L.out, s_acc);
+    }
+}
+
+struct shape {
+    const char *name;
+    int E, H, k, I; /* a TP8 rank: I is the rank's slice */
+};
+static const shape shapes[] = {
+    {"glm-5", 256, 6144, 8, 256},
+    {"deepseek-v4-flash", 256, 4096, 6, 256},
+    {"kimi-k2", 384, 7168, 8, 256},
+};
+
+static int parse_int(const char *s, int lo, int hi, int *out) {
+    char *end = NULL;
+    long v = strtol(s, &end, 10);
+    if (!s[0] || *end || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+static void usage_error(const char *arg) {
+    fprintf(stderr,
+            "%s: bad argument '%s' (usage: %s [--preset glm-5|deepseek-v4-flash|kimi-k2|all] [--layers 1..64] "
+            "[--reps 1..1000])\n",
+            TOOL, arg, TOOL);
+    exit(2);
+}
+
+/* NVFP4 bytes of a rows x cols matrix: half a byte per weight, one FP8 scale per 16 */
+static size_t fp4_bytes(size_t rows, size_t cols) { return rows * cols / 2 + rows * cols / 16; }
+static size_t words(size_t bytes) { return (bytes + 15) / 16; }
+
+static void launch(cudaStream_t st, void (*f)(ch_layer), int grid, const ch_layer &L, bool pdl) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(CH_THREADS);
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&cfg, f, L));
+}
+
+int main(int argc, char **argv) {
+    int layers = 8, reps = 20, only = -1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--layers")) {
+            if (i + 1 >= argc || parse_int(argv[i + 1], 1, 64, &layers)) usage_error("--layers");
+            i++;
+        } else if (!strcmp(argv[i], "--reps")) {
+            if (i + 1 >= argc || parse_int(argv[i + 1], 1, 1000, &reps)) usage_error("--reps");
+            i++;
+        } else if (!strcmp(argv[i], "--preset")) {
+            if (i + 1 >= argc) usage_error("--preset");
+            only = -2;
+            if (!strcmp(argv[i + 1], "all")) only = -1;
+            for (int s = 0; s < 3; s++)
+                if (!strcmp(argv[i + 1], shapes[s].name)) only = s;
+            if (only == -2) usage_error("--preset");
+            i++;
+        } else {
+            usage_error(argv[i]);
+        }
+    }
+    int dev = 0, sms = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, dev));
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+
+    /* the bandwidth, as the engine's probe measures it (its kernel, 2 GiB, best of 5) */
+    double bw = 0.0;
+    {
+        const size_t n = ((size_t)2 << 30) / 16;
+        uint4 *buf = NULL;
+        unsigned *acc = NULL;
+        CK(cudaMalloc(&buf, n * 16));
+        CK(cudaMalloc(&acc, sizeof(unsigned)));
+        CK(cudaMemset(buf, 0x5a, n * 16));
+        for (int r = 0; r < 6; r++) {
+            CK(cudaEventRecord(e0, st));
+            fm_gs_read_kernel<4, false><<<8 * sms, 512, 0, st>>>(buf, n, acc);
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            if (r > 0) bw = std::max(bw, n * 16.0 / (ms * 1e-3));
+        }
+        CK(cudaFree(buf));
+        CK(cudaFree(acc));
+    }
+    printf("%s: %s, %d SMs, bandwidth %.2f TB/s; B = 1 of a TP8 rank (I 256), %d layers in one CUDA graph, median of "
+           "%d replays; µs per layer (x floor)\n",
+           TOOL, prop.name, sms, bw / 1e12, layers, reps);
+    printf("%-18s %7s %7s %7s", "shape", "MB", "router", "floor");
+    for (int m = 0; m < M_COUNT; m++) printf(" %15s", mode_name[m]);
+    printf("\n");
+
+    const int grid = sms;
+    for (int s = 0; s < 3; s++) {
+        if (only >= 0 && only != s) continue;
+        const shape &S = shapes[s];
+        const size_t b_router = (size_t)S.E * S.H * 2, b_sgu = 2 * fp4_bytes(S.I, S.H), b_sdn = fp4_bytes(S.H, S.I);
+        const size_t b_rgu = S.k * b_sgu, b_rdn = S.k * b_sdn, b_exp = b_sgu + b_sdn + b_rgu + b_rdn;
+        const size_t per_layer = words(b_router) + words(b_sgu) + words(b_sdn) + CH_ALT * (words(b_rgu) + words(b_rdn));
+        uint4 *mem = NULL;
+        unsigned *ctl = NULL;
+        const size_t nctl = (size_t)layers * (3 + 2 * grid);
+        CK(cudaMalloc(&mem, per_layer * layers * 16));
+        CK(cudaMemset(mem, 0x5a, per_layer * layers * 16));
+        CK(cudaMalloc(&ctl, nctl * sizeof(unsigned)));
+        std::vector<ch_layer> L(layers);
+        for (int l = 0; l < layers; l++) {
+            uint4 *p = mem + (size_t)l * per_layer;
+            ch_layer &c = L[l];
+            c.router = p, c.n_router = words(b_router), p += c.n_router;
+            c.sgu = p, c.n_sgu = words(b_sgu), p += c.n_sgu;
+            c.sdn = p, c.n_sdn = words(b_sdn), p += c.n_sdn;
+            c.rgu = p, c.n_rgu = words(b_rgu), p += CH_ALT * c.n_rgu;
+            c.rdn = p, c.n_rdn = words(b_rdn);
+            unsigned *q = ctl + (size_t)l * (3 + 2 * grid);
+            c.cnt = q, c.out = q + 2, c.part = q + 3;
+        }
+        const double floor_us = b_exp / bw * 1e6;
+        printf("%-18s %7.1f %7.1f %7.2f", S.name, b_exp / 1e6, b_router / 1e6, floor_us);
+        for (int m = 0; m < M_COUNT; m++) {
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            CK(cudaMemsetAsync(ctl, 0, nctl * sizeof(unsigned), st));
+            for (int l = 0; l < layers; l++) {
+                /* the first launch after the memset must see it: no PDL there */
+                const bool pdl = l > 0;
+                switch (m) {
+                case M_READ: launch(st, ch_layer_kernel<M_READ>, grid, L[l], pdl); break;
+                case M_CHAIN: launch(st, ch_layer_kernel<M_CHAIN>, grid, L[l], pdl); break;
+                case M_EARLY: launch(st, ch_layer_kernel<M_EARLY>, grid, L[l], pdl); break;
+                case M_EARLY_PDL: launch(st, ch_layer_kernel<M_EARLY_PDL>, grid, L[l], pdl); break;
+                case M_LAUNCH3:
+                    launch(st, ch_step_kernel<0>, grid, L[l], pdl);
+                    launch(st, ch_step_kernel<1>, grid, L[l], true);
+                    launch(st, ch_step_kernel<2>, grid, L[l], true);
+                    break;
+                }
+            }
+            CK(cudaStreamEndCapture(st, &g));
+            CK(cudaGraphInstantiate(&ge, g, 0));
+            for (int w = 0; w < 3; w++) CK(cudaGraphLaunch(ge, st));
+            std::vector<float> t;
+            for (int r = 0; r < reps; r++) {
+                CK(cudaEventRecord(e0, st));
+                CK(cudaGraphLaunch(ge, st));
+                CK(cudaEventRecord(e1, st));
+                CK(cudaEventSynchronize(e1));
+                float ms = 0;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                t.push_back(ms);
+            }
+            std::sort(t.begin(), t.end());
+            const double us = t[t.size() / 2] * 1e3 / layers;
+            printf(" %7.2f (%5.2f)", us, us / floor_us);
+            CK(cudaGraphExecDestroy(ge));
+            CK(cudaGraphDestroy(g));
+        }
+        printf("\n");
+        CK(cudaFree(mem));
+        CK(cudaFree(ctl));
+    }
+    CK(cudaStreamDestroy(st));
+    return 0;
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# cuda_chain's arguments: each bad one is refused with exit 2 and a message
+# naming it, before any GPU is touched (so this runs on machines without one).
+# Skipped where the CUDA backend is not built (FM_CUDA off or no nvcc).
+set -u
+BIN="${FM_DEV_TOOLS_DIR:-}/cuda_chain"
+if [ "${FM_HAVE_CUDA:-}" = 0 ]; then echo "SKIPPED: cuda_chain: the CUDA backend is not built (FM_CUDA off or no nvcc)"; exit 77; fi
+if [ ! -x "$BIN" ]; then echo "FAIL: $BIN not built (run through ctest after a full build)"; exit 1; fi
+. "$(dirname "$0")/tool_args.inc.sh"
+
+bad "bad argument '--foo'" --foo
+bad "bad argument '--preset'" --preset
+bad "bad argument '--preset'" --preset glm5
+bad "bad argument '--preset'" --preset ""
+bad "bad argument '--layers'" --layers 0
+bad "bad argument '--layers'" --layers 65
+bad "bad argument '--layers'" --layers 8x
+bad "bad argument '--reps'" --reps
+bad "bad argument '--reps'" --reps 1001
+bad "bad argument 'extra'" --reps 2 extra
+bad "bad argument 'extra'" --preset all extra
+
+finish cuda_chain
