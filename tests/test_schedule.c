@@ -66,16 +66,25 @@ static const ks_case cases[] = {
     {"GLM-5 TP8 B = 64 with 700 shared blocks", 1, 1724, 700, 256, 64, 48, 256, 8, 64, 256, 132, 6, 1},
     /* gate/up in quarters where 4 x blocks <= 3 x SMs and K has 32
      * segments or more: the TP8 ranks at B = 2 (16 or 12 experts x 4 row
-     * blocks) and DeepSeek-V4-Flash's at B = 4 (24 x 4); GLM-5's and
-     * Kimi-K2's at B = 4 (32 x 4) stay in halves */
+     * blocks) and DeepSeek-V4-Flash's at B = 4 (24 x 4) */
     {"GLM-5 TP8 B = 2", 1, 64, 0, 256, 64, 48, 256, 8, 2, 16, 132, 4, 4},
     {"DeepSeek-V4-Flash TP8 B = 4", 1, 96, 0, 256, 64, 32, 256, 6, 4, 24, 132, 4, 4},
-    {"GLM-5 TP8 B = 4", 1, 128, 0, 256, 64, 48, 256, 8, 4, 32, 132, 4, 2},
     {"99 blocks on 132 SMs", 1, 99, 0, 256, 64, 48, 256, 8, 4, 32, 132, 4, 4},
-    {"100 blocks on 132 SMs", 1, 100, 0, 256, 64, 48, 256, 8, 4, 32, 132, 4, 2},
     {"SM count defaults to 132, quarters", 1, 99, 0, 256, 64, 48, 256, 8, 4, 32, 0, 4, 4},
-    {"31 segments: halves", 1, 64, 0, 256, 64, 31, 256, 8, 2, 16, 132, 4, 2},
+    {"31 segments: thirds, not quarters", 1, 64, 0, 256, 64, 31, 256, 8, 2, 16, 132, 4, 3},
     {"down never in quarters", 0, 64, 0, 6144, 128, 48, 256, 8, 2, 16, 132, 4, 2},
+    /* in thirds where quarters would exceed 3 blocks per SM, the grid is at
+     * most one block per SM and K has 24 segments or more: GLM-5's and
+     * Kimi-K2's TP8 ranks at B = 4 (32 x 4) */
+    {"GLM-5 TP8 B = 4", 1, 128, 0, 256, 64, 48, 256, 8, 4, 32, 132, 4, 3},
+    {"Kimi-K2 TP8 B = 4", 1, 128, 0, 256, 64, 56, 384, 8, 4, 32, 132, 4, 3},
+    {"100 blocks on 132 SMs", 1, 100, 0, 256, 64, 48, 256, 8, 4, 32, 132, 4, 3},
+    {"132 blocks on 132 SMs", 1, 132, 0, 256, 64, 48, 256, 8, 4, 33, 132, 4, 3},
+    {"133 blocks on 132 SMs: halves", 1, 133, 0, 256, 64, 48, 256, 8, 4, 34, 132, 4, 2},
+    {"SM count defaults to 132, thirds", 1, 132, 0, 256, 64, 48, 256, 8, 4, 33, 0, 4, 3},
+    {"24 segments: thirds", 1, 128, 0, 256, 64, 24, 256, 8, 4, 32, 132, 4, 3},
+    {"23 segments: halves", 1, 128, 0, 256, 64, 23, 256, 8, 4, 32, 132, 4, 2},
+    {"down never in thirds", 0, 128, 0, 6144, 128, 48, 256, 8, 4, 32, 132, 4, 2},
 };
 
 /* The splitk grids: GLM-5's TP8 rank at B = 1 (gate rows 256, shared 256,

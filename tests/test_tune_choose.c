@@ -579,11 +579,11 @@ static void test_explain_spread(void **state) {
     }
 }
 
-/* The wgmma gate/up's quarters (schedule.c) on the H200's 132 SMs: the TP8
- * ranks at B = 2 (16 or 12 experts x 4 row blocks), DeepSeek-V4-Flash's at
- * B = 4 (96 blocks); GLM-5's at B = 4 (128 blocks: 512 quartered, more
- * than 3 per SM) and the whole DeepSeek-V4-Flash layer (32 row blocks an
- * expert) never. */
+/* The wgmma gate/up's quarters and thirds (schedule.c) on the H200's 132
+ * SMs: the TP8 ranks at B = 2 (16 or 12 experts x 4 row blocks) and
+ * DeepSeek-V4-Flash's at B = 4 (96 blocks) in quarters; GLM-5's at B = 4
+ * (128 blocks: 512 quartered, more than 3 per SM) in thirds; B = 8 and the
+ * whole DeepSeek-V4-Flash layer (32 row blocks an expert) neither. */
 static void test_explain_quarters(void **state) {
     (void)state;
     fm_shard tp8 = {.mode = FM_DIST_TP, .ranks = 8, .rank = 0};
@@ -605,14 +605,21 @@ static void test_explain_quarters(void **state) {
             assert_non_null(q);
             assert_true(q < b4);
             assert_null(strstr(b4, "K in quarters"));
+            const char *t = strstr(text, "gate/up blocks: K in thirds, a cluster of 3 per row block (128 blocks x 3 "
+                                         "on 132 SMs: quarters would put more than 3 on an SM");
+            assert_non_null(t);
+            assert_true(t > b4 && t < b8);
+            assert_null(strstr(b8, "K in thirds"));
         } else if (i == 1) {
             const char *q2 = strstr(text, "(48 blocks x 4 on 132 SMs"), *q4 = strstr(text, "(96 blocks x 4 on 132 SMs");
             assert_non_null(q2);
             assert_non_null(q4);
             assert_true(q2 < b4 && q4 > b4 && q4 < b8);
             assert_null(strstr(b8, "K in quarters"));
+            assert_null(strstr(text, "K in thirds"));
         } else {
             assert_null(strstr(text, "K in quarters"));
+            assert_null(strstr(text, "K in thirds"));
         }
         free(text);
     }

@@ -218,10 +218,11 @@ typedef struct {
      * kernel) */
     int fused_selects;
     const char *fused_sel_why;
-    /* wgmma gate/up: K in quarters, a cluster of 4 blocks per row block
-     * (1), as the engine's rule decides it where it does not depend on the
-     * occupancy; gateup_blocks: the grid before the split */
-    int gateup_quarters;
+    /* wgmma gate/up: K in quarters or thirds, a cluster of 4 or 3 blocks
+     * per row block (4 or 3; else 0), as the engine's rule decides it where
+     * it does not depend on the occupancy; gateup_blocks: the grid before
+     * the split */
+    int gateup_k_split;
     long long gateup_blocks;
 } fm_explain_batch;
 

@@ -125,7 +125,9 @@ typedef struct {
     int *sorted_tok;        /* [T*k]                                         */
     float *sorted_w;        /* [T*k]                                         */
     unsigned *done;         /* [FM_ROUTE_COUNTERS] block counters, each reset
-                             * by the block it elects                        */
+                             * by the block it elects, then [E] the grid-wide
+                             * grouping's counts per expert (zero between
+                             * layers)                                       */
     int *stat_active;       /* where to record n_active (bench) or NULL      */
     int early_trigger;      /* 2: the selection lets the expert kernels launch
                              * right after its wait on the logits (the shared

@@ -277,8 +277,8 @@ static fm_status ws_ensure(fm_cuda_engine *e, int T, int H, int Hp, int E, int k
     FM_CU(cudaMalloc(&e->act_cnt, (size_t)E * sizeof(int)));
     FM_CU(cudaMalloc(&e->sorted_tok, Tk * sizeof(int)));
     FM_CU(cudaMalloc(&e->sorted_w, Tk * sizeof(float)));
-    FM_CU(cudaMalloc(&e->done, FM_ROUTE_COUNTERS * sizeof(unsigned)));
-    FM_CU(cudaMemset(e->done, 0, FM_ROUTE_COUNTERS * sizeof(unsigned)));
+    FM_CU(cudaMalloc(&e->done, (FM_ROUTE_COUNTERS + (size_t)E) * sizeof(unsigned)));
+    FM_CU(cudaMemset(e->done, 0, (FM_ROUTE_COUNTERS + (size_t)E) * sizeof(unsigned)));
     FM_CU(cudaMalloc(&e->gu_done, (size_t)E * sizeof(unsigned)));
     FM_CU(cudaMemset(e->gu_done, 0, (size_t)E * sizeof(unsigned)));
     FM_CU(cudaMalloc(&e->h, (Tk + T) * hstride * sizeof(uint16_t)));

@@ -264,7 +264,7 @@ extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char
             snprintf(buf, cap,
                      "fm_expert_wg_kernel<%s> gate_up+down (wgmma.m64nNk16 bf16, A in registers, B in shared memory; "
                      "64-row gate/up and 128-row down blocks, K split in 2 where a grid is under 5 blocks per SM "
-                     "or the split fills its last wave, gate/up's in 4 at the smallest grids; "
+                     "or the split fills its last wave, gate/up's in 4 or 3 at the smallest grids; "
                      "up to %d tokens per pass%s)",
                      mx ? "mxfp4" : "nvfp4", c->nt > 2 ? 32 : 8 * c->nt, c->nt <= 2 ? V4 : "");
         return buf;

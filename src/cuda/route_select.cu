@@ -188,6 +188,31 @@ static __device__ void select_token(const fm_route_params &p, int t, unsigned ch
     select_pick<RK>(p, t, ws, chosen, chosen_w);
 }
 
+/* The experts' offsets from their pair counts cnt[E] (shared memory): each
+ * thread scans a run of consecutive experts, then two block-wide scans;
+ * with act, the active list too. Returns the number of active experts. */
+static __device__ int counts_to_offsets(const fm_route_params &p, const int *cnt, int *off, int *warp_tot, bool act) {
+    const int E = p.E, nth = blockDim.x;
+    const int per = (E + nth - 1) / nth;
+    const int e0 = threadIdx.x * per, e1 = min(E, e0 + per);
+    int mysum = 0, myact = 0;
+    for (int e = e0; e < e1; e++) { mysum += cnt[e]; myact += cnt[e] > 0; }
+    int base, abase;
+    block_exscan(mysum, &base, warp_tot);
+    const int n_act = block_exscan(myact, &abase, warp_tot);
+    for (int e = e0; e < e1; e++) {
+        off[e] = base;
+        if (act && cnt[e] > 0) {
+            p.act_e[abase] = e;
+            p.act_off[abase] = base;
+            p.act_cnt[abase] = cnt[e];
+            abase++;
+        }
+        base += cnt[e];
+    }
+    return n_act;
+}
+
 /* Groups the T*k pairs by expert (one block, after every token's
  * selection): counts (shared atomics), scans, active list, scatter; then
  * resets the block counter that elected this block. smem: 12 E bytes. */
@@ -214,24 +239,7 @@ static __device__ void group_pairs(const fm_route_params &p, unsigned char *smem
             if (ev[j] >= 0) atomicAdd(&cnt[ev[j]], 1);
     }
     __syncthreads();
-    /* each thread owns a run of consecutive experts */
-    const int per = (E + nth - 1) / nth;
-    int e0 = tid * per, e1 = min(E, e0 + per);
-    int mysum = 0, myact = 0;
-    for (int e = e0; e < e1; e++) { mysum += cnt[e]; myact += cnt[e] > 0; }
-    int base, abase;
-    block_exscan(mysum, &base, warp_tot);
-    int n_act = block_exscan(myact, &abase, warp_tot);
-    for (int e = e0; e < e1; e++) {
-        off[e] = base;
-        if (cnt[e] > 0) {
-            p.act_e[abase] = e;
-            p.act_off[abase] = base;
-            p.act_cnt[abase] = cnt[e];
-            abase++;
-        }
-        base += cnt[e];
-    }
+    const int n_act = counts_to_offsets(p, cnt, off, warp_tot, true);
     __syncthreads();
     for (int i0 = 0; i0 < n; i0 += nth * GB) {
         int ev[GB];
@@ -451,6 +459,58 @@ static __device__ __forceinline__ bool elect_last_block(unsigned *done, unsigned
     return true;
 }
 
+/* More than 64 pairs, grouped by every block at once instead of by the last
+ * block alone: each warp counts its token's picks into per-expert counters
+ * in global memory (the count it gets back is the pair's place within its
+ * expert), the blocks meet at a grid barrier (every block has let the
+ * expert kernels launch, so every block is resident: nothing waits on one
+ * that cannot start), then each block scans the counts, places its own
+ * pairs, block 0 writes the active list, and the last block to leave
+ * zeroes the counts and the barrier's two counters. */
+static __device__ void group_pairs_grid(const fm_route_params &p, unsigned char *smem, int *warp_tot, bool have,
+                                        const int *ch, const float *chw, int t) {
+    const int E = p.E, k = p.k, tid = threadIdx.x, nth = blockDim.x, lane = tid & 31;
+    unsigned *arrive = p.done + 1, *depart = p.done + 2;
+    int *gcnt = (int *)(p.done + FM_ROUTE_COUNTERS);
+    int *cnt = (int *)smem, *off = cnt + E; /* [E] each */
+    __shared__ unsigned last;
+    const bool mine = have && lane < k;
+    const int e = mine ? ch[lane] : 0;
+    const float w = mine ? chw[lane] : 0.0f;
+    const int slot = mine ? atomicAdd(gcnt + e, 1) : 0;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        atomicAdd(arrive, 1u);
+        while (*(volatile unsigned *)arrive < gridDim.x) __nanosleep(32);
+        __threadfence();
+    }
+    __syncthreads();
+    for (int q = tid; q < E; q += nth) cnt[q] = __ldcg(gcnt + q);
+    __syncthreads();
+    const int n_act = counts_to_offsets(p, cnt, off, warp_tot, blockIdx.x == 0);
+    if (blockIdx.x == 0 && tid == 0) {
+        *p.n_active = n_act;
+        if (p.stat_active) *p.stat_active = n_act;
+    }
+    __syncthreads();
+    if (mine) {
+        const int pos = off[e] + slot;
+        p.sorted_tok[pos] = t;
+        p.sorted_w[pos] = w;
+    }
+    /* every block has read the counts before the last one leaves */
+    if (tid == 0) last = atomicAdd(depart, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (last) {
+        for (int q = tid; q < E; q += nth) gcnt[q] = 0;
+        if (tid == 0) {
+            *arrive = 0;
+            *depart = 0;
+        }
+    }
+}
+
 template <int RK>
 __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p) {
     extern __shared__ __align__(16) unsigned char rs_smem[];
@@ -487,9 +547,16 @@ __global__ void __launch_bounds__(RS_THREADS) fm_route_kernel(fm_route_params p)
         __syncthreads();
         if (warp == tt * wpt) select_pick<RK>(p, tt, ws, chosen[tt], chosen_w[tt]);
     } else if (t < T) {
-        select_token<RK>(p, t, rs_smem + (size_t)warp * sel_warp_bytes(E), chosen[warp], small ? chosen_w[warp] : NULL);
+        select_token<RK>(p, t, rs_smem + (size_t)warp * sel_warp_bytes(E), chosen[warp],
+                         small || (T * p.k > 64 && gridDim.x <= 128) ? chosen_w[warp] : NULL);
     }
     pdl_launch_dependents();
+    if (!small && T * p.k > 64 && gridDim.x <= 128) {
+        __syncwarp();
+        __syncthreads(); /* the selection's scratch becomes the offsets */
+        group_pairs_grid(p, rs_smem, warp_tot, t < T, chosen[warp], chosen_w[warp], t);
+        return;
+    }
     if (small) {
         __syncthreads();
         if (warp == 0) group_pairs_warp(p, chosen, chosen_w);

@@ -67,6 +67,8 @@ int fm_sched_wg_ksplit(int gu, long long blocks, long long sh_blocks, int rows_p
      * segments one after another, a chain that a grid of about one block
      * per SM does not hide; at 4 per SM the clusters of 4 lose it again */
     if (gu && nseg >= 32 && 4 * blocks <= 3LL * sms) return 4;
+    /* thirds where quarters would exceed 3 blocks per SM and thirds do not */
+    if (gu && nseg >= 24 && blocks <= sms) return 3;
     if (blocks < 5LL * sms) return 2;
     /* equal blocks that stream the same bytes end in waves, and a last wave
      * of few blocks keeps few bytes in flight */

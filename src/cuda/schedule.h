@@ -48,10 +48,11 @@ int fm_sched_sel_spread(const fm_sched *s, int elementwise, int T, int k);
  * (*sh_blocks of them). The engine's grid and `explain` count them alike. */
 long long fm_sched_wg_items(int max_active, int rows_p, int srows_p, int rpb, int T, int chunk, int *sh_chunks,
                             long long *sh_blocks);
-/* The wgmma kernels' K split: 4 or 2 (each (row block, pass) item becomes
+/* The wgmma kernels' K split: 4, 3 or 2 (each (row block, pass) item becomes
  * that many blocks over a part of K each) or 1. Gate/up splits in 4 where
  * each quarter keeps 8 segments or more and 4 x blocks <= 3 x sms (a TP
- * rank's grid at B = 2 - 4). Else each half keeps at least
+ * rank's grid at B = 2 - 4), else in 3 where each third keeps 8 segments
+ * or more and blocks <= sms. Else each half keeps at least
  * FM_WG_KS_MIN_SEG_GU / 2 segments of K (gate/up, which also pays its
  * cluster's reduction) or FM_WG_KS_MIN_SEG_DOWN / 2 (down); then the grid
  * splits where it is under 5 blocks per SM (about one wave of 4 resident

@@ -155,7 +155,7 @@ static fm_status decide_gpu(fm_explanation *x, const fm_sched *sch, fm_explain_b
         const int rpb = c->cfg.warps == 8 && nt > 1 ? 256 : 128;
         e->down_chunks_max = fm_sched_wg_down_chunks_max(fm_sched_pad(d->hidden, FM_SCHED_DOWN_ROWS), rpb,
                                                          fm_sched_pad(d->moe_inter, FM_SCHED_KSEG) / FM_SCHED_KSEG);
-        /* gate/up's quarters (fm_sched_wg_ksplit without the occupancy):
+        /* gate/up's quarters or thirds (fm_sched_wg_ksplit without the occupancy):
          * one warpgroup per block, 64-row blocks, the shared expert's
          * blocks in the grid unless it runs on its own stream */
         if (!(c->cfg.warps == 8 && nt > 1)) {
@@ -167,10 +167,11 @@ static fm_status decide_gpu(fm_explanation *x, const fm_sched *sch, fm_explain_b
             int sh_chunks;
             long long sh_blocks;
             e->gateup_blocks = fm_sched_wg_items(max_active, gate_rp, sgate_rp, 64, T, 8 * nt, &sh_chunks, &sh_blocks);
-            e->gateup_quarters =
+            const int ks =
                 fm_sched_wg_ksplit(1, e->gateup_blocks, sh_blocks, gate_rp, 64,
                                    fm_sched_pad(d->hidden, FM_SCHED_KSEG) / FM_SCHED_KSEG, d->n_experts, d->topk, T,
-                                   max_active, sms, 0) == 4;
+                                   max_active, sms, 0);
+            e->gateup_k_split = ks >= 3 ? ks : 0;
         }
     }
     /* each ignored file once, however many batches saw it */
@@ -317,9 +318,14 @@ static void text_gpu_batch(const fm_explanation *x, const fm_explain_batch *e, F
             fprintf(f, "                   down blocks: up to %d row chunks each (a short K: as many as keep one wave "
                        "of resident blocks; the bench's kernel line names how many ran)\n",
                     e->down_chunks_max);
-        if (e->gateup_quarters)
+        if (e->gateup_k_split == 4)
             fprintf(f, "                   gate/up blocks: K in quarters, a cluster of 4 per row block (%lld blocks x 4 "
                        "on %d SMs: at most 3 per SM; the bench's kernel line names the split)\n",
+                    e->gateup_blocks, e->logits_sms);
+        else if (e->gateup_k_split == 3)
+            fprintf(f, "                   gate/up blocks: K in thirds, a cluster of 3 per row block (%lld blocks x 3 "
+                       "on %d SMs: quarters would put more than 3 on an SM; the bench's kernel line names the "
+                       "split)\n",
                     e->gateup_blocks, e->logits_sms);
         fprintf(f, "                   selection: %s%s\n",
                 !e->selection_spread ? "one warp per token"
@@ -460,7 +466,7 @@ static json_t *json_gpu_batch(const fm_explanation *x, const fm_explain_batch *e
                                e->expert_launch);
         if (d->n_shared) json_object_set_new(sj, "shared_tokens_per_pass", json_integer(e->shared_tokens));
         if (e->down_chunks_max > 1) json_object_set_new(sj, "down_chunks_max", json_integer(e->down_chunks_max));
-        if (e->gateup_quarters) json_object_set_new(sj, "gateup_k_split", json_integer(4));
+        if (e->gateup_k_split) json_object_set_new(sj, "gateup_k_split", json_integer(e->gateup_k_split));
         if (e->splitk_gu_blocks > 0)
             json_object_set_new(sj, "splitk_grids",
                                 json_pack("{s:I, s:i, s:i, s:i}", "gateup_blocks", (json_int_t)e->splitk_gu_blocks,
