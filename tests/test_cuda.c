@@ -427,7 +427,7 @@ static void test_grouping_k8(void **state) {
  * 300 (three partial 128-expert chunks per selection lane, four groups of 75
  * for the group limit) and E = 512 (the four chunks a lane keeps in
  * registers), T = 1, 3, 5 and 8 (one and two selection blocks), the preset's
- * k and k = 9 (72 pairs at T = 8: the block-wide grouping) against the
+ * k and k = 9 (72 pairs at T = 8: the grouping by both selection blocks) against the
  * float64 reference; DeepSeek-V4's hash layer too. */
 static void test_route_many_experts(void **state) {
     (void)state;

@@ -12,7 +12,7 @@ int main(void) {
     int bad = 0;
     /* the five tiny presets, then tiny-deepseek with 512 experts and k = 9
      * (four 128-expert chunks per selection lane; at T = 8, two selection
-     * blocks and the block-wide grouping of 72 pairs) */
+     * blocks grouping its 72 pairs together) */
     for (int p = 0; p < 6; p++) {
         fm_model_desc d;
         if (fm_preset_desc(presets[p < 5 ? p : 0], FM_QF_NONE, &d)) { fprintf(stderr, "%s\n", fm_last_error()); return 1; }
