@@ -19,5 +19,8 @@ bad "bad argument '--reps'" --reps
 bad "bad argument '--reps'" --reps 1001
 bad "bad argument 'extra'" --reps 2 extra
 bad "bad argument 'extra'" --preset all extra
+bad "bad argument '--blocks-per-sm'" --blocks-per-sm 0
+bad "bad argument '--blocks-per-sm'" --blocks-per-sm 3
+bad "bad argument '--blocks-per-sm'" --blocks-per-sm
 
 finish cuda_chain

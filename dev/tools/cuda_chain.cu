@@ -26,7 +26,12 @@
  * Layers run back to back in one CUDA graph, each on its own buffers (no L2
  * reuse between layers); the median of the graph's replays is kept.
  *
+ * One block of 512 threads per SM, 8 loads of 16 bytes in flight per thread
+ * (64 KB per SM); --blocks-per-sm 2 doubles the bytes in flight, to see
+ * whether the reads' parallelism, not the chain, sets a time.
+ *
  *   cuda_chain [--preset glm-5|deepseek-v4-flash|kimi-k2|all] [--layers 1..64] [--reps 1..1000]
+ *              [--blocks-per-sm 1..2]
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -178,7 +183,7 @@ static int parse_int(const char *s, int lo, int hi, int *out) {
 static void usage_error(const char *arg) {
     fprintf(stderr,
             "%s: bad argument '%s' (usage: %s [--preset glm-5|deepseek-v4-flash|kimi-k2|all] [--layers 1..64] "
-            "[--reps 1..1000])\n",
+            "[--reps 1..1000] [--blocks-per-sm 1..2])\n",
             TOOL, arg, TOOL);
     exit(2);
 }
@@ -201,13 +206,16 @@ static void launch(cudaStream_t st, void (*f)(ch_layer), int grid, const ch_laye
 }
 
 int main(int argc, char **argv) {
-    int layers = 8, reps = 20, only = -1;
+    int layers = 8, reps = 20, only = -1, bps = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--layers")) {
             if (i + 1 >= argc || parse_int(argv[i + 1], 1, 64, &layers)) usage_error("--layers");
             i++;
         } else if (!strcmp(argv[i], "--reps")) {
             if (i + 1 >= argc || parse_int(argv[i + 1], 1, 1000, &reps)) usage_error("--reps");
+            i++;
+        } else if (!strcmp(argv[i], "--blocks-per-sm")) {
+            if (i + 1 >= argc || parse_int(argv[i + 1], 1, 2, &bps)) usage_error("--blocks-per-sm");
             i++;
         } else if (!strcmp(argv[i], "--preset")) {
             if (i + 1 >= argc) usage_error("--preset");
@@ -254,13 +262,13 @@ int main(int argc, char **argv) {
         CK(cudaFree(acc));
     }
     printf("%s: %s, %d SMs, bandwidth %.2f TB/s; B = 1 of a TP8 rank (I 256), %d layers in one CUDA graph, median of "
-           "%d replays; µs per layer (x floor)\n",
-           TOOL, prop.name, sms, bw / 1e12, layers, reps);
+           "%d replays, %d block(s) per SM; µs per layer (x floor)\n",
+           TOOL, prop.name, sms, bw / 1e12, layers, reps, bps);
     printf("%-18s %7s %7s %7s", "shape", "MB", "router", "floor");
     for (int m = 0; m < M_COUNT; m++) printf(" %15s", mode_name[m]);
     printf("\n");
 
-    const int grid = sms;
+    const int grid = bps * sms;
     for (int s = 0; s < 3; s++) {
         if (only >= 0 && only != s) continue;
         const shape &S = shapes[s];
