@@ -118,14 +118,15 @@ def same(a, b):
     return torch.equal(bytes_of(a), bytes_of(b))
 
 
-def same_out(a, b):
+def same_out(a, b, tol=2.0 ** -20):
     """Two runs' outputs: equal up to the order of the k-way combine's float
     atomic additions (the shared expert adds from its own stream), i.e.
-    within 2^-20 of the largest magnitude; ids and weights stay bit-exact."""
+    within tol (2^-20) of the largest magnitude; ids and weights stay
+    bit-exact."""
     if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
         return False
     a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    return bool(torch.isfinite(a).all()) and float((a - b).abs().max()) <= 2.0 ** -20 * max(float(b.abs().max()), 1e-30)
+    return bool(torch.isfinite(a).all()) and float((a - b).abs().max()) <= tol * max(float(b.abs().max()), 1e-30)
 
 
 def rel_err(got, ref):
@@ -396,7 +397,10 @@ def check_layer(tmp, preset, fmt, layer, T):
         """The splitk kernels add every partial sum in a fixed order (no
         atomics), so there the op, the C call and a graph replay must give
         the same bits; the other paths' k-way combine adds with float atomics
-        in run-dependent order, which the checks above allow."""
+        in run-dependent order, which the checks above allow, and so does
+        the splitk path's one-token launch (its kernel line names
+        fm_fused1_kernel): there the outputs agree within 1e-5 of the
+        largest, the routing still bit for bit."""
         if DRY:
             return
         kc = _lib.KernelConfig(3, 16, 3, 8, 1, 16 if T > 8 else 8, 0.1)  # FM_PATH_SPLITK, K in 3 chunks
@@ -413,10 +417,14 @@ def check_layer(tmp, preset, fmt, layer, T):
             _lib.call("fm_cuda_layer_call_config", m._cuda, m._clayer, T, ctypes.byref(got), kern, 256, None, 0)
             record(f"{what}: the forced config runs the splitk kernels", got.path == 3 and b"splitk" in kern.value,
                    _lib.cstr(kern.value))
+            # the one-token launch adds its experts' down rows with atomics
+            one = b"fm_fused1_kernel" in kern.value
+            eq = (lambda a, b: same_out(a, b, 1e-5)) if one else same
+            how = "to 1e-5 (one-token launch)" if one else "bit for bit"
             co, ci, cw = c_forward(m, x)
-            record(f"{what}: splitk: op == fm_cuda_forward bit for bit", same(so.cpu(), co) and same(si.cpu(), ci)
+            record(f"{what}: splitk: op == fm_cuda_forward {how}", eq(so.cpu(), co) and same(si.cpu(), ci)
                    and same(sw.cpu(), cw), f"max diff {float((so.cpu() - co).abs().max()):.3g}")
-            record(f"{what}: splitk: experts(moe's routing) == moe bit for bit", same(m.experts(x, si, sw), so))
+            record(f"{what}: splitk: experts(moe's routing) == moe {how}", eq(m.experts(x, si, sw), so))
             e = rel_err(so, torch_experts(cfg, L, x, si, sw))
             record(f"{what}: splitk: moe vs torch float32 reference", e <= TOL, f"relative error {e:.2e}")
             xs = x.clone()
@@ -436,8 +444,8 @@ def check_layer(tmp, preset, fmt, layer, T):
                 graph.replay()
                 sync()
                 cn, _, _ = c_forward(m, xn)
-                ok &= same(go.cpu(), cn)
-            record(f"{what}: splitk: CUDA graph replay == fm_cuda_forward bit for bit (3 inputs)", ok)
+                ok &= eq(go.cpu(), cn)
+            record(f"{what}: splitk: CUDA graph replay == fm_cuda_forward {how} (3 inputs)", ok)
         finally:
             f(m._cuda, None)
 

@@ -238,7 +238,7 @@ extern "C" const char *fm_cuda_kernel_names(const fm_launch_cfg *c, int mx, char
                  "fm_fused1_kernel<%s> gate_up+down in one launch (one token; mma.m16n8k16 bf16; a block per SM, "
                  "k x 16-row groups: each copies its expert's rows of gate/up and of down and the shared expert's "
                  "share into shared memory by TMA bulk copies as soon as the routing names the expert, h handed "
-                 "over per expert, the experts added in order per slice of the output, no atomics on the output)",
+                 "over per expert, each block's down rows added into the output with atomics)",
                  mx ? "mxfp4" : "nvfp4");
         return buf;
     }

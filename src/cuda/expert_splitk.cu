@@ -391,14 +391,13 @@ static sk_dn_kfn sk_dn_for(int nseg, bool three) {
  * the row group to arrive, in chunk order) and h goes to global memory with
  * a counter per expert; once an expert's G blocks have counted in (and the
  * shared expert's), each block multiplies its down rows by the whole h and
- * stores them weighted, per expert; the last block of a slice to arrive
- * adds the experts in order (slots, then the shared expert) into the
- * output. Blocks wait on each other, so the whole grid must be resident
- * (the launch checks; the next grid is let in only once every block has
- * passed its waits). Counters in sk_cnt, zero between calls (the grid's
- * last block resets the per-expert ones): hcnt[k], shrg[G], shh, comb[G],
- * done. Partials in sk_part: the experts' weighted down rows [k + 1][H],
- * then the shared expert's gate/up chunks [k][G][32].
+ * adds them, weighted, into the output with atomics (the order of those
+ * adds varies from run to run, as on the paths of more tokens). Blocks wait
+ * on each other, so the whole grid must be resident (the launch checks; the
+ * next grid is let in only once every block has passed its waits). Counters
+ * in sk_cnt, zero between calls (the grid's last block resets the
+ * per-expert ones): hcnt[k], shrg[G], shh, done. Partials in sk_part: the
+ * shared expert's gate/up chunks [k][G][32].
  */
 /* the most routed experts per token the fused kernel takes */
 #define FU_MAXK FM_FUSED1_MAXK
@@ -583,8 +582,8 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
      * the shared expert's phase */
     const uint32_t bar_w = bar0 + 8 * FU_NCH * wi, bar_dn = bar0 + 8 * FU_NCH * SK_WARPS, bar_sh = bar_dn + 8;
     const uint64_t wpol = l2_evict_first();
-    unsigned *hcnt = p.sk_cnt + s, *shrg = p.sk_cnt + KS + j, *shh = p.sk_cnt + KS + G, *comb = shh + 1 + j,
-             *done = shh + 1 + G;
+    unsigned *hcnt = p.sk_cnt + s, *shrg = p.sk_cnt + KS + j, *shh = p.sk_cnt + KS + G,
+             *done = shh + 1;
     const int d0 = j * nrg_d / G, d1 = (j + 1) * nrg_d / G;
     const int q0 = d0 + s * (d1 - d0) / KS, q1 = d0 + (s + 1) * (d1 - d0) / KS;
     const int c0 = s * nseg / KS, c1 = (s + 1) * nseg / KS;
@@ -621,7 +620,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
         for (int S = c0 + wi; S < c1; S += SK_WARPS) fu_gu<MX>(acc, fu_smem, L, S, S + 1, lane);
         float a, b;
         fu_reduce(red, acc, a, b);
-        float *part = p.sk_part + (int64_t)(KS + 1) * p.H;
+        float *part = p.sk_part;
         if (tid < 16) {
             __stcg(part + ((int64_t)s * G + j) * 32 + tid, a);
             __stcg(part + ((int64_t)s * G + j) * 32 + 16 + tid, b);
@@ -734,8 +733,10 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
     }
     if (routed) fu_bar_wait(bar_dn, 0);
     __syncthreads();
-    /* down: the routed slice's row groups, then the shared sub-slice's */
-    float *ybuf = p.sk_part;
+    /* down: the routed slice's row groups, then the shared sub-slice's,
+     * added into the output (zeroed by the logits kernel) in whatever order
+     * the blocks finish: no per-slice counter, no reload of every expert's
+     * rows by the slice's last block */
     const int nr = routed ? d1 - d0 : 0, ntask = nr + (q1 - q0), spr = MX ? 4 : 8;
     const float s2r = fm_nv_s2<MX>(p.down.scale2[e]), s2s = fm_nv_s2<MX>(p.sdown.scale2[0]);
     for (int i = wi; i < ntask; i += SK_WARPS) {
@@ -747,36 +748,17 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
                   sh ? hss : hsr, nseg_d, lane);
         if ((lane & 3) == 0) {
             const fm_dmat &dD = sh ? p.sdown : p.down;
-            const int ee = sh ? 0 : e, order = sh ? n_act : s;
+            const int ee = sh ? 0 : e;
 #pragma unroll
             for (int ii = 0; ii < 4; ii += 2) {
                 const int row = r * 16 + (lane >> 2) + (ii ? 8 : 0);
                 if (row < p.H) {
                     const float bias = dD.bias && row < dD.rows ? dD.bias[(int64_t)ee * dD.rows_p + row] : 0.0f;
-                    __stcg(ybuf + (int64_t)order * p.H + row,
-                           (sh ? 1.0f : wsum) * (acc1[0][ii] * (sh ? s2s : s2r) + bias));
+                    atomicAdd(p.out + row, (sh ? 1.0f : wsum) * (acc1[0][ii] * (sh ? s2s : s2r) + bias));
                 }
             }
         }
     }
-    __syncthreads();
-    if (tid == 0) {
-        flag = fu_atom_acq_rel(comb, 1u) == (unsigned)KS - 1;
-        if (flag) atomicExch(comb, 0u);
-    }
-    __syncthreads();
-    if (flag)
-        for (int row = d0 * 16 + tid; row < d1 * 16 && row < p.H; row += 32 * SK_WARPS) {
-            /* every expert's rows loaded before the first add */
-            float vo[FU_MAXK + 1];
-#pragma unroll
-            for (int o = 0; o <= FU_MAXK; o++) vo[o] = __ldcg(ybuf + (int64_t)min(o, n_act) * p.H + row);
-            float v = 0.0f;
-#pragma unroll
-            for (int o = 0; o <= FU_MAXK; o++)
-                if (o <= n_act) v += vo[o];
-            p.out[row] = v;
-        }
     /* the grid's last block resets the per-expert counters: every block
      * has passed its waits */
     if (tid == 0 && atomicAdd(done, 1u) == gridDim.x - 1) {
