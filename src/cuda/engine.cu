@@ -298,11 +298,12 @@ static fm_status sk_ensure(fm_cuda_engine *e, const fm_cuda_layer *l, int T, int
     size_t part = (size_t)C * pairs * 2 * hs;
     const int ta = T * l->k < l->E ? T * l->k : l->E;
     size_t cnt = (size_t)(l->has_shared ? l->SIp / 16 : 0) + (size_t)ta * (l->Ip / 16);
-    /* the one-token fused kernel: the shared expert's gate/up chunks; a
-     * counter per slot, one per row group, two */
+    /* the one-token fused kernel: a row of H per expert (unused since its
+     * output goes out by atomics) and the shared expert's gate/up chunks; a
+     * counter per slot, two per row group (one unused), two */
     const size_t G = (size_t)(l->Ip / 16);
-    if (part < (size_t)ta * G * 32) part = (size_t)ta * G * 32;
-    if (cnt < (size_t)ta + G + 2) cnt = (size_t)ta + G + 2;
+    if (part < (size_t)(ta + 1) * l->H + (size_t)ta * G * 32) part = (size_t)(ta + 1) * l->H + (size_t)ta * G * 32;
+    if (cnt < (size_t)ta + 2 * G + 2) cnt = (size_t)ta + 2 * G + 2;
     if (e->sk_part_n >= part && e->sk_cnt_n >= cnt) return FM_OK;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     FM_CU(cudaStreamIsCapturing(st, &cs));

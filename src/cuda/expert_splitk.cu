@@ -396,8 +396,10 @@ static sk_dn_kfn sk_dn_for(int nseg, bool three) {
  * on each other, so the whole grid must be resident (the launch checks; the
  * next grid is let in only once every block has passed its waits). Counters
  * in sk_cnt, zero between calls (the grid's last block resets the
- * per-expert ones): hcnt[k], shrg[G], shh, done. Partials in sk_part: the
- * shared expert's gate/up chunks [k][G][32].
+ * per-expert ones): hcnt[k], shrg[G], shh, G unused, done. Partials in
+ * sk_part: [k + 1][H] unused, then the shared expert's gate/up chunks
+ * [k][G][32] (the layout of the ordered combine this launch had, kept as
+ * it ran on the GPU).
  */
 /* the most routed experts per token the fused kernel takes */
 #define FU_MAXK FM_FUSED1_MAXK
@@ -583,7 +585,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
     const uint32_t bar_w = bar0 + 8 * FU_NCH * wi, bar_dn = bar0 + 8 * FU_NCH * SK_WARPS, bar_sh = bar_dn + 8;
     const uint64_t wpol = l2_evict_first();
     unsigned *hcnt = p.sk_cnt + s, *shrg = p.sk_cnt + KS + j, *shh = p.sk_cnt + KS + G,
-             *done = shh + 1;
+             *done = shh + 1 + G;
     const int d0 = j * nrg_d / G, d1 = (j + 1) * nrg_d / G;
     const int q0 = d0 + s * (d1 - d0) / KS, q1 = d0 + (s + 1) * (d1 - d0) / KS;
     const int c0 = s * nseg / KS, c1 = (s + 1) * nseg / KS;
@@ -620,7 +622,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) fm_fused1_kernel(fm_expert_p
         for (int S = c0 + wi; S < c1; S += SK_WARPS) fu_gu<MX>(acc, fu_smem, L, S, S + 1, lane);
         float a, b;
         fu_reduce(red, acc, a, b);
-        float *part = p.sk_part;
+        float *part = p.sk_part + (int64_t)(KS + 1) * p.H;
         if (tid < 16) {
             __stcg(part + ((int64_t)s * G + j) * 32 + tid, a);
             __stcg(part + ((int64_t)s * G + j) * 32 + 16 + tid, b);
