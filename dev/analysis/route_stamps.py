@@ -32,8 +32,8 @@ no STAMP or EXP line; µs from this layer's first logits block): the first and
 the last block with its expert known (routed0, routed), the last warp's
 gate/up sums (gusums), the last block with its h rows written (hdone), the
 first and the last past their waits on h (hwait0, hwait), the last routed
-block's down weights landed (dnland), the last slice's output written
-(sumend: now the last block's output atomics issued), the grid's last block done (end), the first and the last block
+block's down weights landed (dnland), the last block's output added
+(sumend), the grid's last block done (end), the first and the last block
 started (entry0, entry) and past their wait on the logits (waited0, waited),
 and the last with the scores computed (scored).
 Prints the median of every field per batch size; each field's median is taken
