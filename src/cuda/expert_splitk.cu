@@ -398,8 +398,7 @@ static sk_dn_kfn sk_dn_for(int nseg, bool three) {
  * in sk_cnt, zero between calls (the grid's last block resets the
  * per-expert ones): hcnt[k], shrg[G], shh, G unused, done. Partials in
  * sk_part: [k + 1][H] unused, then the shared expert's gate/up chunks
- * [k][G][32] (the layout of the ordered combine this launch had, kept as
- * it ran on the GPU).
+ * [k][G][32].
  */
 /* the most routed experts per token the fused kernel takes */
 #define FU_MAXK FM_FUSED1_MAXK
