@@ -173,13 +173,6 @@ static const shape shapes[] = {
     {"kimi-k2", 384, 7168, 8, 256},
 };
 
-static int parse_int(const char *s, int lo, int hi, int *out) {
-    char *end = NULL;
-    long v = strtol(s, &end, 10);
-    if (!s[0] || *end || v < lo || v > hi) return -1;
-    *out = (int)v;
-    return 0;
-}
 static void usage_error(const char *arg) {
     fprintf(stderr,
             "%s: bad argument '%s' (usage: %s [--preset glm-5|deepseek-v4-flash|kimi-k2|all] [--layers 1..64] "
@@ -209,13 +202,13 @@ int main(int argc, char **argv) {
     int layers = 8, reps = 20, only = -1, bps = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--layers")) {
-            if (i + 1 >= argc || parse_int(argv[i + 1], 1, 64, &layers)) usage_error("--layers");
+            if (i + 1 >= argc || tool_parse_int(argv[i + 1], 1, 64, &layers)) usage_error("--layers");
             i++;
         } else if (!strcmp(argv[i], "--reps")) {
-            if (i + 1 >= argc || parse_int(argv[i + 1], 1, 1000, &reps)) usage_error("--reps");
+            if (i + 1 >= argc || tool_parse_int(argv[i + 1], 1, 1000, &reps)) usage_error("--reps");
             i++;
         } else if (!strcmp(argv[i], "--blocks-per-sm")) {
-            if (i + 1 >= argc || parse_int(argv[i + 1], 1, 2, &bps)) usage_error("--blocks-per-sm");
+            if (i + 1 >= argc || tool_parse_int(argv[i + 1], 1, 2, &bps)) usage_error("--blocks-per-sm");
             i++;
         } else if (!strcmp(argv[i], "--preset")) {
             if (i + 1 >= argc) usage_error("--preset");
@@ -229,11 +222,9 @@ int main(int argc, char **argv) {
             usage_error(argv[i]);
         }
     }
-    int dev = 0, sms = 0;
-    CK(cudaGetDevice(&dev));
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    int sms = 0;
     cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, dev));
+    tool_device(&sms, &prop);
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaEvent_t e0, e1;

@@ -57,13 +57,6 @@ __global__ void __launch_bounds__(32) straight_kernel(unsigned *sink, long long 
 
 typedef void (*kfn)(unsigned *, long long *, unsigned);
 
-static int parse_int(const char *s, int lo, int hi, int *out) {
-    char *end = NULL;
-    long v = strtol(s, &end, 10);
-    if (!s[0] || *end || v < lo || v > hi) return -1;
-    *out = (int)v;
-    return 0;
-}
 
 static void usage_error(const char *arg) {
     fprintf(stderr, "%s: bad argument '%s' (usage: %s [--reps 1..1000])\n", TOOL, arg, TOOL);
@@ -79,17 +72,15 @@ int main(int argc, char **argv) {
     int reps = 5;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps")) {
-            if (i + 1 >= argc || parse_int(argv[i + 1], 1, 1000, &reps)) usage_error("--reps");
+            if (i + 1 >= argc || tool_parse_int(argv[i + 1], 1, 1000, &reps)) usage_error("--reps");
             i++;
         } else {
             usage_error(argv[i]);
         }
     }
-    int dev = 0, sms = 0;
-    CK(cudaGetDevice(&dev));
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    int sms = 0;
     cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, dev));
+    tool_device(&sms, &prop);
     unsigned *sink = NULL;
     long long *cyc = NULL;
     CK(cudaMalloc(&sink, sizeof(unsigned) * sms));
