@@ -392,7 +392,7 @@ static sk_dn_kfn sk_dn_for(int nseg, bool three) {
  * a counter per expert; once an expert's G blocks have counted in (and the
  * shared expert's), each block multiplies its down rows by the whole h and
  * adds them, weighted, into the output with atomics (the order of those
- * adds varies from run to run, as on the paths of more tokens). Blocks wait
+ * adds varies from run to run, as on the wgmma and mma.sync paths). Blocks wait
  * on each other, so the whole grid must be resident (the launch checks; the
  * next grid is let in only once every block has passed its waits). Counters
  * in sk_cnt, zero between calls (the grid's last block resets the
