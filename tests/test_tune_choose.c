@@ -610,6 +610,23 @@ static void test_explain_quarters(void **state) {
             assert_non_null(t);
             assert_true(t > b4 && t < b8);
             assert_null(strstr(b8, "K in thirds"));
+            /* the JSON's split per batch: 4, 3, none */
+            fm_explain_opts oj = o;
+            oj.json = 1;
+            char *js = NULL;
+            assert_int_equal(fm_explain(&oj, &js), FM_OK);
+            json_error_t e;
+            json_t *j = json_loads(js, 0, &e);
+            assert_non_null(j);
+            const json_int_t want[] = {4, 3, 0};
+            for (int bi = 0; bi < 3; bi++) {
+                json_t *ks = json_object_get(
+                    json_object_get(json_array_get(json_object_get(j, "batches"), (size_t)bi), "schedule"),
+                    "gateup_k_split");
+                assert_int_equal(ks ? json_integer_value(ks) : 0, want[bi]);
+            }
+            json_decref(j);
+            free(js);
         } else if (i == 1) {
             const char *q2 = strstr(text, "(48 blocks x 4 on 132 SMs"), *q4 = strstr(text, "(96 blocks x 4 on 132 SMs");
             assert_non_null(q2);
