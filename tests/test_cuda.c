@@ -859,9 +859,11 @@ static void test_down_chunks(void **state) {
 }
 
 /* The wgmma gate/up's K split over a cluster at a TP rank's shape (K of
- * 6144: 48 segments; I 256): a few tokens over 32 experts keep the grid
- * under a block per SM, where the rule splits K; the kernel line names the
- * split, and the layer matches the reference with the split as it runs. */
+ * 6144 or 7168: 48 or 56 segments, GLM-5's and Kimi-K2's; I 256): a few
+ * tokens over 32 experts keep the grid under a block per SM, where the rule
+ * splits K; the kernel line names the split, and the layer matches the
+ * reference with the split as it runs. On 132 SMs T = 2 takes quarters (64
+ * blocks) and T = 4 thirds (128 blocks; 56 segments do not divide by 3). */
 static void test_gateup_ksplit(void **state) {
     (void)state;
     NEED_GPU();
@@ -869,11 +871,12 @@ static void test_gateup_ksplit(void **state) {
         printf("# SKIPPED: the wgmma path needs sm_90\n");
         return;
     }
+    const int sms132 = strstr(fm_cuda_engine_describe(g_eng), ", 132 SMs,") != NULL;
     const fm_qformat fmts[] = {FM_QF_NVFP4, FM_QF_MXFP4};
-    const int Ts[] = {2, 4, 8};
-    for (int fi = 0; fi < 2; fi++) {
+    const int Ts[] = {2, 4, 8}, Hs[] = {6144, 7168};
+    for (int fi = 0; fi < 4; fi++) {
         fm_model_desc d;
-        widened("tiny-deepseek", fmts[fi], 32, 8, 6144, 256, &d);
+        widened("tiny-deepseek", fmts[fi % 2], 32, 8, Hs[fi / 2], 256, &d);
         const int L = first_moe_layer(&d, 0), H = d.hidden;
         fm_moe_layer *hl;
         fm_cuda_layer *cl;
@@ -889,9 +892,11 @@ static void test_gateup_ksplit(void **state) {
             int n = 1;
             if (ks) n = atoi(ks + strlen("routed gate/up K over "));
             split_seen |= n > 1;
-            check_ref(&r, 1, "%s E=32 k=8 H=%d I=256 T=%d (gate/up K over %d blocks)", fm_qformat_name(fmts[fi]), H, T, n);
+            check_ref(&r, 1, "%s E=32 k=8 H=%d I=256 T=%d (gate/up K over %d blocks)", fm_qformat_name(fmts[fi % 2]), H,
+                      T, n);
             assert_non_null(strstr(br.kernel, "fm_expert_wg_kernel"));
             assert_true(n >= 1 && n <= 8); /* a cluster of at most 8 */
+            if (sms132 && T <= 4) assert_int_equal(n, T == 2 ? 4 : 3);
         }
         /* the rule splits K at these grids (it would not at one long K chunk per SM) */
         assert_true(split_seen);
