@@ -3,9 +3,7 @@
 # naming it, before any GPU is touched (so this runs on machines without one).
 # Skipped where the CUDA backend is not built (FM_CUDA off or no nvcc).
 set -u
-BIN="${FM_DEV_TOOLS_DIR:-}/cuda_bwprobe"
-if [ "${FM_HAVE_CUDA:-}" = 0 ]; then echo "SKIPPED: cuda_bwprobe: the CUDA backend is not built (FM_CUDA off or no nvcc)"; exit 77; fi
-if [ ! -x "$BIN" ]; then echo "FAIL: $BIN not built (run through ctest after a full build)"; exit 1; fi
+CUDA_TOOL=cuda_bwprobe
 . "$(dirname "$0")/tool_args.inc.sh"
 
 bad "bad argument '--foo'" --foo 1

@@ -4,9 +4,7 @@
 # and --json is not left behind. Skipped where the CUDA backend is not built
 # (FM_CUDA off or no nvcc).
 set -u
-BIN="${FM_DEV_TOOLS_DIR:-}/cuda_readpat"
-if [ "${FM_HAVE_CUDA:-}" = 0 ]; then echo "SKIPPED: cuda_readpat: the CUDA backend is not built (FM_CUDA off or no nvcc)"; exit 77; fi
-if [ ! -x "$BIN" ]; then echo "FAIL: $BIN not built (run through ctest after a full build)"; exit 1; fi
+CUDA_TOOL=cuda_readpat
 . "$(dirname "$0")/tool_args.inc.sh"
 LEFT="$T/out.json"
 ARGS_PRE="--json $LEFT"

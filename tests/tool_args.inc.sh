@@ -6,6 +6,14 @@
 #                                    on stdout, LEFT not created, no
 #                                    sanitizer report
 #   finish NAME                      the summary line and the exit status
+# A CUDA tool's script sources this with CUDA_TOOL=NAME set instead of BIN:
+# BIN becomes that dev tool, and the script is skipped (exit 77) where the
+# CUDA backend is not built (FM_CUDA off or no nvcc).
+if [ -n "${CUDA_TOOL:-}" ]; then
+    BIN="${FM_DEV_TOOLS_DIR:-}/$CUDA_TOOL"
+    if [ "${FM_HAVE_CUDA:-}" = 0 ]; then echo "SKIPPED: $CUDA_TOOL: the CUDA backend is not built (FM_CUDA off or no nvcc)"; exit 77; fi
+    if [ ! -x "$BIN" ]; then echo "FAIL: $BIN not built (run through ctest after a full build)"; exit 1; fi
+fi
 T=$(mktemp -d /tmp/fm_sh_args.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 fails=0

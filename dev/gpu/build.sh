@@ -18,7 +18,7 @@ B=${FM_GPU_BUILD_DIR:-.devbuild/build}
 # and the measurement programs of dev/tools
 PROGRAMS="test_cuda:tests/test_cuda test_cuda_repack:tests/test_cuda_repack test_tensors:tests/test_tensors test_prof_cuda:tests/test_prof_cuda test_dist_nccl:tests/test_dist_nccl
   cuda_smoke:tests/tools/cuda_smoke cpu_isa_check:tests/tools/cpu_isa_check fp4moe_cli:fp4moe
-  cuda_bench:dev/tools/cuda_bench cuda_readpat:dev/tools/cuda_readpat cuda_bwprobe:dev/tools/cuda_bwprobe cuda_icache:dev/tools/cuda_icache cuda_chain:dev/tools/cuda_chain
+  cuda_bench:dev/tools/cuda_bench cuda_readpat:dev/tools/cuda_readpat cuda_bwprobe:dev/tools/cuda_bwprobe cuda_icache:dev/tools/cuda_icache cuda_chain:dev/tools/cuda_chain cuda_topk:dev/tools/cuda_topk
   cpu_ab:dev/tools/cpu_ab cpu_kbench:dev/tools/cpu_kbench"
 # FM_GPU_TARGETS="fp4moe_cli test_cuda": only those of the programs (a
 # variant's build for an A/B needs no more)

@@ -7,6 +7,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
+
+#include <algorithm>
+#include <vector>
 #define CK(x)                                                                                        \
     do {                                                                                             \
         cudaError_t e_ = (x);                                                                        \
@@ -31,5 +34,35 @@ static inline void tool_device(int *sms, cudaDeviceProp *prop) {
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev));
     CK(cudaGetDeviceProperties(prop, dev));
+}
+
+static inline long long tool_median(std::vector<long long> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+/* N multiply-adds over 8 independent registers (no long dependent chain),
+ * by a multiplier known only at run time, so that ptxas cannot fold them:
+ * one IMAD each, timed with clock64 into cyc[block]; SALT makes kernels of
+ * equal N distinct code (cuda_icache times them; other tools run them to
+ * push their own code out of the SMs' caches). */
+template <int N, int SALT>
+__global__ void __launch_bounds__(32) tool_straight_kernel(unsigned *sink, long long *cyc, unsigned m) {
+    unsigned a[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) a[j] = threadIdx.x + j + SALT;
+    __syncwarp();
+    const long long t0 = clock64();
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("mad.lo.u32 %0, %0, %1, %2;" : "+r"(a[i & 7]) : "r"(m), "r"((unsigned)((i * 7 + SALT) & 0xffff)));
+    __syncwarp();
+    const long long t1 = clock64();
+    unsigned s = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) s += a[j];
+    if (threadIdx.x == 0) {
+        cyc[blockIdx.x] = t1 - t0;
+        sink[blockIdx.x] = s;
+    }
 }
 #endif

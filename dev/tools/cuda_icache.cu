@@ -32,40 +32,12 @@
 #define TOOL "cuda_icache"
 #include "cuda_check.cuh"
 
-/* N multiply-adds over 8 independent registers (no long dependent chain),
- * by a multiplier known only at run time, so that ptxas cannot fold them:
- * one IMAD each; SALT makes kernels of equal N distinct code. */
-template <int N, int SALT>
-__global__ void __launch_bounds__(32) straight_kernel(unsigned *sink, long long *cyc, unsigned m) {
-    unsigned a[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) a[j] = threadIdx.x + j + SALT;
-    __syncwarp();
-    const long long t0 = clock64();
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("mad.lo.u32 %0, %0, %1, %2;" : "+r"(a[i & 7]) : "r"(m), "r"((unsigned)((i * 7 + SALT) & 0xffff)));
-    __syncwarp();
-    const long long t1 = clock64();
-    unsigned s = 0;
-#pragma unroll
-    for (int j = 0; j < 8; j++) s += a[j];
-    if (threadIdx.x == 0) {
-        cyc[blockIdx.x] = t1 - t0;
-        sink[blockIdx.x] = s;
-    }
-}
-
 typedef void (*kfn)(unsigned *, long long *, unsigned);
 
 
 static void usage_error(const char *arg) {
     fprintf(stderr, "%s: bad argument '%s' (usage: %s [--reps 1..1000])\n", TOOL, arg, TOOL);
     exit(2);
-}
-
-static long long median(std::vector<long long> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
 }
 
 int main(int argc, char **argv) {
@@ -90,16 +62,16 @@ int main(int argc, char **argv) {
     /* the measured kernels, 4 .. 64 KB of multiply-adds, and four distinct 64 KB
      * kernels that push them out of the SMs' caches */
     const int sizes[] = {256, 1024, 2048, 4096};
-    const kfn meas[] = {straight_kernel<256, 1>, straight_kernel<1024, 2>, straight_kernel<2048, 3>,
-                        straight_kernel<4096, 4>};
-    const kfn evict[] = {straight_kernel<4096, 11>, straight_kernel<4096, 12>, straight_kernel<4096, 13>,
-                         straight_kernel<4096, 14>};
+    const kfn meas[] = {tool_straight_kernel<256, 1>, tool_straight_kernel<1024, 2>, tool_straight_kernel<2048, 3>,
+                        tool_straight_kernel<4096, 4>};
+    const kfn evict[] = {tool_straight_kernel<4096, 11>, tool_straight_kernel<4096, 12>, tool_straight_kernel<4096, 13>,
+                         tool_straight_kernel<4096, 14>};
     auto run = [&](kfn f) -> long long {
         f<<<sms, 32>>>(sink, cyc, 3u);
         CK(cudaGetLastError());
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(h.data(), cyc, sizeof(long long) * sms, cudaMemcpyDeviceToHost));
-        return median(h);
+        return tool_median(h);
     };
     printf("%s: %s, %d SMs, one warp per SM; median cycles over the SMs (cold and warm: median of %d runs)\n",
            TOOL, prop.name, sms, reps);
@@ -112,7 +84,7 @@ int main(int argc, char **argv) {
             cold.push_back(run(meas[s]));
             warm.push_back(run(meas[s]));
         }
-        const long long c = median(cold), w = median(warm);
+        const long long c = tool_median(cold), w = tool_median(warm);
         const double lines = sizes[s] * 16.0 / 128.0;
         printf("%8d %8d %10lld %10lld %10lld %18.1f\n", sizes[s] * 16 / 1024, sizes[s], first, c, w, (c - w) / lines);
     }
