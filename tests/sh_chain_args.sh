@@ -20,5 +20,9 @@ bad "bad argument 'extra'" --preset all extra
 bad "bad argument '--blocks-per-sm'" --blocks-per-sm 0
 bad "bad argument '--blocks-per-sm'" --blocks-per-sm 3
 bad "bad argument '--blocks-per-sm'" --blocks-per-sm
+bad "bad argument '--batch'" --batch 0
+bad "bad argument '--batch'" --batch 513
+bad "bad argument '--batch'" --batch 4k
+bad "bad argument '--batch'" --batch
 
 finish cuda_chain

@@ -30,8 +30,13 @@
  * (64 KB per SM); --blocks-per-sm 2 doubles the bytes in flight, to see
  * whether the reads' parallelism, not the chain, sets a time.
  *
- *   cuda_chain [--preset glm-5|deepseek-v4-flash|kimi-k2|all] [--layers 1..64] [--reps 1..1000]
- *              [--blocks-per-sm 1..2]
+ * --batch B reads the experts B tokens route to: E (1 - (1 - k / E)^B) of
+ * them, the expected count of distinct experts under uniform routing (the
+ * benchmark's random routers come close to it), in place of the k of one
+ * token; the floor counts them likewise.
+ *
+ *   cuda_chain [--preset glm-5|deepseek-v4-flash|kimi-k2|all] [--batch 1..512] [--layers 1..64]
+ *              [--reps 1..1000] [--blocks-per-sm 1..2]
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -40,6 +45,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #define TOOL "cuda_chain"
@@ -175,8 +181,8 @@ static const shape shapes[] = {
 
 static void usage_error(const char *arg) {
     fprintf(stderr,
-            "%s: bad argument '%s' (usage: %s [--preset glm-5|deepseek-v4-flash|kimi-k2|all] [--layers 1..64] "
-            "[--reps 1..1000] [--blocks-per-sm 1..2])\n",
+            "%s: bad argument '%s' (usage: %s [--preset glm-5|deepseek-v4-flash|kimi-k2|all] [--batch 1..512] "
+            "[--layers 1..64] [--reps 1..1000] [--blocks-per-sm 1..2])\n",
             TOOL, arg, TOOL);
     exit(2);
 }
@@ -199,9 +205,12 @@ static void launch(cudaStream_t st, void (*f)(ch_layer), int grid, const ch_laye
 }
 
 int main(int argc, char **argv) {
-    int layers = 8, reps = 20, only = -1, bps = 1;
+    int layers = 8, reps = 20, only = -1, bps = 1, batch = 1;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--layers")) {
+        if (!strcmp(argv[i], "--batch")) {
+            if (i + 1 >= argc || tool_parse_int(argv[i + 1], 1, 512, &batch)) usage_error("--batch");
+            i++;
+        } else if (!strcmp(argv[i], "--layers")) {
             if (i + 1 >= argc || tool_parse_int(argv[i + 1], 1, 64, &layers)) usage_error("--layers");
             i++;
         } else if (!strcmp(argv[i], "--reps")) {
@@ -252,10 +261,10 @@ int main(int argc, char **argv) {
         CK(cudaFree(buf));
         CK(cudaFree(acc));
     }
-    printf("%s: %s, %d SMs, bandwidth %.2f TB/s; B = 1 of a TP8 rank (I 256), %d layers in one CUDA graph, median of "
+    printf("%s: %s, %d SMs, bandwidth %.2f TB/s; B = %d of a TP8 rank (I 256), %d layers in one CUDA graph, median of "
            "%d replays, %d block(s) per SM; µs per layer (x floor)\n",
-           TOOL, prop.name, sms, bw / 1e12, layers, reps, bps);
-    printf("%-18s %7s %7s %7s", "shape", "MB", "router", "floor");
+           TOOL, prop.name, sms, bw / 1e12, batch, layers, reps, bps);
+    printf("%-18s %7s %7s %7s %7s", "shape", "experts", "MB", "router", "floor");
     for (int m = 0; m < M_COUNT; m++) printf(" %15s", mode_name[m]);
     printf("\n");
 
@@ -264,7 +273,9 @@ int main(int argc, char **argv) {
         if (only >= 0 && only != s) continue;
         const shape &S = shapes[s];
         const size_t b_router = (size_t)S.E * S.H * 2, b_sgu = 2 * fp4_bytes(S.I, S.H), b_sdn = fp4_bytes(S.H, S.I);
-        const size_t b_rgu = S.k * b_sgu, b_rdn = S.k * b_sdn, b_exp = b_sgu + b_sdn + b_rgu + b_rdn;
+        /* the routed experts B tokens touch, expected under uniform routing */
+        const int n_exp = std::max(S.k, (int)std::lround(S.E * (1.0 - std::pow(1.0 - (double)S.k / S.E, batch))));
+        const size_t b_rgu = n_exp * b_sgu, b_rdn = n_exp * b_sdn, b_exp = b_sgu + b_sdn + b_rgu + b_rdn;
         const size_t per_layer = words(b_router) + words(b_sgu) + words(b_sdn) + CH_ALT * (words(b_rgu) + words(b_rdn));
         uint4 *mem = NULL;
         unsigned *ctl = NULL;
@@ -285,7 +296,7 @@ int main(int argc, char **argv) {
             c.cnt = q, c.out = q + 2, c.part = q + 3;
         }
         const double floor_us = b_exp / bw * 1e6;
-        printf("%-18s %7.1f %7.1f %7.2f", S.name, b_exp / 1e6, b_router / 1e6, floor_us);
+        printf("%-18s %7d %7.1f %7.1f %7.2f", S.name, n_exp, b_exp / 1e6, b_router / 1e6, floor_us);
         for (int m = 0; m < M_COUNT; m++) {
             cudaGraph_t g;
             cudaGraphExec_t ge;
