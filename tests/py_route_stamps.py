@@ -50,10 +50,17 @@ def run(text):
     return p
 
 
+def layer(T, lg_done):
+    return ("LAYER T=%d lg_in0 -4.10 lg_in 0.90 lg_waited0 1.20 lg_waited 1.60 lg_done %.2f fu_in0 1.50 fu_in 4.80 "
+            "fu_waited0 6.00 fu_waited 6.40 scored 7.50 routed0 9.00 routed 11.00 gusums 14.60 hdone 15.00 "
+            "hwait 16.50 dnland 16.90 sumend 21.00 end 21.40\n" % (T, lg_done))
+
+
 # medians per batch size, each field alone; other lines of the log ignored
 log = ("timing: median of 50 graph replays\n" + stamp(1, 3.0, 13.0) + stamp(1, 5.0, 11.0) + stamp(1, 4.0, 30.0) +
        stamp(256, 13.7, 60.8) + gst(256, 500) + gst(256, 700) + sst(1, 300) + sst(1, 500) + sst(1, 100) +
        exp(1, 28.0) + exp(1, 30.0) + fus(1, 27.0) + fus(1, 28.0) + fus(1, 29.5) + fsel(1, 21.0) + fsel(1, 20.0) +
+       layer(1, 5.0) + layer(1, 3.0) + layer(1, 4.0) +
        "     1        29.0   (28.8 .. 29.4)\n")
 p = run(log)
 assert p.returncode == 0, p.stderr
@@ -65,6 +72,7 @@ assert "SST   T=1    n=3" in out and "group 300.00" in out and "scores 2000.00" 
 assert "EXP   T=1    n=2" in out and "dnend 29.00" in out and "nextlg 32.00" in out, out
 assert "FUS   T=1    n=3" in out and "gusums 28.00" in out and "dnland 30.10" in out, out
 assert "FSEL  T=1    n=2" in out and "hdone 20.50" in out and "end 24.30" in out, out
+assert "LAYER T=1    n=3" in out and "lg_done 4.00" in out and "lg_in0 -4.10" in out and "end 21.40" in out, out
 with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
     f.write(stamp(16, 2.0, 9.0) + gst(16, 7))
 try:
@@ -75,7 +83,9 @@ assert sorted(rows) == [("GST", 16), ("STAMP", 16)] and rows[("STAMP", 16)][0]["
 assert rows[("GST", 16)][0]["pass1"] == 7.0
 
 # broken input: a message naming the problem, exit 2, no traceback
-for bad, why in (("no stamps here\n", "no STAMP, GST, SST, EXP, FUS or FSEL lines"),
+for bad, why in (("no stamps here\n", "no STAMP, GST, SST, EXP, FUS, FSEL or LAYER lines"),
+                 (layer(1, 3.0).replace(" hwait 16.50", ""), "not a LAYER line"),
+                 (layer(1, 3.0).replace("lg_in0", "lg_inO"), "not a LAYER line"),
                  (fsel(1, 3.0).replace(" end 24.30", ""), "not a FSEL line"),
                  (fus(1, 3.0).replace("gusums", "gusum"), "not a FUS line"),
                  (sst(1, 5).replace("pick", "pik"), "not a SST line"),

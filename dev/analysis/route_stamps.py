@@ -35,7 +35,16 @@ first and the last past their waits on h (hwait0, hwait), the last routed
 block's down weights landed (dnland), the last block's output added
 (sumend), the grid's last block done (end), the first and the last block
 started (entry0, entry) and past their wait on the logits (waited0, waited),
-and the last with the scores computed (scored).
+and the last with the scores computed (scored). LAYER lines, with FSEL, time
+that layer whole from the previous layer's one-token launch's end (its last
+block done): the same layer's logits blocks, the first and the last started
+(lg_in0, lg_in), past their wait on the previous layer (lg_waited0,
+lg_waited) and the last done (lg_done), then the launch's first and last block
+started (fu_in0, fu_in), past their wait on the logits (fu_waited0,
+fu_waited), with the scores (scored), the first and the last with its expert
+(routed0, routed), the last warp's gate/up sums (gusums), h written (hdone),
+the last past its waits on h (hwait), down's weights landed (dnland), the last
+output added (sumend) and the launch's end (end, the layer's period).
 Prints the median of every field per batch size; each field's median is taken
 alone. Exit 2 with a message on a log without stamps or with a broken line.
 """
@@ -49,8 +58,10 @@ EXP = ('guwait', 'guend', 'dnwait', 'dnend', 'nextlg')
 FUS = ('waitmax', 'gusums', 'hwaitmax', 'dnland')
 FSEL = ('routed0', 'routed', 'gusums', 'hdone', 'hwait0', 'hwait', 'dnland', 'sumend', 'end', 'entry0', 'entry',
         'waited0', 'waited', 'scored')
+LAYER = ('lg_in0', 'lg_in', 'lg_waited0', 'lg_waited', 'lg_done', 'fu_in0', 'fu_in', 'fu_waited0', 'fu_waited',
+         'scored', 'routed0', 'routed', 'gusums', 'hdone', 'hwait', 'dnland', 'sumend', 'end')
 KINDS = {'STAMP': (STAMP, 'us'), 'GST': (GST, 'cycles'), 'SST': (SST, 'cycles'), 'EXP': (EXP, 'us'),
-         'FUS': (FUS, 'us'), 'FSEL': (FSEL, 'us')}
+         'FUS': (FUS, 'us'), 'FSEL': (FSEL, 'us'), 'LAYER': (LAYER, 'us')}
 
 
 def parse(path):
@@ -80,7 +91,8 @@ def parse(path):
                 raise ValueError('%s:%d: not a %s line: %s' % (path, n, kind, line.strip()[:120]))
             rows.setdefault((kind, T), []).append(vals)
     if not rows:
-        raise ValueError('%s: no STAMP, GST, SST, EXP, FUS or FSEL lines (a bench log of a route-stamps build?)' % path)
+        raise ValueError('%s: no STAMP, GST, SST, EXP, FUS, FSEL or LAYER lines (a bench log of a route-stamps build?)'
+                         % path)
     return rows
 
 
