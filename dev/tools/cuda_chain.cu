@@ -22,6 +22,14 @@
  *   early+pdl early, and the router's and the shared expert's bytes read
  *            before the wait on the previous layer (only the token's row
  *            after it): the shortest chain a one-launch design has
+ *   launch3+flag launch3 with the waits inside the layer (gate/up's on
+ *            the router step, down's on gate/up; griddepcontrol.wait: that
+ *            grid complete and its memory flushed) replaced by a spin on a
+ *            counter that each block of the step before adds to with release
+ *            order once its writes are done: what those launch boundaries
+ *            cost beyond the data they wait for (the wait on the previous
+ *            layer stays griddepcontrol.wait: in a model the kernel before
+ *            a MoE layer is not this library's, and signals nothing)
  *
  * Layers run back to back in one CUDA graph, each on its own buffers (no L2
  * reuse between layers); the median of the graph's replays is kept.
@@ -65,7 +73,26 @@ struct ch_layer {
     unsigned *cnt;                               /* 2 barrier counters, zero at the graph's start */
     unsigned *part;                              /* 2 x gridDim.x partial XORs */
     unsigned *out;
+    unsigned *fin;                               /* 2 counters of blocks done: router, gate/up step */
 };
+
+/* launch3+flag's wait: every block of the step before has added to *q (it
+ * runs with the same grid) */
+static __device__ __forceinline__ void ch_wait_fin(const unsigned *q) {
+    if (threadIdx.x == 0)
+        for (;;) {
+            unsigned v;
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(q) : "memory");
+            if (v >= gridDim.x) break;
+            __nanosleep(20);
+        }
+    __syncthreads();
+}
+/* the block's writes done (the caller's barrier before): its count in, with
+ * release order */
+static __device__ __forceinline__ void ch_signal_fin(unsigned *q) {
+    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(q) : "memory");
+}
 
 /* the block's share [b * n / G, (b + 1) * n / G) of n words, CH_U loads per
  * thread in flight */
@@ -105,8 +132,8 @@ static __device__ __forceinline__ uint32_t ch_barrier(uint32_t acc, unsigned *cn
     return s_acc;
 }
 
-enum { M_READ, M_LAUNCH3, M_CHAIN, M_EARLY, M_EARLY_PDL, M_COUNT };
-static const char *const mode_name[M_COUNT] = {"read", "launch3", "chain", "early", "early+pdl"};
+enum { M_READ, M_LAUNCH3, M_CHAIN, M_EARLY, M_EARLY_PDL, M_LAUNCH3_FLAG, M_COUNT };
+static const char *const mode_name[M_COUNT] = {"read", "launch3", "chain", "early", "early+pdl", "launch3+flag"};
 
 template <int MODE>
 __global__ void __launch_bounds__(CH_THREADS, 2) ch_layer_kernel(ch_layer L) {
@@ -140,15 +167,16 @@ __global__ void __launch_bounds__(CH_THREADS, 2) ch_layer_kernel(ch_layer L) {
 
 /* launch3's three launches: STEP 0 the router (read before the wait), 1 the
  * routed and shared gate/up, 2 the routed and shared down; each step's
- * addresses from the previous step's XORs */
-template <int STEP>
+ * addresses from the previous step's XORs. FLAG: the waits on counters. */
+template <int STEP, bool FLAG>
 __global__ void __launch_bounds__(CH_THREADS, 2) ch_step_kernel(ch_layer L) {
     __shared__ unsigned s_acc;
     if (threadIdx.x == 0) s_acc = 0;
     uint32_t acc = 0;
     if (STEP == 0) acc = ch_read(L.router, L.n_router);
     pdl_launch_dependents();
-    pdl_wait();
+    if (!FLAG || STEP == 0) pdl_wait();
+    else ch_wait_fin(L.fin + STEP - 1);
     __syncthreads();
     if (STEP > 0) {
         const unsigned *prev = L.part + (STEP > 0 ? STEP - 1 : 0) * gridDim.x;
@@ -166,6 +194,10 @@ __global__ void __launch_bounds__(CH_THREADS, 2) ch_step_kernel(ch_layer L) {
     if (threadIdx.x == 0) {
         if (STEP < 2) __stcg(L.part + STEP * gridDim.x + blockIdx.x, s_acc);
         else atomicXor(L.out, s_acc);
+    }
+    if (FLAG && STEP < 2) {
+        __syncthreads();
+        ch_signal_fin(L.fin + STEP);
     }
 }
 
@@ -279,7 +311,8 @@ int main(int argc, char **argv) {
         const size_t per_layer = words(b_router) + words(b_sgu) + words(b_sdn) + CH_ALT * (words(b_rgu) + words(b_rdn));
         uint4 *mem = NULL;
         unsigned *ctl = NULL;
-        const size_t nctl = (size_t)layers * (3 + 2 * grid);
+        const size_t per_ctl = 5 + 2 * (size_t)grid;
+        const size_t nctl = (size_t)layers * per_ctl;
         CK(cudaMalloc(&mem, per_layer * layers * 16));
         CK(cudaMemset(mem, 0x5a, per_layer * layers * 16));
         CK(cudaMalloc(&ctl, nctl * sizeof(unsigned)));
@@ -292,8 +325,8 @@ int main(int argc, char **argv) {
             c.sdn = p, c.n_sdn = words(b_sdn), p += c.n_sdn;
             c.rgu = p, c.n_rgu = words(b_rgu), p += CH_ALT * c.n_rgu;
             c.rdn = p, c.n_rdn = words(b_rdn);
-            unsigned *q = ctl + (size_t)l * (3 + 2 * grid);
-            c.cnt = q, c.out = q + 2, c.part = q + 3;
+            unsigned *q = ctl + (size_t)l * per_ctl;
+            c.cnt = q, c.out = q + 2, c.fin = q + 3, c.part = q + 5;
         }
         const double floor_us = b_exp / bw * 1e6;
         printf("%-18s %7d %7.1f %7.1f %7.2f", S.name, n_exp, b_exp / 1e6, b_router / 1e6, floor_us);
@@ -311,9 +344,14 @@ int main(int argc, char **argv) {
                 case M_EARLY: launch(st, ch_layer_kernel<M_EARLY>, grid, L[l], pdl); break;
                 case M_EARLY_PDL: launch(st, ch_layer_kernel<M_EARLY_PDL>, grid, L[l], pdl); break;
                 case M_LAUNCH3:
-                    launch(st, ch_step_kernel<0>, grid, L[l], pdl);
-                    launch(st, ch_step_kernel<1>, grid, L[l], true);
-                    launch(st, ch_step_kernel<2>, grid, L[l], true);
+                    launch(st, ch_step_kernel<0, false>, grid, L[l], pdl);
+                    launch(st, ch_step_kernel<1, false>, grid, L[l], true);
+                    launch(st, ch_step_kernel<2, false>, grid, L[l], true);
+                    break;
+                case M_LAUNCH3_FLAG:
+                    launch(st, ch_step_kernel<0, true>, grid, L[l], pdl);
+                    launch(st, ch_step_kernel<1, true>, grid, L[l], true);
+                    launch(st, ch_step_kernel<2, true>, grid, L[l], true);
                     break;
                 }
             }
