@@ -65,4 +65,21 @@ __global__ void __launch_bounds__(32) tool_straight_kernel(unsigned *sink, long 
         sink[blockIdx.x] = s;
     }
 }
+
+/* Runs 256 KB of other code on every SM (four distinct 64 KB straight-line
+ * kernels), so that the caller's kernels come back cold, from L2. */
+static inline void tool_evict_code(int sms) {
+    static unsigned *sink;
+    static long long *cyc;
+    if (!sink) {
+        CK(cudaMalloc(&sink, sizeof(unsigned) * sms));
+        CK(cudaMalloc(&cyc, sizeof(long long) * sms));
+    }
+    tool_straight_kernel<4096, 11><<<sms, 32>>>(sink, cyc, 3u);
+    tool_straight_kernel<4096, 12><<<sms, 32>>>(sink, cyc, 3u);
+    tool_straight_kernel<4096, 13><<<sms, 32>>>(sink, cyc, 3u);
+    tool_straight_kernel<4096, 14><<<sms, 32>>>(sink, cyc, 3u);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+}
 #endif

@@ -59,13 +59,11 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&cyc, sizeof(long long) * sms));
     std::vector<long long> h(sms);
 
-    /* the measured kernels, 4 .. 64 KB of multiply-adds, and four distinct 64 KB
-     * kernels that push them out of the SMs' caches */
+    /* the measured kernels, 4 .. 64 KB of multiply-adds (tool_evict_code's
+     * four distinct 64 KB kernels push them out of the SMs' caches) */
     const int sizes[] = {256, 1024, 2048, 4096};
     const kfn meas[] = {tool_straight_kernel<256, 1>, tool_straight_kernel<1024, 2>, tool_straight_kernel<2048, 3>,
                         tool_straight_kernel<4096, 4>};
-    const kfn evict[] = {tool_straight_kernel<4096, 11>, tool_straight_kernel<4096, 12>, tool_straight_kernel<4096, 13>,
-                         tool_straight_kernel<4096, 14>};
     auto run = [&](kfn f) -> long long {
         f<<<sms, 32>>>(sink, cyc, 3u);
         CK(cudaGetLastError());
@@ -80,7 +78,7 @@ int main(int argc, char **argv) {
         const long long first = run(meas[s]);
         std::vector<long long> cold, warm;
         for (int r = 0; r < reps; r++) {
-            for (int e = 0; e < 4; e++) run(evict[e]);
+            tool_evict_code(sms);
             cold.push_back(run(meas[s]));
             warm.push_back(run(meas[s]));
         }

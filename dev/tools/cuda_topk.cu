@@ -189,14 +189,8 @@ int main(int argc, char **argv) {
     int sms = 0;
     cudaDeviceProp prop;
     tool_device(&sms, &prop);
-    unsigned *sink = NULL;
-    long long *cyc = NULL, *ecyc = NULL;
-    CK(cudaMalloc(&sink, sizeof(unsigned) * sms));
-    CK(cudaMalloc(&ecyc, sizeof(long long) * sms));
+    long long *cyc = NULL;
     CK(cudaMalloc(&cyc, sizeof(long long) * TK_STAMPS * sms));
-    typedef void (*efn)(unsigned *, long long *, unsigned);
-    const efn evict[] = {tool_straight_kernel<4096, 21>, tool_straight_kernel<4096, 22>, tool_straight_kernel<4096, 23>,
-                         tool_straight_kernel<4096, 24>};
     printf("%s: %s, %d SMs, one block of %d threads per SM; cycles (clock64), median over the SMs "
            "(cold and warm: then the median of %d runs)\n",
            TOOL, prop.name, sms, TK_THREADS, reps);
@@ -265,11 +259,7 @@ int main(int argc, char **argv) {
             run(first);
             std::vector<long long> cold[TK_STAMPS], warm[TK_STAMPS];
             for (int r = 0; r < reps; r++) {
-                for (efn e : evict) {
-                    e<<<sms, 32>>>(sink, ecyc, 3u);
-                    CK(cudaGetLastError());
-                }
-                CK(cudaDeviceSynchronize());
+                tool_evict_code(sms);
                 long long c[TK_STAMPS], w[TK_STAMPS];
                 run(c);
                 run(w);
@@ -290,8 +280,6 @@ int main(int argc, char **argv) {
         CK(cudaFree(dw));
         CK(cudaFree(dout));
     }
-    CK(cudaFree(sink));
-    CK(cudaFree(ecyc));
     CK(cudaFree(cyc));
     if (bad) {
         fprintf(stderr, "%s: %d runs picked other experts than the host's top-k\n", TOOL, bad);
