@@ -4,9 +4,12 @@
 # memcheck + racecheck on a small case, the reference benchmark
 # (DeepSeek-V4-Flash NVFP4, B = 1..512, 8 layers in one CUDA graph) with the
 # torch peers measured in the same call, other shapes and MXFP4, the
-# read-pattern ceiling, the CLI and the modules around the engine. Logs and
-# JSON go to $OUT (or ./gpu_out); the summary table prints last.
-#   bash dev/gpu/run.sh [all|test|bench|peers|cli|readpat|integration|quick]...
+# read-pattern ceiling, the TP8 ranks' floors of their dependent reads and
+# one token's top-k alone (floors), the CLI and the modules around the
+# engine. Logs and JSON go to $OUT (or ./gpu_out); the summary table prints
+# last.
+#   bash dev/gpu/run.sh [all|test|bench|peers|cli|readpat|floors|integration|quick]...
+# FLOORS_BATCH="1 4 16" (the default) names the floors' batch sizes.
 # FM_GPU_QUICK=1 (or the mode "quick") runs only the GPU tests and one
 # benchmark of the routed DeepSeek-V4-Flash layer with the built-in config
 # and the per-kernel split at B = 1,4,16,64,256,512 (QUICK_BATCH overrides):
@@ -144,6 +147,24 @@ if has readpat; then
         done
     } > "$OUT/readpat.txt" 2>&1
     { echo "-- read-pattern ceiling (cuda_readpat)"; cat "$OUT/readpat.txt"; } >> "$SUMMARY"
+fi
+
+# How short a TP8 rank's layer can be when its reads form the chain routing
+# imposes, with no arithmetic (dev/tools/cuda_chain.cu), at the batch sizes
+# of the latency targets; and one token's top-k alone, as the engine's code
+# runs it (dev/tools/cuda_topk.cu): the floors docs/perf.md sets the small
+# batches against.
+if has floors; then
+    echo "== dependent-read floors, one token's top-k"
+    {
+        for b in ${FLOORS_BATCH:-1 4 16}; do
+            echo "-- cuda_chain --batch $b"
+            timeout 120 "$BIN/cuda_chain" --batch "$b"
+        done
+        echo "-- cuda_topk"
+        timeout 120 "$BIN/cuda_topk"
+    } > "$OUT/floors.txt" 2>&1
+    { echo "-- dependent-read floors (cuda_chain), one token's top-k (cuda_topk)"; cat "$OUT/floors.txt"; } >> "$SUMMARY"
 fi
 
 if has cli; then
