@@ -239,19 +239,12 @@ static void launch(cudaStream_t st, void (*f)(ch_layer), int grid, const ch_laye
 int main(int argc, char **argv) {
     int layers = 8, reps = 20, only = -1, bps = 1, batch = 1;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--batch")) {
-            if (i + 1 >= argc || tool_parse_int(argv[i + 1], 1, 512, &batch)) usage_error("--batch");
-            i++;
-        } else if (!strcmp(argv[i], "--layers")) {
-            if (i + 1 >= argc || tool_parse_int(argv[i + 1], 1, 64, &layers)) usage_error("--layers");
-            i++;
-        } else if (!strcmp(argv[i], "--reps")) {
-            if (i + 1 >= argc || tool_parse_int(argv[i + 1], 1, 1000, &reps)) usage_error("--reps");
-            i++;
-        } else if (!strcmp(argv[i], "--blocks-per-sm")) {
-            if (i + 1 >= argc || tool_parse_int(argv[i + 1], 1, 2, &bps)) usage_error("--blocks-per-sm");
-            i++;
-        } else if (!strcmp(argv[i], "--preset")) {
+        if (tool_int_opt(argc, argv, &i, "--batch", 1, 512, &batch, usage_error) ||
+            tool_int_opt(argc, argv, &i, "--layers", 1, 64, &layers, usage_error) ||
+            tool_int_opt(argc, argv, &i, "--reps", 1, 1000, &reps, usage_error) ||
+            tool_int_opt(argc, argv, &i, "--blocks-per-sm", 1, 2, &bps, usage_error))
+            continue;
+        if (!strcmp(argv[i], "--preset")) {
             if (i + 1 >= argc) usage_error("--preset");
             only = -2;
             if (!strcmp(argv[i + 1], "all")) only = -1;

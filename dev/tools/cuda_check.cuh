@@ -6,6 +6,7 @@
 #define FM_TOOLS_CUDA_CHECK_CUH
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,6 +27,17 @@ static inline int tool_parse_int(const char *s, int lo, int hi, int *out) {
     if (!s[0] || *end || v < lo || v > hi) return -1;
     *out = (int)v;
     return 0;
+}
+
+/* argv[*i] is name: its value, a whole number in [lo, hi], into *out, *i
+ * past it, and true (a missing or bad value goes to usage(name), which
+ * exits); another argument: false */
+static inline bool tool_int_opt(int argc, char **argv, int *i, const char *name, int lo, int hi, int *out,
+                                void (*usage)(const char *)) {
+    if (strcmp(argv[*i], name)) return false;
+    if (*i + 1 >= argc || tool_parse_int(argv[*i + 1], lo, hi, out)) usage(name);
+    ++*i;
+    return true;
 }
 
 /* the current device's SM count and properties (exits on an error) */

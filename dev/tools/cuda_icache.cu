@@ -42,14 +42,8 @@ static void usage_error(const char *arg) {
 
 int main(int argc, char **argv) {
     int reps = 5;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--reps")) {
-            if (i + 1 >= argc || tool_parse_int(argv[i + 1], 1, 1000, &reps)) usage_error("--reps");
-            i++;
-        } else {
-            usage_error(argv[i]);
-        }
-    }
+    for (int i = 1; i < argc; i++)
+        if (!tool_int_opt(argc, argv, &i, "--reps", 1, 1000, &reps, usage_error)) usage_error(argv[i]);
     int sms = 0;
     cudaDeviceProp prop;
     tool_device(&sms, &prop);

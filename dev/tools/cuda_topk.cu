@@ -174,10 +174,8 @@ int main(int argc, char **argv) {
     int reps = 5;
     const char *preset = "all";
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--reps")) {
-            if (i + 1 >= argc || tool_parse_int(argv[i + 1], 1, 1000, &reps)) usage_error("--reps");
-            i++;
-        } else if (!strcmp(argv[i], "--preset")) {
+        if (tool_int_opt(argc, argv, &i, "--reps", 1, 1000, &reps, usage_error)) continue;
+        if (!strcmp(argv[i], "--preset")) {
             bool ok = i + 1 < argc && !strcmp(argv[i + 1], "all");
             for (const tk_case &c : k_cases) ok = ok || (i + 1 < argc && !strcmp(argv[i + 1], c.name));
             if (!ok) usage_error("--preset");
