@@ -2,9 +2,10 @@
 # dev/gpu/variants.sh and dev/gpu/ab.sh without a GPU: the scripts copied into
 # a scratch tree of the same layout, with stand-ins for fp4moe, test_cuda
 # and nvidia-smi. Checks: variants.sh refuses bad arguments with exit 2 and a
-# message before any work; `run` unpacks the carried builds, runs each
-# test_cuda, relabels the H200's configs for another GPU's name (file name
-# and key) and leaves them alone on an H200; ab.sh's table holds the best of
+# message before any work; `run` unpacks the carried builds, puts
+# cuda_icache's and cuda_topk's output in its summary, runs each test_cuda,
+# relabels the H200's configs for another GPU's name (file name and key) and
+# leaves them alone on an H200; ab.sh's table holds the best of
 # the rounds and the ratio to the first variant, each case's table comes as
 # its rounds end, and AB_DEADLINE_S stops further cases.
 set -u
@@ -70,6 +71,8 @@ EOF
 mk_build "$T/pack/bin" 1
 printf '#!/usr/bin/env bash\necho "cold-warm per line 42.0"\n' > "$T/pack/bin/cuda_icache"
 chmod +x "$T/pack/bin/cuda_icache"
+printf '#!/usr/bin/env bash\necho "glm-5 256 8 spin last pick 4242"\n' > "$T/pack/bin/cuda_topk"
+chmod +x "$T/pack/bin/cuda_topk"
 mk_build "$T/pack/v1/bin" 2
 # v2's bench fails: its smoke leaves it out of the A/B
 mk_build "$T/pack/v2/bin" 3
@@ -93,6 +96,7 @@ cf=$R/.devbuild/configs-relabelled/NVIDIA_H100_80GB_HBM3-132sm-nvfp4-E8-H64-I32-
 [ -f "$cf" ] || fail "run: no relabelled config $cf"
 grep -q '"gpu": "NVIDIA H100 80GB HBM3"' "$cf" 2>/dev/null || fail "run: the relabelled config keeps another gpu key"
 grep -q "cold-warm per line 42.0" "$S" || fail "run: no cuda_icache output in the summary"
+grep -q "cuda_topk (exit 0):" "$S" && grep -q "spin last pick 4242" "$S" || fail "run: no cuda_topk output in the summary"
 grep -q "test_cuda \[cur\] exit 0 \[  PASSED  \] 23 tests." "$S" || fail "run: cur's test line: $(cat "$S")"
 grep -q "test_cuda \[v1\] exit 0" "$S" || fail "run: v1's test line"
 # rounds: cur gives 30, 29 at B = 1 (best 29); v1's smoke is its first
