@@ -3,7 +3,7 @@
 # a scratch tree of the same layout, with stand-ins for fp4moe, test_cuda
 # and nvidia-smi. Checks: variants.sh refuses bad arguments with exit 2 and a
 # message before any work; `run` unpacks the carried builds, puts
-# cuda_icache's and cuda_topk's output in its summary, runs each test_cuda,
+# cuda_icache's and every carried cuda_topk's output in its summary, runs each test_cuda,
 # relabels the H200's configs for another GPU's name (file name and key) and
 # leaves them alone on an H200; ab.sh's table holds the best of
 # the rounds and the ratio to the first variant, each case's table comes as
@@ -74,6 +74,8 @@ chmod +x "$T/pack/bin/cuda_icache"
 printf '#!/usr/bin/env bash\necho "glm-5 256 8 spin last pick 4242"\n' > "$T/pack/bin/cuda_topk"
 chmod +x "$T/pack/bin/cuda_topk"
 mk_build "$T/pack/v1/bin" 2
+printf '#!/usr/bin/env bash\necho "glm-5 256 8 spin last pick 1717"\n' > "$T/pack/v1/bin/cuda_topk"
+chmod +x "$T/pack/v1/bin/cuda_topk"
 # v2's bench fails: its smoke leaves it out of the A/B
 mk_build "$T/pack/v2/bin" 3
 printf '#!/usr/bin/env bash\necho "grid wait never ended" >&2\nexit 1\n' > "$T/pack/v2/bin/fp4moe"
@@ -96,7 +98,9 @@ cf=$R/.devbuild/configs-relabelled/NVIDIA_H100_80GB_HBM3-132sm-nvfp4-E8-H64-I32-
 [ -f "$cf" ] || fail "run: no relabelled config $cf"
 grep -q '"gpu": "NVIDIA H100 80GB HBM3"' "$cf" 2>/dev/null || fail "run: the relabelled config keeps another gpu key"
 grep -q "cold-warm per line 42.0" "$S" || fail "run: no cuda_icache output in the summary"
-grep -q "cuda_topk (exit 0):" "$S" && grep -q "spin last pick 4242" "$S" || fail "run: no cuda_topk output in the summary"
+grep -A1 "cuda_topk \[cur\] (exit 0):" "$S" | grep -q "spin last pick 4242" || fail "run: no cuda_topk output in the summary"
+grep -A1 "cuda_topk \[v1\] (exit 0):" "$S" | grep -q "spin last pick 1717" || fail "run: no v1 cuda_topk output in the summary"
+! grep -q "cuda_topk \[v2\]" "$S" || fail "run: a cuda_topk line for v2, which carries none"
 grep -q "test_cuda \[cur\] exit 0 \[  PASSED  \] 23 tests." "$S" || fail "run: cur's test line: $(cat "$S")"
 grep -q "test_cuda \[v1\] exit 0" "$S" || fail "run: v1's test line"
 # rounds: cur gives 30, 29 at B = 1 (best 29); v1's smoke is its first

@@ -9,16 +9,15 @@
 # files and the variant's patches applied, in one scratch worktree
 # (.devbuild/wt, built in .devbuild/build-wt) reused from variant to variant,
 # so that only what a patch touches compiles again (sm_90a only: the variants
-# run on Hopper); then packs fp4moe and
-# test_cuda of every build and the tree's cuda_icache, cuda_chain and
-# cuda_topk (dev/gpu/pack.sh:
-# .carry/devbuild.tar.xz, to carry).
+# run on Hopper); then packs fp4moe, test_cuda and cuda_topk of every build
+# (a variant of the top-k shows there alone) and the tree's cuda_icache and
+# cuda_chain (dev/gpu/pack.sh: .carry/devbuild.tar.xz, to carry).
 # PATCH: a file of dev/gpu/patches, with or without .patch, or a path.
 #
 # On the GPU machine (a checkout of the same tree, .carry carried):
 #   bash dev/gpu/variants.sh run NAME ...
-# unpacks, runs cuda_icache (the cost of cold code) and cuda_topk (one
-# token's top-k alone), a short bench of each
+# unpacks, runs cuda_icache (the cost of cold code) and every build's
+# cuda_topk (one token's top-k alone), a short bench of each
 # variant on the first case (one that fails or hangs within VAR_SMOKE_S s,
 # default 40, leaves the A/B and the summary says so), then dev/gpu/ab.sh with
 # the current build ("cur") first, then test_cuda of every build, one after
@@ -82,7 +81,7 @@ if [[ $cmd == build ]]; then
             git -C "$WT" apply "$f" 2>/dev/null || { git -C "$WT" add -A && git -C "$WT" apply --3way "$f"; } ||
                 die "variant '$n': $f does not apply"
         done
-        (cd "$WT" && FM_GPU_TARGETS="fp4moe_cli test_cuda" FM_GPU_ARCHS=90a FM_GPU_BUILD_DIR="$ROOT/.devbuild/build-wt" \
+        (cd "$WT" && FM_GPU_TARGETS="fp4moe_cli test_cuda cuda_topk" FM_GPU_ARCHS=90a FM_GPU_BUILD_DIR="$ROOT/.devbuild/build-wt" \
             FM_GPU_OUT="$ROOT/.devbuild/$n" bash dev/gpu/build.sh) || die "variant '$n': build failed"
     done
     PACK_EXTRA="${names[*]}" bash dev/gpu/pack.sh fp4moe test_cuda cuda_icache cuda_chain cuda_topk || die "packing failed"
@@ -125,11 +124,14 @@ if [[ -x .devbuild/bin/cuda_icache ]]; then
     timeout 120 .devbuild/bin/cuda_icache > "$OUT/icache.txt" 2>&1
     { echo "cuda_icache (exit $?):"; cat "$OUT/icache.txt"; } >> "$S"
 fi
-# one token's top-k alone, as the engine's code runs it (dev/tools/cuda_topk.cu)
-if [[ -x .devbuild/bin/cuda_topk ]]; then
-    timeout 120 .devbuild/bin/cuda_topk > "$OUT/topk.txt" 2>&1
-    { echo "cuda_topk (exit $?):"; cat "$OUT/topk.txt"; } >> "$S"
-fi
+# one token's top-k alone, as each build's code runs it (dev/tools/cuda_topk.cu)
+for n in cur "$@"; do
+    d=.devbuild/bin
+    [[ $n == cur ]] || d=.devbuild/$n/bin
+    [[ -x $d/cuda_topk ]] || continue
+    timeout 120 "$d/cuda_topk" > "$OUT/topk_$n.txt" 2>&1
+    { echo "cuda_topk [$n] (exit $?):"; cat "$OUT/topk_$n.txt"; } >> "$S"
+done
 # VAR_ACT=bf16 (or f16): every build's bench activations of that type
 act=${VAR_ACT:+,FM_AB_ACT=$VAR_ACT}
 v="cur:${act#,}"
