@@ -34,7 +34,6 @@
 
 typedef void (*kfn)(unsigned *, long long *, unsigned);
 
-
 static void usage_error(const char *arg) {
     fprintf(stderr, "%s: bad argument '%s' (usage: %s [--reps 1..1000])\n", TOOL, arg, TOOL);
     exit(2);

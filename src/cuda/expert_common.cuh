@@ -101,7 +101,7 @@ static __device__ __forceinline__ void mma16816(float c[4], uint32_t a0, uint32_
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* Where element r of a K group of 8 is stored (inverse of route.cu's perm). */
+/* Where element r of a K group of 8 is stored (inverse of the K order prep8 writes, route_common.cuh). */
 static __device__ __forceinline__ int kperm_pos(int r) {
     const int inv = 0x75316420; /* nibble j = stored position of element j */
     return (r & ~7) | ((inv >> (4 * (r & 7))) & 7);
