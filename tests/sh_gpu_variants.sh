@@ -3,9 +3,10 @@
 # a scratch tree of the same layout, with stand-ins for fp4moe, test_cuda
 # and nvidia-smi. Checks: variants.sh refuses bad arguments with exit 2 and a
 # message before any work; `run` unpacks the carried builds, puts
-# cuda_icache's and every carried cuda_topk's output in its summary, runs each test_cuda,
-# relabels the H200's configs for another GPU's name (file name and key) and
-# leaves them alone on an H200; ab.sh's table holds the best of
+# cuda_icache's and every carried cuda_topk's output in its summary, runs
+# each test_cuda, relabels the H200's configs for another GPU's name (file
+# name and key) and leaves them alone on an H200; ab.sh's table holds the
+# best of
 # the rounds and the ratio to the first variant, each case's table comes as
 # its rounds end, and AB_DEADLINE_S stops further cases.
 set -u
