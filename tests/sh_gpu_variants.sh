@@ -6,9 +6,8 @@
 # cuda_icache's and every carried cuda_topk's output in its summary, runs
 # each test_cuda, relabels the H200's configs for another GPU's name (file
 # name and key) and leaves them alone on an H200; ab.sh's table holds the
-# best of
-# the rounds and the ratio to the first variant, each case's table comes as
-# its rounds end, and AB_DEADLINE_S stops further cases.
+# best of the rounds and the ratio to the first variant, each case's table
+# comes as its rounds end, and AB_DEADLINE_S stops further cases.
 set -u
 for t in xz python3 git; do
     command -v "$t" > /dev/null || { echo "SKIPPED: sh_gpu_variants: $t not found"; exit 77; }
